@@ -1,0 +1,480 @@
+"""The shape IR: what a convolution is, independent of how it is computed.
+
+Everything here is plain, frozen data with validation at construction, so a bad
+value is rejected where the user typed it, with a message naming the field,
+instead of surfacing later as a compile error or a wrong number.
+
+Layouts are fixed: activations NHWC, weights KRSC.  The batch size N is *not*
+part of what a kernel is specialised to (:class:`ConvGeometry`): it is a
+run-time argument, so the last partial batch of an epoch never compiles again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence, Union
+
+Pair = tuple[int, int]
+PairLike = Union[int, Sequence[int]]
+DType = Literal["float16", "float32"]
+DTYPES: tuple[str, ...] = ("float16", "float32")
+
+
+def _int(name: str, value: Any) -> int:
+    # bool is an int subclass; True as a channel count is always a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.integer):
+                return int(value)
+        except ImportError:  # pragma: no cover - numpy is a dependency
+            pass
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def as_pair(name: str, value: PairLike) -> Pair:
+    """Accept ``3`` or ``(3, 3)`` (height, width), as PyTorch does."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a (height, width) pair, got {value!r}")
+        return (_int(f"{name}[0]", value[0]), _int(f"{name}[1]", value[1]))
+    v = _int(name, value)
+    return (v, v)
+
+
+class Pass(str, enum.Enum):
+    """The three convolution passes, each an implicit GEMM (see :meth:`ConvGeometry.gemm`)."""
+
+    FPROP = "fprop"  # y = conv(x, w) [+ bias]
+    DGRAD = "dgrad"  # dx from dy and w
+    WGRAD = "wgrad"  # dw (and db) from x and dy
+
+    @classmethod
+    def parse(cls, value: "Pass | str") -> "Pass":
+        if isinstance(value, Pass):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ValueError(
+                f"pass must be one of {', '.join(p.value for p in cls)}, got {value!r}"
+            ) from None
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """The implicit-GEMM view of one pass: C[m, n] = sum_k A[m, k] * B[k, n]."""
+
+    m: int
+    n: int
+    k: int
+    m_axis: str
+    n_axis: str
+    k_axis: str
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Every shape value of a conv2d except the batch size: what a kernel is built for.
+
+    ``c`` is the input channel count, ``k`` the output channel count, ``r``/``s``
+    the filter height/width.  ``stride``, ``padding`` and ``dilation`` are
+    (height, width) pairs; an int means the same value on both axes.
+    """
+
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    stride: PairLike = (1, 1)
+    padding: PairLike = (0, 0)
+    dilation: PairLike = (1, 1)
+
+    def __post_init__(self) -> None:
+        for name in ("h", "w", "c", "k", "r", "s"):
+            v = _int(name, getattr(self, name))
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+            object.__setattr__(self, name, v)
+        for name, low, hint in (
+            ("stride", 1, "use 1 for a dense convolution"),
+            ("dilation", 1, "use 1 for an undilated filter"),
+            ("padding", 0, "padding cannot be negative; crop the input instead"),
+        ):
+            pair = as_pair(name, getattr(self, name))
+            for axis, v in zip(("height", "width"), pair):
+                if v < low:
+                    raise ValueError(f"{name} ({axis}) must be >= {low}, got {v}: {hint}")
+            object.__setattr__(self, name, pair)
+        for axis, out, size, pad, eff in (
+            ("height", "p", self.h, self.padding[0], self.effective_r),
+            ("width", "q", self.w, self.padding[1], self.effective_s),
+        ):
+            if size + 2 * pad < eff:
+                raise ValueError(
+                    f"output {axis} {out} would be <= 0: the padded input {axis} "
+                    f"{size} + 2*{pad} = {size + 2 * pad} is smaller than the dilated "
+                    f"filter {axis} {eff}; pad more, or use a smaller filter or dilation"
+                )
+
+    # -- derived sizes -------------------------------------------------------
+    @property
+    def effective_r(self) -> int:
+        return self.dilation[0] * (self.r - 1) + 1
+
+    @property
+    def effective_s(self) -> int:
+        return self.dilation[1] * (self.s - 1) + 1
+
+    @property
+    def p(self) -> int:
+        return (self.h + 2 * self.padding[0] - self.effective_r) // self.stride[0] + 1
+
+    @property
+    def q(self) -> int:
+        return (self.w + 2 * self.padding[1] - self.effective_s) // self.stride[1] + 1
+
+    def gemm(self, pass_: Pass | str, n: int) -> GemmShape:
+        """The implicit GEMM of ``pass_`` for batch ``n``.
+
+        wgrad is laid out as M = K (output channels), N = R*S*C, reduction over
+        the N*P*Q output pixels: dy^T is then read through a col-major A fragment
+        straight from dy's NHWC rows, the gathered x tile stays channel-contiguous
+        (16-byte loads), and dw comes out row-major in KRSC order with no transpose.
+        """
+        p = Pass.parse(pass_)
+        rs = self.r * self.s
+        if p is Pass.FPROP:
+            return GemmShape(n * self.p * self.q, self.k, rs * self.c, "N*P*Q", "K", "R*S*C")
+        if p is Pass.DGRAD:
+            return GemmShape(n * self.h * self.w, self.c, rs * self.k, "N*H*W", "C", "R*S*K")
+        return GemmShape(self.k, rs * self.c, n * self.p * self.q, "K", "R*S*C", "N*P*Q")
+
+    def describe(self) -> str:
+        sh, sw = self.stride
+        ph, pw = self.padding
+        dh, dw = self.dilation
+        return (
+            f"{self.h}x{self.w} {self.c}->{self.k} {self.r}x{self.s} "
+            f"stride {sh},{sw} pad {ph},{pw} dil {dh},{dw}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "h": self.h, "w": self.w, "c": self.c, "k": self.k, "r": self.r, "s": self.s,
+            "stride": list(self.stride), "padding": list(self.padding),
+            "dilation": list(self.dilation),
+        }
+
+
+@dataclass(frozen=True)
+class ConvProblem(ConvGeometry):
+    """A geometry plus a batch size: one concrete convolution.
+
+    ``n`` is keyword-only: ``ConvProblem(n=256, h=32, w=32, c=3, k=16, r=3, s=3, padding=1)``.
+    N = 0 (an empty batch) is valid.
+    """
+
+    n: int = field(default=1, kw_only=True)
+
+    def __post_init__(self) -> None:
+        n = _int("n", self.n)
+        if n < 0:
+            raise ValueError(f"n (batch size) must be >= 0, got {n}")
+        object.__setattr__(self, "n", n)
+        super().__post_init__()
+
+    @classmethod
+    def create(
+        cls,
+        n: int, h: int, w: int, c: int, k: int, r: int, s: int,
+        stride: PairLike = 1,
+        padding: PairLike | str = 0,
+        dilation: PairLike = 1,
+    ) -> "ConvProblem":
+        """Like the constructor, but ``padding`` may also be ``'same'`` or ``'valid'``."""
+        pad = resolve_padding(padding, r, s, stride, dilation)
+        return cls(h, w, c, k, r, s, stride, pad, dilation, n=n)
+
+    @property
+    def geometry(self) -> ConvGeometry:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(ConvGeometry)}
+        return ConvGeometry(**fields)
+
+    def gemm(self, pass_: Pass | str, n: int | None = None) -> GemmShape:  # type: ignore[override]
+        return super().gemm(pass_, self.n if n is None else n)
+
+    def flops(self, pass_: Pass | str) -> int:
+        return self.gemm(pass_).flops
+
+    @property
+    def x_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.h, self.w, self.c)
+
+    @property
+    def w_shape(self) -> tuple[int, int, int, int]:
+        return (self.k, self.r, self.s, self.c)
+
+    @property
+    def y_shape(self) -> tuple[int, int, int, int]:
+        return (self.n, self.p, self.q, self.k)
+
+    def with_batch(self, n: int) -> "ConvProblem":
+        return dataclasses.replace(self, n=n)
+
+    def describe(self) -> str:
+        return f"N={self.n} " + super().describe()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n": self.n, **super().as_dict()}
+
+
+def resolve_padding(
+    padding: PairLike | str, r: int, s: int, stride: PairLike = 1, dilation: PairLike = 1
+) -> Pair:
+    """Turn ``'same'``/``'valid'`` into explicit (height, width) padding.
+
+    'same' follows PyTorch: output size equals input size, so it needs stride 1
+    and an odd dilated filter (symmetric padding); anything else is rejected
+    rather than padded asymmetrically behind the caller's back.
+    """
+    if isinstance(padding, str):
+        mode = padding.lower()
+        if mode == "valid":
+            return (0, 0)
+        if mode != "same":
+            raise ValueError(f"padding must be an int, a pair, 'same' or 'valid', got {padding!r}")
+        if as_pair("stride", stride) != (1, 1):
+            raise ValueError(f"padding='same' needs stride 1, got stride {stride!r}; give explicit padding")
+        dil = as_pair("dilation", dilation)
+        pads = []
+        for axis, size, d in (("height", r, dil[0]), ("width", s, dil[1])):
+            total = d * (size - 1)
+            if total % 2:
+                raise ValueError(
+                    f"padding='same' with an even dilated filter {axis} ({total + 1}) needs "
+                    "asymmetric padding, which convgen does not do; give explicit padding"
+                )
+            pads.append(total // 2)
+        return (pads[0], pads[1])
+    return as_pair("padding", padding)
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What happens to the accumulator before it is stored.
+
+    ``bias``: fprop adds a per-output-channel bias; wgrad also returns db.
+    ``relu``: fprop only.  ``out_dtype``: float16 (the default, for speed) or float32.
+    """
+
+    bias: bool = False
+    relu: bool = False
+    out_dtype: DType = "float16"
+
+    def __post_init__(self) -> None:
+        if self.out_dtype not in DTYPES:
+            raise ValueError(f"out_dtype must be one of {DTYPES}, got {self.out_dtype!r}")
+
+    def check_pass(self, pass_: Pass) -> None:
+        if self.relu and pass_ is not Pass.FPROP:
+            raise ValueError(f"relu is an fprop epilogue; {pass_.value} cannot apply it")
+        if self.bias and pass_ is Pass.DGRAD:
+            raise ValueError("bias does not apply to dgrad (dx does not depend on the bias)")
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    backend: Literal["cuda", "hip"]
+    warp_size: int
+    smem_limit: int  # bytes of shared memory (LDS) one block may use
+    default_sm_count: int  # a typical part, used when no device is attached
+    cp_async: bool  # sm_80+: asynchronous global->shared copies with zero-fill
+
+
+ARCHES: dict[str, ArchInfo] = {
+    # smem limits are the per-block opt-in maxima (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+    "sm_75": ArchInfo("cuda", 32, 64 * 1024, 40, False),  # T4
+    "sm_80": ArchInfo("cuda", 32, 163 * 1024, 108, True),  # A100
+    "sm_86": ArchInfo("cuda", 32, 99 * 1024, 82, True),  # RTX 3090
+    "sm_89": ArchInfo("cuda", 32, 99 * 1024, 128, True),  # RTX 4090
+    "sm_90": ArchInfo("cuda", 32, 227 * 1024, 132, True),  # H100 / H200 SXM
+    "gfx1100": ArchInfo("hip", 32, 64 * 1024, 96, False),  # RX 7900 XTX (RDNA3)
+    "gfx1201": ArchInfo("hip", 32, 64 * 1024, 64, False),  # RX 9070 XT (RDNA4)
+    "gfx942": ArchInfo("hip", 64, 64 * 1024, 304, False),  # MI300X (CDNA3)
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a kernel runs.  Built from an arch name; the SM count comes from the live
+    device when there is one (see ``convgen.compile.detect_target``)."""
+
+    arch: str = "sm_90"
+    sm_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHES:
+            raise ValueError(f"unknown arch {self.arch!r}; known: {', '.join(ARCHES)}")
+        if self.sm_count is None:
+            object.__setattr__(self, "sm_count", ARCHES[self.arch].default_sm_count)
+        count = _int("sm_count", self.sm_count)
+        if count < 1:
+            raise ValueError(f"sm_count must be >= 1, got {count}")
+
+    @property
+    def info(self) -> ArchInfo:
+        return ARCHES[self.arch]
+
+    @property
+    def backend(self) -> str:
+        return self.info.backend
+
+    @property
+    def warp_size(self) -> int:
+        return self.info.warp_size
+
+    @property
+    def smem_limit(self) -> int:
+        return self.info.smem_limit
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "arch": self.arch, "sm_count": self.sm_count}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a kernel computes its GEMM.  Made by :func:`convgen.planner.plan`, or by hand.
+
+    block_m x block_n is the output tile of one block, block_k the reduction
+    step per pipeline stage; warps_m x warps_n warps each own a warp tile of
+    (block_m/warps_m) x (block_n/warps_n), i.e. several 16x16 fragments.
+    vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
+    read_a/read_b the dtype the gather reads (float32 is cast in the gather).
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    vec_a: int
+    vec_b: int
+    read_a: DType = "float16"
+    read_b: DType = "float16"
+    split_k: int = 1
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b", "split_k"):
+            v = _int(name, getattr(self, name))
+            if v < 1:
+                raise ValueError(f"plan.{name} must be >= 1, got {v}")
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v % 16:
+                raise ValueError(f"plan.{name} must be a multiple of 16 (the fragment size), got {v}")
+        if self.block_m % (16 * self.warps_m):
+            raise ValueError(
+                f"plan.block_m={self.block_m} does not split into warps_m={self.warps_m} warp tiles of 16-row fragments"
+            )
+        if self.block_n % (16 * self.warps_n):
+            raise ValueError(
+                f"plan.block_n={self.block_n} does not split into warps_n={self.warps_n} warp tiles of 16-column fragments"
+            )
+        for name in ("vec_a", "vec_b"):
+            if getattr(self, name) not in (1, 2, 4, 8):
+                raise ValueError(f"plan.{name} must be 1, 2, 4 or 8 elements, got {getattr(self, name)}")
+        for name in ("read_a", "read_b"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"plan.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        if not 1 <= self.stages <= 8:
+            raise ValueError(f"plan.stages must be between 1 and 8, got {self.stages}")
+
+    @property
+    def warps(self) -> int:
+        return self.warps_m * self.warps_n
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return (self.block_m // self.warps_m, self.block_n // self.warps_n)
+
+    @property
+    def fragments(self) -> tuple[int, int]:
+        wm, wn = self.warp_tile
+        return (wm // 16, wn // 16)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("reasons")
+        return d
+
+    def explain(self) -> str:
+        head = (
+            f"block {self.block_m}x{self.block_n}x{self.block_k}, {self.warps} warps "
+            f"({self.warps_m}x{self.warps_n}, warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
+            f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
+            f"split-K {self.split_k}"
+        )
+        return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
+
+
+SPEC_FORMAT = 1  # bump when the meaning of a spec's fields changes
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything a generated kernel depends on; its hash names files and cache entries."""
+
+    geometry: ConvGeometry
+    pass_: Pass
+    epilogue: Epilogue
+    in_dtype: DType
+    target: Target
+    plan: Plan
+
+    def __post_init__(self) -> None:
+        if isinstance(self.geometry, ConvProblem):  # drop the batch: it is a run-time argument
+            object.__setattr__(self, "geometry", self.geometry.geometry)
+        object.__setattr__(self, "pass_", Pass.parse(self.pass_))
+        if self.in_dtype not in DTYPES:
+            raise ValueError(f"in_dtype must be one of {DTYPES}, got {self.in_dtype!r}")
+        self.epilogue.check_pass(self.pass_)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": SPEC_FORMAT,
+            "pass": self.pass_.value,
+            "geometry": self.geometry.as_dict(),
+            "epilogue": dataclasses.asdict(self.epilogue),
+            "in_dtype": self.in_dtype,
+            "target": self.target.as_dict(),
+            "plan": self.plan.as_dict(),
+        }
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        g = self.geometry
+        return (
+            f"convgen_{self.pass_.value}_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
+            f"_s{g.stride[0]}{g.stride[1]}_p{g.padding[0]}{g.padding[1]}"
+            f"_d{g.dilation[0]}{g.dilation[1]}_{self.key[:8]}"
+        )

@@ -1,0 +1,32 @@
+"""Where convgen's templates live, and a hash of them for cache keys.
+
+The templates ship inside the wheel as the package ``convgen.templates`` (mapped
+from the top-level ``templates/`` folder in pyproject.toml); in a source checkout
+the folder is read directly, so an edit shows up without reinstalling.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+
+@functools.lru_cache(maxsize=None)
+def templates_dir() -> Path:
+    checkout = Path(__file__).resolve().parent.parent / "templates"
+    if checkout.is_dir():
+        return checkout
+    from importlib.resources import files
+
+    return Path(str(files("convgen.templates")))
+
+
+def templates_hash() -> str:
+    """sha256 over every template's name and bytes: any template edit changes every cache key."""
+    h = hashlib.sha256()
+    root = templates_dir()
+    for path in sorted(root.rglob("*.j2")):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
