@@ -1,0 +1,691 @@
+"""Run-time compilation: generated CUDA (or HIP) source -> device binary -> CuPy functions.
+
+``import convgen.compile`` is how users compile at run time.  The pipeline is
+
+    source --NVRTC--> cubin (SASS for one exact arch) --cuModuleLoadData--> cupy Function
+
+with two caches in front of NVRTC:
+
+* an in-memory cache (binaries, and modules already loaded on each device), so
+  a training loop that asks for the same kernel every step pays a dict lookup;
+* an on-disk cache (modelled on Triton's), so a new process does not pay the
+  NVRTC time again.  Entries are keyed by a sha256 over everything that can
+  change the binary (see :func:`cache_key`) and carry a header that is checked on
+  every read, so a torn, corrupt or wrong-arch file is deleted and rebuilt,
+  never loaded.
+
+Design choices, and why:
+
+* **Real SASS, never PTX.**  ``--gpu-architecture=sm_XY`` makes NVRTC emit a
+  cubin for exactly that arch.  PTX would be JIT-compiled by the driver on first
+  load (slow, and rejected by a driver older than the NVRTC that made it), and
+  a cubin can be produced on a machine with no GPU (CI, a build box).
+* **Headers are looked up by hand.**  NVRTC has most CUDA headers built in, but
+  not ``<mma.h>`` (WMMA), which includes ``crt/mma.h``.  With a pip-installed
+  CUDA (no toolkit), CuPy finds no CUDA path and passes no ``-I``; see
+  :func:`cuda_include_dirs`.
+* **Writes are atomic, with no locks.**  Each writer writes its own temp file in
+  the cache directory, fsyncs it and ``os.replace``-s it into place.  Two
+  processes compiling the same kernel both write identical bytes and the last
+  rename wins; a killed process leaves at worst a stray temp file, never a lock
+  that would hang the next run.
+* **The disk is optional.**  If the cache directory cannot be created or written
+  (read-only home, full disk), compilation still works, memory-only, with one
+  warning per process.
+* **CuPy is imported lazily**, inside functions, so ``import convgen`` and
+  ``import convgen.compile`` work on a machine without CuPy (code generation,
+  docs, tests that only render source).
+
+What CuPy (checked against cupy-cuda13x 14.2) offers, and what is used here:
+
+* NVRTC: ``cupy.cuda.nvrtc`` (= ``cupy_backends.cuda.libs.nvrtc``) exposes
+  ``createProgram(src, name, headers, include_names)``,
+  ``compileProgram(prog, options)`` (raises ``NVRTCError``),
+  ``getProgramLog``, ``getCUBIN``, ``getPTX``, ``destroyProgram`` and
+  ``getVersion() -> (major, minor)`` (e.g. ``(13, 5)``; it reads the loaded
+  libnvrtc, no GPU needed).  On a ROCm build of CuPy the same module is backed
+  by hiprtc (``getCUBIN`` returns the code object).  ``import cupy`` must come
+  before ``from cupy.cuda import nvrtc``: importing the submodule first hits a
+  circular import inside CuPy 14.
+* Loading: ``cupy.cuda.function.Module().load(data: bytes)`` calls
+  ``cuModuleLoadData`` after ``runtime._ensure_context()``; ``Module.get_function(name)``
+  returns a ``cupy.cuda.function.Function`` (which keeps its Module alive),
+  launched as ``fn(grid, block, args, shared_mem=0, stream=None)``.
+  ``cupy.RawModule`` only takes source or a file *path*, so it is not used.
+* Dynamic shared memory above 48 KiB: ``cupy.RawKernel`` has a
+  ``max_dynamic_shared_size_bytes`` property, but the plain ``Function`` that a
+  ``Module`` returns has **no** such attribute.  The driver call is exposed:
+  ``cupy.cuda.driver.funcSetAttribute(fn.ptr,
+  cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)``;
+  :func:`set_max_dynamic_shared_memory` wraps it (and the HIP equivalent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import struct
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover - type hints only; CuPy is imported lazily
+    import cupy
+
+    from convgen.ir import Target
+
+__all__ = [
+    "CompileError",
+    "HeaderNotFoundError",
+    "DeviceError",
+    "cuda_include_dirs",
+    "hip_include_dirs",
+    "nvrtc_version",
+    "compile_binary",
+    "cached_binary",
+    "cache_key",
+    "load_kernels",
+    "set_max_dynamic_shared_memory",
+    "cache_dir",
+    "detect_target",
+    "clear_memory_cache",
+    "FORMAT_TAG",
+]
+
+#: Bumped whenever the entry layout or the key recipe changes: old entries then
+#: simply miss (their key differs) and are never misread.
+FORMAT_TAG = 1
+_MAGIC = b"CVGNBIN\0"
+# magic, format tag, arch length, payload sha256, payload length; then arch bytes, payload.
+_HEADER = struct.Struct("<8sIH32sQ")
+_CUDA_STD = "-std=c++17"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class CompileError(RuntimeError):
+    """The device compiler rejected a kernel (or could not run at all).
+
+    ``log`` is the compiler's log, ``source_path`` a dumped copy of the source
+    (so the line numbers in the log can be read), ``options`` the exact options.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        log: str = "",
+        source_path: Path | None = None,
+        options: Sequence[str] = (),
+    ) -> None:
+        self.message = message
+        self.log = log
+        self.source_path = source_path
+        self.options = tuple(options)
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        parts = [self.message]
+        if self.source_path is not None:
+            parts.append(f"source: {self.source_path}")
+        if self.options:
+            parts.append("options: " + " ".join(self.options))
+        if self.log.strip():
+            parts.append("compiler log:\n" + self.log.strip())
+        return "\n".join(parts)
+
+
+class HeaderNotFoundError(CompileError):
+    """The CUDA/HIP headers that the kernels include could not be found; the
+    message says which package or environment variable fixes it."""
+
+
+class DeviceError(RuntimeError):
+    """No usable GPU (none present, no driver, or an arch convgen does not support)."""
+
+
+# --------------------------------------------------------------------------- backend
+
+
+def _cupy():
+    """Import CuPy (lazily) with a message that says how to get it."""
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise ImportError(
+            "convgen.compile needs CuPy: pip install 'convgen[cuda13]' (CUDA 13), "
+            "'convgen[cuda12]' (CUDA 12), or a ROCm build of CuPy"
+        ) from exc
+    return cupy
+
+
+def _nvrtc():
+    _cupy()  # CuPy 14: `cupy` must be imported before `cupy.cuda.nvrtc` (circular import)
+    from cupy.cuda import nvrtc
+
+    return nvrtc
+
+
+def _is_hip() -> bool:
+    _cupy()
+    from cupy.cuda import runtime
+
+    return bool(runtime.is_hip)
+
+
+_lock = threading.RLock()
+_nvrtc_version: tuple[int, int] | None = None
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the loaded NVRTC (hiprtc on ROCm).  Needs no GPU."""
+    global _nvrtc_version
+    if _nvrtc_version is None:
+        major, minor = _nvrtc().getVersion()
+        _nvrtc_version = (int(major), int(minor))
+    return _nvrtc_version
+
+
+_CUDA_ARCH = re.compile(r"sm_\d+[af]?\Z")
+_HIP_ARCH = re.compile(r"gfx[0-9a-f]+(:[a-z0-9_-]+[+-])*\Z")
+
+
+def _arch_flag(arch: str, hip: bool) -> str:
+    """The compiler flag for `arch`, refusing anything that would not give a real binary."""
+    if hip:
+        if not _HIP_ARCH.match(arch):
+            raise ValueError(f"CuPy is a ROCm build: arch must look like 'gfx1100', got {arch!r}")
+        return f"--offload-arch={arch}"
+    if not _CUDA_ARCH.match(arch):
+        raise ValueError(
+            f"arch must be a real CUDA arch like 'sm_90' (a cubin, not PTX for "
+            f"'compute_XY'), got {arch!r}"
+            + ("; 'gfx…' archs need a ROCm build of CuPy" if arch.startswith("gfx") else "")
+        )
+    return f"--gpu-architecture={arch}"
+
+
+def _fixed_flags(arch: str, hip: bool) -> list[str]:
+    """Flags convgen always passes, independent of where the headers are (so part of the key)."""
+    return [_arch_flag(arch, hip), _CUDA_STD]
+
+
+# --------------------------------------------------------------------------- headers
+
+
+def _site_dirs() -> list[Path]:
+    seen: list[Path] = []
+    for entry in sys.path:
+        p = Path(entry or ".")
+        if p not in seen and p.is_dir():
+            seen.append(p)
+    return seen
+
+
+def _has_mma(inc: Path) -> bool:
+    return (inc / "crt" / "mma.h").is_file()
+
+
+def _with_cccl(inc: Path) -> list[str]:
+    # CUDA 13 toolkits keep libcu++/CUB under include/cccl; nvcc adds it by itself, NVRTC does not.
+    cccl = inc / "cccl"
+    return [str(inc)] + ([str(cccl)] if cccl.is_dir() else [])
+
+
+def _wheel_groups() -> list[list[Path]]:
+    """Include dirs of pip-installed CUDA wheels, grouped by layout.
+
+    CUDA 13 wheels (nvidia-cuda-runtime, -nvrtc, -crt 13.x) share one folder,
+    ``site-packages/nvidia/cu13/include``; CUDA 12 wheels each have their own,
+    ``nvidia/cuda_runtime/include``, ``nvidia/cuda_nvcc/include`` (which holds
+    ``crt/``), ...  The groups are never mixed; the one matching NVRTC's major
+    version is tried first.
+    """
+    by_major: dict[str, list[Path]] = {}
+    legacy: list[Path] = []
+    for site in _site_dirs():
+        root = site / "nvidia"
+        if not root.is_dir():
+            continue
+        for inc in sorted(root.glob("*/include")):
+            name = inc.parent.name
+            if re.fullmatch(r"cu\d+", name):
+                by_major.setdefault(name[2:], []).append(inc)
+            elif name.startswith("cuda_"):
+                legacy.append(inc)
+    try:
+        major = str(nvrtc_version()[0])
+    except Exception:  # no CuPy / no NVRTC: still report what is there
+        major = ""
+    groups: list[list[Path]] = []
+    if major in by_major:
+        groups.append(by_major.pop(major))
+    if legacy and major == "12":
+        groups.append(legacy)
+        legacy = []
+    groups.extend(by_major[k] for k in sorted(by_major, reverse=True))
+    if legacy:
+        groups.append(legacy)
+    return groups
+
+
+_HEADER_FIX = (
+    "Fix one of: pip install 'convgen[cuda13]' (wheel nvidia-cuda-crt provides crt/mma.h "
+    "for CUDA 13) or 'convgen[cuda12]' (nvidia-cuda-nvcc-cu12 for CUDA 12); set CUDA_HOME "
+    "or CUDA_PATH to a CUDA toolkit; or set CONVGEN_CUDA_INCLUDE to the include folder(s) "
+    f"('{os.pathsep}'-separated)."
+)
+
+
+def cuda_include_dirs() -> list[str]:
+    """The ``-I`` folders NVRTC needs for ``#include <mma.h>``, first source that has them wins.
+
+    Order: ``CONVGEN_CUDA_INCLUDE`` (``os.pathsep`` list, taken as given), then
+    the toolkits at ``CUDA_HOME``, ``CUDA_PATH``, ``/usr/local/cuda``, then the
+    pip wheels in ``site-packages/nvidia/*/include``.  Only one source is used,
+    so headers of two CUDA versions are never mixed.  Only existing folders are
+    returned.  Raises :class:`HeaderNotFoundError`, listing every place looked
+    at and the fix, when no source has ``crt/mma.h``.
+    """
+    tried: list[str] = []
+    explicit = os.environ.get("CONVGEN_CUDA_INCLUDE")
+    if explicit:
+        dirs = [Path(d) for d in explicit.split(os.pathsep) if d]
+        existing = [d for d in dirs if d.is_dir()]
+        if any(_has_mma(d) for d in existing):
+            return [str(d) for d in existing]
+        raise HeaderNotFoundError(
+            f"CONVGEN_CUDA_INCLUDE={explicit!r} has no crt/mma.h (needed by #include <mma.h>). "
+            + _HEADER_FIX
+        )
+    roots = [(var, os.environ.get(var)) for var in ("CUDA_HOME", "CUDA_PATH")]
+    roots.append(("default", "/usr/local/cuda"))
+    for label, root in roots:
+        if not root:
+            tried.append(f"{label}: unset")
+            continue
+        incs = [Path(root) / "include", *sorted(Path(root).glob("targets/*/include"))]
+        for inc in incs:
+            if _has_mma(inc):
+                return _with_cccl(inc)
+        tried.append(f"{label}={root}: no include/crt/mma.h")
+    for group in _wheel_groups():
+        if any(_has_mma(d) for d in group):
+            return [str(d) for d in group]
+        tried.append("wheels " + ", ".join(map(str, group)) + ": no crt/mma.h")
+    if not any("wheels" in t for t in tried):
+        tried.append("pip wheels: no site-packages/nvidia/*/include")
+    raise HeaderNotFoundError(
+        "CUDA headers not found: NVRTC needs crt/mma.h for #include <mma.h>. Looked at: "
+        + "; ".join(tried) + ". " + _HEADER_FIX,
+        log="\n".join(tried),
+    )
+
+
+def hip_include_dirs() -> list[str]:
+    """ROCm's include folder (from ROCM_PATH, HIP_PATH, or /opt/rocm) for hiprtc."""
+    tried = []
+    for var, root in (
+        ("ROCM_PATH", os.environ.get("ROCM_PATH")),
+        ("HIP_PATH", os.environ.get("HIP_PATH")),
+        ("default", "/opt/rocm"),
+    ):
+        if root and (Path(root) / "include" / "hip" / "hip_runtime.h").is_file():
+            return [str(Path(root) / "include")]
+        tried.append(f"{var}={root or '(unset)'}")
+    raise HeaderNotFoundError(
+        "ROCm headers not found (include/hip/hip_runtime.h). Looked at: " + ", ".join(tried)
+        + ". Set ROCM_PATH or HIP_PATH to the ROCm install."
+    )
+
+
+# --------------------------------------------------------------------------- compile
+
+
+def _dump_failed(source: str, name: str, log: str) -> Path:
+    """Write the failing source (and log) where a human can open it; never raises."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name) or "kernel.cu"
+    for folder in (cache_dir() / "failed", None):
+        try:
+            if folder is None:
+                folder = Path(tempfile.mkdtemp(prefix="convgen-failed-"))
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{digest}-{safe}"
+            path.write_text(source)
+            path.with_name(path.name + ".log").write_text(log)
+            return path
+        except OSError:
+            continue
+    return Path(tempfile.gettempdir()) / f"{digest}-{safe}"  # pragma: no cover - no writable dir
+
+
+def _nvrtc_compile(source: str, name: str, options: list[str]) -> tuple[bytes | None, str]:
+    """One NVRTC (or hiprtc) run: (binary or None on failure, log)."""
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(source, name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError:
+            return None, nvrtc.getProgramLog(prog)
+        return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def compile_binary(
+    source: str, *, arch: str, options: Sequence[str] = (), name: str = "kernel.cu"
+) -> bytes:
+    """Compile `source` to a device binary for exactly `arch` (``"sm_90"``: a cubin of SASS).
+
+    Works with no GPU: NVRTC only needs the headers.  Options passed are the
+    arch flag, ``-std=c++17``, one ``-I`` per include folder, then `options`.
+    On failure raises :class:`CompileError` with the log and a dumped copy of
+    the source.  No caching here; see :func:`cached_binary` and :func:`load_kernels`.
+    """
+    hip = _is_hip()
+    includes = hip_include_dirs() if hip else cuda_include_dirs()
+    opts = _fixed_flags(arch, hip) + [f"-I{d}" for d in includes] + list(options)
+    binary, log = _nvrtc_compile(source, name, opts)
+    if not binary:
+        what = "hiprtc" if hip else "NVRTC"
+        first = next((ln for ln in log.splitlines() if "error" in ln), "").strip()
+        raise CompileError(
+            f"{what} failed to compile {name} for {arch}" + (f": {first}" if first else ""),
+            log=log,
+            source_path=_dump_failed(source, name, log),
+            options=opts,
+        )
+    return bytes(binary)
+
+
+# --------------------------------------------------------------------------- disk cache
+
+
+def cache_dir() -> Path:
+    """``CONVGEN_CACHE_DIR``, else the user cache folder + ``convgen``.
+
+    The user cache folder is ``$XDG_CACHE_HOME`` when set to an absolute path,
+    else ``~/.cache`` (``%LOCALAPPDATA%`` on Windows) -- the XDG rule, done by
+    hand so platformdirs is not a dependency.
+    """
+    explicit = os.environ.get("CONVGEN_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.name == "nt" and os.environ.get("LOCALAPPDATA"):  # pragma: no cover
+        return Path(os.environ["LOCALAPPDATA"]) / "convgen" / "cache"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "convgen"
+
+
+def cache_key(source: str, *, arch: str, options: Sequence[str] = ()) -> str:
+    """sha256 (hex) over everything that can change the binary.
+
+    That is: the format tag, the backend, the exact arch, the include-folder-
+    independent flags and the caller's options (in order), the NVRTC/hiprtc
+    version, convgen's version, the templates' hash and the source.  The
+    include folders themselves are left out, so one cache serves a toolkit and
+    pip headers alike (the compiler version is in the key).
+    """
+    import convgen
+    from convgen import resources
+
+    hip = _is_hip()
+    fields = [
+        f"format={FORMAT_TAG}",
+        "hip" if hip else "cuda",
+        arch,
+        "\0".join(_fixed_flags(arch, hip) + list(options)),
+        "%d.%d" % nvrtc_version(),
+        str(convgen.__version__),
+        resources.templates_hash(),
+        source,
+    ]
+    h = hashlib.sha256()
+    for f in fields:  # length-prefixed: no two field lists hash alike
+        b = f.encode()
+        h.update(len(b).to_bytes(8, "little") + b)
+    return h.hexdigest()
+
+
+def _entry_path(key: str) -> Path:
+    return cache_dir() / "kernels" / f"{key}.bin"
+
+
+def _pack(arch: str, payload: bytes) -> bytes:
+    a = arch.encode()
+    digest = hashlib.sha256(payload).digest()
+    return _HEADER.pack(_MAGIC, FORMAT_TAG, len(a), digest, len(payload)) + a + payload
+
+
+def _unpack(data: bytes, arch: str) -> bytes | None:
+    """The payload, or None when anything (magic, format, arch, length, hash) is off."""
+    if len(data) < _HEADER.size:
+        return None
+    magic, fmt, alen, digest, n = _HEADER.unpack_from(data)
+    if magic != _MAGIC or fmt != FORMAT_TAG:
+        return None
+    start = _HEADER.size + alen
+    if data[_HEADER.size:start] != arch.encode() or len(data) != start + n:
+        return None
+    payload = data[start:]
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    return payload
+
+
+# Folders found unwritable in this process (skipped from then on), and whether the
+# one warning has been given.
+_unwritable: set[Path] = set()
+_warned_unwritable = False
+
+
+def _disk_failed(folder: Path, exc: OSError) -> None:
+    global _warned_unwritable
+    _unwritable.add(folder)
+    if not _warned_unwritable:
+        _warned_unwritable = True
+        warnings.warn(
+            f"convgen: kernel cache folder {folder} is not usable ({exc}); compiled kernels "
+            "are kept in memory only for this process. Set CONVGEN_CACHE_DIR to a writable "
+            "folder to cache them on disk.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _read_entry(path: Path, arch: str) -> bytes | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError:  # not a folder, no permission, I/O error: a miss
+        return None
+    payload = _unpack(data, arch)
+    if payload is None:  # corrupt, truncated or another arch: never load it
+        try:
+            path.unlink()
+        except OSError:
+            pass
+    return payload
+
+
+def _write_entry(path: Path, arch: str, payload: bytes) -> None:
+    """Atomically publish an entry: own temp file in the same folder, fsync, rename."""
+    folder = path.parent
+    tmp: Path | None = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(
+            prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=folder
+        )
+        tmp = Path(name)
+        with os.fdopen(fd, "wb") as f:
+            if hasattr(os, "fchmod"):  # mkstemp's 0600 would hide a shared cache from others
+                os.fchmod(f.fileno(), 0o644)
+            f.write(_pack(arch, payload))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        _disk_failed(cache_dir(), exc)
+    finally:
+        if tmp is not None:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+
+
+_binaries: dict[tuple, bytes] = {}
+_modules: dict[tuple, object] = {}
+
+
+def cached_binary(
+    source: str, *, arch: str, options: Sequence[str] = (), name: str = "kernel.cu"
+) -> bytes:
+    """:func:`compile_binary` behind the memory and disk caches.  Needs no GPU, so it
+    also pre-compiles (warms the disk cache) on a build machine."""
+    hip = _is_hip()
+    mem_key = ("hip" if hip else "cuda", arch, tuple(options), source)
+    with _lock:
+        hit = _binaries.get(mem_key)
+        if hit is not None:
+            return hit
+    binary: bytes | None = None
+    folder = cache_dir()
+    use_disk = folder not in _unwritable
+    path = _entry_path(cache_key(source, arch=arch, options=options)) if use_disk else None
+    if path is not None:
+        binary = _read_entry(path, arch)
+    if binary is None:
+        binary = compile_binary(source, arch=arch, options=options, name=name)
+        if path is not None:
+            _write_entry(path, arch, binary)
+    with _lock:
+        _binaries[mem_key] = binary
+    return binary
+
+
+def clear_memory_cache() -> None:
+    """Forget the binaries and loaded modules this process holds (the disk cache stays)."""
+    with _lock:
+        _binaries.clear()
+        _modules.clear()
+
+
+# --------------------------------------------------------------------------- load
+
+
+def _device_arch(cupy_mod, device_id: int) -> str:
+    from cupy.cuda import runtime
+
+    if runtime.is_hip:
+        name = runtime.getDeviceProperties(device_id)["gcnArchName"]
+        if isinstance(name, bytes):
+            name = name.decode()
+        return name.split(":")[0]
+    return "sm_" + cupy_mod.cuda.Device(device_id).compute_capability
+
+
+def _current_device() -> int:
+    cupy = _cupy()
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise DeviceError(f"no usable GPU: {exc.__class__.__name__}: {exc}") from exc
+    if count < 1:
+        raise DeviceError("no usable GPU: the device count is 0")
+    return cupy.cuda.Device().id
+
+
+def load_kernels(
+    source: str,
+    kernel_names: Sequence[str],
+    *,
+    arch: str | None = None,
+    options: Sequence[str] = (),
+) -> dict[str, "cupy.cuda.Function"]:
+    """Compile (or fetch from cache) and load `source` on the current device.
+
+    `kernel_names` must be ``extern "C"`` names (NVRTC mangles C++ names).
+    `arch` None means the current device's exact arch.  Memory cache, then disk
+    cache, then :func:`compile_binary`.  Returns ``{name: cupy.cuda.function.Function}``;
+    launch as ``fn(grid, block, args, shared_mem=nbytes)`` and raise the dynamic
+    shared memory limit with :func:`set_max_dynamic_shared_memory`.
+    """
+    cupy = _cupy()
+    from cupy.cuda import function
+
+    device_id = _current_device()
+    if arch is None:
+        arch = _device_arch(cupy, device_id)
+    mod_key = (device_id, arch, tuple(options), source)
+    with _lock:
+        module = _modules.get(mod_key)
+    if module is None:
+        binary = cached_binary(source, arch=arch, options=options)
+        module = function.Module()
+        try:
+            module.load(binary)
+        except Exception as exc:
+            live = _device_arch(cupy, device_id)
+            raise CompileError(
+                f"loading the {arch} binary on device {device_id} ({live}) failed: {exc}"
+                + (f"; it was built for {arch}, not {live}" if live != arch else "")
+            ) from exc
+        with _lock:
+            module = _modules.setdefault(mod_key, module)
+    out = {}
+    for kname in kernel_names:
+        try:
+            out[kname] = module.get_function(kname)
+        except Exception as exc:
+            raise KeyError(
+                f"kernel {kname!r} not found in the compiled module ({exc}); "
+                'is it declared extern "C" __global__?'
+            ) from None
+    return out
+
+
+def set_max_dynamic_shared_memory(fn: "cupy.cuda.Function", nbytes: int) -> None:
+    """Allow `fn` to be launched with up to `nbytes` of dynamic shared memory.
+
+    Above 48 KiB a kernel must opt in (``cudaFuncAttributeMaxDynamicSharedMemorySize``).
+    ``cupy.cuda.function.Function`` has no property for it (only ``RawKernel``
+    does), so this calls ``cuFuncSetAttribute`` through ``cupy.cuda.driver``.
+    """
+    _cupy()
+    from cupy.cuda import driver
+
+    driver.funcSetAttribute(
+        fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes)
+    )
+
+
+def detect_target() -> "Target":
+    """The :class:`convgen.ir.Target` of the current GPU: exact arch and SM count.
+
+    Raises :class:`DeviceError` when there is no usable GPU or its arch is not in
+    :data:`convgen.ir.ARCHES`.
+    """
+    from convgen.ir import ARCHES, Target
+
+    cupy = _cupy()
+    device_id = _current_device()
+    arch = _device_arch(cupy, device_id)
+    if arch not in ARCHES:
+        raise DeviceError(
+            f"device {device_id} is {arch}, which convgen does not support; "
+            f"supported: {', '.join(ARCHES)}"
+        )
+    sm_count = int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+    return Target(arch=arch, sm_count=sm_count)

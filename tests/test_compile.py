@@ -1,0 +1,412 @@
+"""convgen.compile: NVRTC on a machine with no GPU, the disk cache, and (GPU) loading.
+
+Every test points CONVGEN_CACHE_DIR at its own tmp_path, so the user's real
+cache is never read or written.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import convgen
+import convgen.compile as cc
+from convgen import resources
+
+WMMA_SRC = r"""
+#include <mma.h>
+#include <cuda_fp16.h>
+using namespace nvcuda;
+
+// One warp: C[16x16] = A[16x16] (row-major) * B[16x16] (col-major), fp16 in, fp32 out.
+extern "C" __global__ void wmma16(const half* a, const half* b, float* c) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
+    wmma::fill_fragment(fc, 0.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(fc, fa, fb, fc);
+    wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
+}
+"""
+
+SMEM_SRC = r"""
+// Copies x -> y through dynamic shared memory sized by the launch.
+extern "C" __global__ void through_smem(const float* x, float* y, int n) {
+    extern __shared__ float buf[];
+    int i = threadIdx.x;
+    for (int j = i; j < n; j += blockDim.x) buf[j] = x[j] + 1.0f;
+    __syncthreads();
+    for (int j = i; j < n; j += blockDim.x) y[j] = buf[n - 1 - j];
+}
+"""
+
+ELF = b"\x7fELF"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Own cache dir, fresh in-process state, and the one-warning flag reset."""
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cc, "_warned_unwritable", False)
+    monkeypatch.setattr(cc, "_unwritable", set())
+    cc.clear_memory_cache()
+    yield
+    cc.clear_memory_cache()
+
+
+@pytest.fixture
+def count_compiles(monkeypatch):
+    """Counts real NVRTC runs (calls of compile_binary through the caches)."""
+    calls: list[str] = []
+    real = cc.compile_binary
+
+    def counting(source, **kw):
+        calls.append(kw["arch"])
+        return real(source, **kw)
+
+    monkeypatch.setattr(cc, "compile_binary", counting)
+    return calls
+
+
+def entries(root: Path) -> list[Path]:
+    return sorted((root / "kernels").glob("*.bin"))
+
+
+# --------------------------------------------------------------------------- NVRTC, no GPU
+
+
+def test_import_does_not_import_cupy():
+    import subprocess
+    import sys
+
+    code = "import sys, convgen.compile; assert 'cupy' not in sys.modules, 'cupy imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_wmma_compiles_to_cubin_without_gpu(arch):
+    binary = cc.compile_binary(WMMA_SRC, arch=arch)
+    assert binary[:4] == ELF  # a cubin (ELF), not PTX text
+    assert b"wmma16" in binary
+
+
+def test_nvrtc_version():
+    major, minor = cc.nvrtc_version()
+    assert major >= 11 and minor >= 0
+
+
+def test_include_dirs_have_mma():
+    dirs = cc.cuda_include_dirs()
+    assert dirs and all(os.path.isdir(d) for d in dirs)
+    assert any(os.path.isfile(os.path.join(d, "crt", "mma.h")) for d in dirs)
+
+
+def test_ptx_arch_rejected():
+    with pytest.raises(ValueError, match="sm_90"):
+        cc.compile_binary(WMMA_SRC, arch="compute_90")
+
+
+def test_syntax_error_raises_with_log_and_source(tmp_path):
+    bad = WMMA_SRC.replace("wmma::fill_fragment(fc, 0.0f);", "wmma::fill_fragment(fc, 0.0f)\n  oops;")
+    with pytest.raises(cc.CompileError) as info:
+        cc.compile_binary(bad, arch="sm_90", name="bad.cu")
+    err = info.value
+    assert "error" in err.log and "oops" in err.log
+    assert err.source_path is not None and err.source_path.exists()
+    assert err.source_path.read_text() == bad
+    assert err.source_path.is_relative_to(tmp_path / "cache" / "failed")
+    assert "--gpu-architecture=sm_90" in err.options
+    assert "oops" in str(err)
+
+
+def test_missing_headers_name_the_fix(monkeypatch, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("CONVGEN_CUDA_INCLUDE", str(empty))
+    with pytest.raises(cc.HeaderNotFoundError) as info:
+        cc.compile_binary(WMMA_SRC, arch="sm_90")
+    msg = str(info.value)
+    assert "crt/mma.h" in msg and "CONVGEN_CUDA_INCLUDE" in msg
+    assert "convgen[cuda13]" in msg and "CUDA_HOME" in msg
+    assert isinstance(info.value, cc.CompileError)
+
+
+def test_no_header_source_anywhere(monkeypatch, tmp_path):
+    monkeypatch.delenv("CONVGEN_CUDA_INCLUDE", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nope"))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    real_has = cc._has_mma
+    monkeypatch.setattr(cc, "_has_mma", lambda p: False if "/usr/local/cuda" in str(p) else real_has(p))
+    monkeypatch.setattr(cc, "_wheel_groups", lambda: [])
+    with pytest.raises(cc.HeaderNotFoundError, match=r"nvidia-cuda-crt.*CUDA_PATH"):
+        cc.cuda_include_dirs()
+
+
+def test_include_lookup_order(monkeypatch, tmp_path):
+    def fake_toolkit(name):
+        inc = tmp_path / name / "include" / "crt"
+        inc.mkdir(parents=True)
+        (inc / "mma.h").write_text("")
+        return tmp_path / name
+
+    home, path = fake_toolkit("home"), fake_toolkit("path")
+    monkeypatch.delenv("CONVGEN_CUDA_INCLUDE", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    monkeypatch.setenv("CUDA_PATH", str(path))
+    assert cc.cuda_include_dirs() == [str(home / "include")]
+    monkeypatch.delenv("CUDA_HOME")
+    assert cc.cuda_include_dirs() == [str(path / "include")]
+    monkeypatch.setenv("CONVGEN_CUDA_INCLUDE", os.pathsep.join([str(home / "include"), "/no/such"]))
+    assert cc.cuda_include_dirs() == [str(home / "include")]  # only existing dirs
+
+
+def test_cache_dir_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("CONVGEN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cc.cache_dir() == tmp_path / "xdg" / "convgen"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cc.cache_dir() == tmp_path / "home" / ".cache" / "convgen"
+
+
+# --------------------------------------------------------------------------- disk cache
+
+
+def test_second_call_hits_disk(count_compiles, tmp_path):
+    first = cc.cached_binary(WMMA_SRC, arch="sm_90")
+    assert count_compiles == ["sm_90"]
+    assert cc.cached_binary(WMMA_SRC, arch="sm_90") == first  # memory
+    cc.clear_memory_cache()
+    assert cc.cached_binary(WMMA_SRC, arch="sm_90") == first  # disk
+    assert count_compiles == ["sm_90"]
+    [entry] = entries(tmp_path / "cache")
+    assert entry.stem == cc.cache_key(WMMA_SRC, arch="sm_90")
+    cc.cached_binary(WMMA_SRC, arch="sm_80")
+    assert count_compiles == ["sm_90", "sm_80"]
+    assert len(entries(tmp_path / "cache")) == 2
+
+
+def test_key_changes_with_every_input(monkeypatch):
+    base = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
+    assert base == cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
+    assert len(base) == 64
+    variants = {
+        "source": cc.cache_key(WMMA_SRC + "\n", arch="sm_90", options=["-DX=1"]),
+        "options": cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=2"]),
+        "no options": cc.cache_key(WMMA_SRC, arch="sm_90"),
+        "option order": cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1", "-lineinfo"]),
+        "arch": cc.cache_key(WMMA_SRC, arch="sm_80", options=["-DX=1"]),
+    }
+    with monkeypatch.context() as m:
+        m.setattr(convgen, "__version__", "999.0")
+        variants["version"] = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
+    with monkeypatch.context() as m:
+        m.setattr(resources, "templates_hash", lambda: "0" * 64)
+        variants["templates"] = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
+    with monkeypatch.context() as m:
+        m.setattr(cc, "nvrtc_version", lambda: (99, 9))
+        variants["nvrtc"] = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
+    with monkeypatch.context() as m:
+        m.setattr(cc, "FORMAT_TAG", cc.FORMAT_TAG + 1)
+        variants["format"] = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
+    assert all(v != base for v in variants.values()), variants
+    assert len(set(variants.values())) == len(variants)
+
+
+def test_key_ignores_include_dirs(monkeypatch, tmp_path):
+    base = cc.cache_key(WMMA_SRC, arch="sm_90")
+    monkeypatch.setattr(cc, "cuda_include_dirs", lambda: [str(tmp_path)])
+    assert cc.cache_key(WMMA_SRC, arch="sm_90") == base
+
+
+def _corrupt_flip(data: bytes) -> bytes:
+    mid = len(data) - 100  # inside the payload
+    return data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:]
+
+
+def _corrupt_truncate(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _corrupt_header_only(data: bytes) -> bytes:
+    return data[:10]
+
+
+def _other_arch(data: bytes) -> bytes:
+    payload = cc._unpack(data, "sm_90")
+    return cc._pack("sm_80", payload)
+
+
+def _bad_magic(data: bytes) -> bytes:
+    return b"X" + data[1:]
+
+
+@pytest.mark.parametrize(
+    "damage", [_corrupt_flip, _corrupt_truncate, _corrupt_header_only, _other_arch, _bad_magic]
+)
+def test_bad_entry_is_discarded_and_rebuilt(damage, count_compiles, tmp_path):
+    good = cc.cached_binary(WMMA_SRC, arch="sm_90")
+    [entry] = entries(tmp_path / "cache")
+    original = entry.read_bytes()
+    entry.write_bytes(damage(original))
+    cc.clear_memory_cache()
+    assert cc._read_entry(entry, "sm_90") is None
+    assert not entry.exists()  # deleted, not left to be misread again
+    entry.write_bytes(damage(original))
+    assert cc.cached_binary(WMMA_SRC, arch="sm_90") == good
+    assert count_compiles == ["sm_90", "sm_90"]  # rebuilt
+    assert entry.read_bytes() == original  # and rewritten whole
+
+
+def test_entry_checks_arch():
+    packed = cc._pack("sm_90", b"payload")
+    assert cc._unpack(packed, "sm_90") == b"payload"
+    assert cc._unpack(packed, "sm_9") is None
+    assert cc._unpack(packed, "sm_80") is None
+    assert cc._unpack(packed + b"x", "sm_90") is None
+
+
+def test_unwritable_cache_dir_works_in_memory_with_one_warning(monkeypatch, tmp_path, count_compiles):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(blocker / "cache"))  # parent is a file: even root can't
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = cc.cached_binary(WMMA_SRC, arch="sm_90")
+        b = cc.cached_binary(WMMA_SRC, arch="sm_80")
+        cc.clear_memory_cache()
+        c = cc.cached_binary(WMMA_SRC, arch="sm_90")
+    assert a[:4] == b[:4] == c[:4] == ELF and a == c
+    mine = [w for w in caught if "kernel cache folder" in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in caught]
+    assert "CONVGEN_CACHE_DIR" in str(mine[0].message)
+    assert count_compiles == ["sm_90", "sm_80", "sm_90"]
+    assert blocker.read_text() == "not a folder"
+
+
+def test_failed_source_dump_falls_back_to_temp(monkeypatch, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(blocker / "cache"))
+    with pytest.raises(cc.CompileError) as info:
+        cc.compile_binary("this is not cuda", arch="sm_90")
+    assert info.value.source_path.exists()
+    assert info.value.source_path.read_text() == "this is not cuda"
+
+
+def _worker(cache: str, barrier, queue) -> None:
+    os.environ["CONVGEN_CACHE_DIR"] = cache
+    import convgen.compile as c
+
+    c.nvrtc_version()  # warm up NVRTC so the workers reach the cache together
+    barrier.wait()
+    queue.put(c.cached_binary(WMMA_SRC, arch="sm_90"))
+
+
+def test_concurrent_writers(tmp_path):
+    cache = tmp_path / "shared"
+    ctx = multiprocessing.get_context("spawn")
+    n = 4
+    barrier, queue = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(str(cache), barrier, queue)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in range(n)]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len(set(results)) == 1 and results[0][:4] == ELF
+    [entry] = entries(cache)
+    assert cc._read_entry(entry, "sm_90") == results[0]
+    leftovers = [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".bin"]
+    assert leftovers == []
+
+
+def test_write_is_atomic_and_leaves_no_temp(tmp_path):
+    path = tmp_path / "cache" / "kernels" / "k.bin"
+    for i in range(20):
+        cc._write_entry(path, "sm_90", bytes([i]) * 1000)
+        assert cc._read_entry(path, "sm_90") == bytes([i]) * 1000
+    assert [p.name for p in path.parent.iterdir()] == ["k.bin"]
+
+
+# --------------------------------------------------------------------------- errors without a GPU
+
+
+def test_detect_target_without_gpu_says_so():
+    from conftest import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is None:
+        pytest.skip("a GPU is present")
+    with pytest.raises(cc.DeviceError, match="no usable GPU"):
+        cc.detect_target()
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_load_and_launch_wmma():
+    import cupy
+
+    fns = cc.load_kernels(WMMA_SRC, ["wmma16"])
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 16)).astype(np.float16)
+    b = rng.standard_normal((16, 16)).astype(np.float16)
+    da = cupy.asarray(a)
+    db_colmajor = cupy.asarray(np.ascontiguousarray(b.T))  # col-major B
+    dc = cupy.zeros((16, 16), dtype=cupy.float32)
+    fns["wmma16"]((1,), (32,), (da, db_colmajor, dc))
+    expect = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(cupy.asnumpy(dc), expect, rtol=1e-2, atol=1e-2)
+    # The second load is served from memory: the very same module.
+    again = cc.load_kernels(WMMA_SRC, ["wmma16"])
+    assert again["wmma16"].ptr == fns["wmma16"].ptr
+
+
+@pytest.mark.gpu
+def test_load_from_disk_in_fresh_memory(count_compiles):
+    cc.load_kernels(WMMA_SRC, ["wmma16"])
+    cc.clear_memory_cache()
+    cc.load_kernels(WMMA_SRC, ["wmma16"])
+    assert len(count_compiles) == 1
+
+
+@pytest.mark.gpu
+def test_large_dynamic_shared_memory():
+    import cupy
+
+    target = cc.detect_target()
+    n = 24 * 1024  # 96 KiB of floats: above the 48 KiB default, below every sm_80+ limit
+    fn = cc.load_kernels(SMEM_SRC, ["through_smem"])["through_smem"]
+    cc.set_max_dynamic_shared_memory(fn, n * 4)
+    x = cupy.arange(n, dtype=cupy.float32)
+    y = cupy.empty_like(x)
+    assert n * 4 <= target.smem_limit
+    fn((1,), (256,), (x, y, np.int32(n)), shared_mem=n * 4)
+    np.testing.assert_array_equal(cupy.asnumpy(y), (cupy.asnumpy(x) + 1)[::-1])
+
+
+@pytest.mark.gpu
+def test_unknown_kernel_name():
+    with pytest.raises(KeyError, match="extern"):
+        cc.load_kernels(WMMA_SRC, ["nope"])
+
+
+@pytest.mark.gpu
+def test_detect_target_is_live_arch():
+    import cupy
+
+    target = cc.detect_target()
+    dev = cupy.cuda.Device()
+    assert target.arch == "sm_" + dev.compute_capability
+    assert target.sm_count == dev.attributes["MultiProcessorCount"]
+    fns = cc.load_kernels(WMMA_SRC, ["wmma16"], arch=target.arch)
+    assert "wmma16" in fns
