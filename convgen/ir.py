@@ -401,8 +401,11 @@ class Plan:
         for name in ("read_a", "read_b"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"plan.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
-        if not 1 <= self.stages <= 8:
-            raise ValueError(f"plan.stages must be between 1 and 8, got {self.stages}")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(
+                f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
+                "the next tile's loads with this tile's MMAs, which needs at least two buffers"
+            )
 
     @property
     def warps(self) -> int:

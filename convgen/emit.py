@@ -1,0 +1,182 @@
+"""Emission: a :class:`KernelSpec` in, CUDA or HIP source text out.
+
+Rendering is pure: the same spec gives byte-identical source (no timestamps, no
+dict-order or hash-seed dependence), which keeps ``generated/`` reviewable and
+the compile cache effective.  Everything the launcher needs (kernel names,
+argument order, grid, block, shared memory, workspace sizes) is returned with the
+source, so no other module has to know the templates' conventions.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jinja2
+
+from . import __version__
+from .backends import Backend, backend_for
+from .ir import KernelSpec, Pass
+from .planner import EPI_PAD, SMEM_PAD, a_is_col, b_is_col, smem_bytes
+from .resources import templates_dir
+
+_C_TYPES = {"float16": "half_t", "float32": "float"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch of a convolution call, with its grid as a function of the batch."""
+
+    kernel: str
+    args: tuple[str, ...]  # argument names, in order; "batch", "m_rows", "slices" are ints
+    block: tuple[int, int, int]
+    shared_mem: int
+    grid_m_tile: int  # grid.x = ceil(M / grid_m_tile) (0: a fixed grid, see grid_fixed)
+    grid_n_tiles: int
+    grid_z: int
+    grid_fixed: int = 0
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    spec: KernelSpec
+    source: str
+    filename: str
+    main: Launch
+    reduce: Launch | None  # the split-K reduction, when plan.split_k > 1
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def kernel_names(self) -> tuple[str, ...]:
+        return (self.main.kernel,) + ((self.reduce.kernel,) if self.reduce else ())
+
+    def grid(self, batch: int) -> tuple[int, int, int]:
+        """The main kernel's grid for ``batch``: the batch is a run-time argument."""
+        m = self.spec.geometry.gemm(self.spec.pass_, batch).m
+        return (max(1, math.ceil(m / self.main.grid_m_tile)), self.main.grid_n_tiles, self.main.grid_z)
+
+    def workspace_elems(self, batch: int) -> int:
+        """fp32 elements of split-K workspace for ``batch`` (0 without split-K)."""
+        if not self.reduce:
+            return 0
+        g = self.spec.geometry.gemm(self.spec.pass_, batch)
+        return self.main.grid_z * g.m * g.n
+
+    def manifest_entry(self) -> dict[str, Any]:
+        launches = [self.main] + ([self.reduce] if self.reduce else [])
+        return {
+            "file": self.filename,
+            "spec": self.spec.as_dict(),
+            "key": self.spec.key,
+            "plan_reasons": list(self.spec.plan.reasons),
+            "kernels": [
+                {
+                    "name": l.kernel, "args": list(l.args), "block": list(l.block),
+                    "shared_mem": l.shared_mem,
+                    "grid": (
+                        {"fixed": l.grid_fixed} if l.grid_fixed else
+                        {"x": f"ceil(M / {l.grid_m_tile})", "y": l.grid_n_tiles, "z": l.grid_z}
+                    ),
+                }
+                for l in launches
+            ],
+        }
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
+    p, plan = spec.pass_, spec.plan
+    gemm = spec.geometry.gemm(p, 1)
+    reads = {"a": _C_TYPES[plan.read_a], "b": _C_TYPES[plan.read_b]}
+    split = plan.split_k > 1
+    return {
+        "name": spec.name,
+        "reduce_name": spec.name + "_reduce",
+        "a_col": a_is_col(p),
+        "b_col": b_is_col(p),
+        "smem_pad": SMEM_PAD,
+        "epi_pad": EPI_PAD,
+        "gemm_n": gemm.n,
+        "gemm_n_axis": gemm.n_axis,
+        "ta": reads["a"],
+        "tb": reads["b"],
+        # cp.async moves 4, 8 or 16 bytes of fp16; scalar and fp32 gathers go through registers.
+        "async_a": be.cp_async and plan.read_a == "float16" and plan.vec_a >= 2,
+        "async_b": be.cp_async and plan.read_b == "float16" and plan.vec_b >= 2,
+        "out_t": _C_TYPES[spec.epilogue.out_dtype],
+        "split": split,
+        "bias_add": spec.epilogue.bias and p is Pass.FPROP,
+        "relu": spec.epilogue.relu,
+        "db": spec.epilogue.bias and p is Pass.WGRAD,
+    }
+
+
+def _args(spec: KernelSpec, k: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    p = spec.pass_
+    if p is Pass.FPROP:
+        main = ("x", "w") + (("bias",) if k["bias_add"] else ()) + ("y", "workspace", "batch")
+        out = "y"
+    elif p is Pass.DGRAD:
+        main = ("dy", "w", "dx", "workspace", "batch")
+        out = "dx"
+    else:
+        main = ("x", "dy", "dw") + (("db", "db_workspace") if k["db"] else ()) + ("workspace", "batch")
+        out = "dw"
+    if not k["split"]:
+        return main, None
+    reduce = (
+        ("workspace",) + (("bias",) if k["bias_add"] else ()) + (out,)
+        + (("db_workspace", "db") if k["db"] else ()) + ("m_rows", "slices")
+    )
+    return main, reduce
+
+
+REDUCE_THREADS = 256
+
+
+def emit(spec: KernelSpec) -> KernelSource:
+    be = backend_for(spec.target)
+    k = _context(spec, be)
+    template = _environment().get_template(f"{spec.pass_.value}.j2")
+    source = template.render(
+        spec=spec, be=be, k=k, version=__version__, plan_text=spec.plan.explain()
+    )
+    plan = spec.plan
+    gemm_n = k["gemm_n"]
+    main_args, reduce_args = _args(spec, k)
+    main = Launch(
+        kernel=k["name"],
+        args=main_args,
+        block=(plan.warps * be.warp_size, 1, 1),
+        shared_mem=smem_bytes(plan, spec.pass_, be.warp_size),
+        grid_m_tile=plan.block_m,
+        grid_n_tiles=math.ceil(gemm_n / plan.block_n),
+        grid_z=plan.split_k,
+    )
+    reduce = None
+    if reduce_args:
+        reduce = Launch(
+            kernel=k["reduce_name"], args=reduce_args, block=(REDUCE_THREADS, 1, 1), shared_mem=0,
+            grid_m_tile=0, grid_n_tiles=1, grid_z=1, grid_fixed=4 * spec.target.sm_count,
+        )
+    return KernelSource(
+        spec=spec,
+        source=source,
+        filename=f"{spec.name}.{be.file_ext}",
+        main=main,
+        reduce=reduce,
+        metadata={"convgen_version": __version__, "backend": be.name},
+    )

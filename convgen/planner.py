@@ -1,0 +1,260 @@
+"""The planner: picks how one conv pass is computed on one target.
+
+Deterministic and explainable: every choice is a small rule over the GEMM view
+of the pass, and appends a one-line reason to ``Plan.reasons`` so that
+``convgen plan`` can show why.  A hand-written :class:`Plan` goes through the
+same feasibility check (:func:`check_plan`) as a planned one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ir import (
+    ConvGeometry,
+    ConvProblem,
+    DType,
+    Epilogue,
+    KernelSpec,
+    Pass,
+    Plan,
+    Target,
+)
+
+FRAG = 16  # WMMA fragment edge (m16n16k16)
+SMEM_PAD = 8  # halves added to each staged row: 16 bytes, so ldmatrix rows fall in distinct banks
+EPI_PAD = 4  # floats added to each row of the per-warp fp32 epilogue scratch
+
+
+def gathered_channels(geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
+    """The contiguous run length each operand's gather reads, which bounds its vector width.
+
+    fprop: A = im2col(x) runs over C channels, B = w rows over R*S*C.
+    dgrad: A = dy over K, B = w over C.  wgrad: A = dy^T over K, B = im2col(x) over C.
+    """
+    g = geometry
+    if pass_ is Pass.FPROP:
+        return g.c, g.r * g.s * g.c
+    if pass_ is Pass.DGRAD:
+        return g.k, g.c
+    return g.k, g.c
+
+
+def a_is_col(pass_: Pass) -> bool:
+    """wgrad stages dy as [k-step][m] and reads A = dy^T through a col-major fragment."""
+    return pass_ is Pass.WGRAD
+
+
+def b_is_col(pass_: Pass) -> bool:
+    """fprop stages w as [n][k-step] (rows of KRSC are the reduction), a col-major B fragment."""
+    return pass_ is Pass.FPROP
+
+
+def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32) -> int:
+    """Dynamic shared memory of one block: the staged pipeline, or the epilogue scratch if larger."""
+    bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
+    a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
+    b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
+    pipeline = plan.stages * (a + b) * 2
+    epilogue = plan.warps * FRAG * (FRAG + EPI_PAD) * 4
+    return max(pipeline, epilogue)
+
+
+def _vec(channels: int) -> int:
+    for v in (8, 4, 2):
+        if channels % v == 0:
+            return v
+    return 1
+
+
+def _fit(extent: int, cap: int) -> int:
+    """Smallest power-of-two tile >= extent (at least one fragment), capped."""
+    t = FRAG
+    while t < extent and t < cap:
+        t *= 2
+    return t
+
+
+def _warp_grid(bm: int, bn: int, warps: int) -> tuple[int, int]:
+    """Split `warps` over the block so each warp tile is as square as it can be (more reuse
+    per fragment load), ties going to taller tiles; falls back to fewer warps when the
+    block is too small to give each warp a fragment."""
+    while warps > 1:
+        options = [
+            (wm, warps // wm)
+            for wm in range(1, warps + 1)
+            if warps % wm == 0 and bm % (FRAG * wm) == 0 and bn % (FRAG * (warps // wm)) == 0
+        ]
+        if options:
+            return min(options, key=lambda o: (abs(math.log2((bm / o[0]) / (bn / o[1]))), o[1]))
+        warps //= 2
+    return (1, 1)
+
+
+def plan(
+    problem: ConvProblem,
+    pass_: Pass | str,
+    target: Target | None = None,
+    in_dtype: DType = "float16",
+    *,
+    scalar: bool = False,
+) -> Plan:
+    """Choose a plan for ``problem`` (its batch size only sizes split-K and tiles).
+
+    ``scalar=True`` renders the scalar staging path whatever the channel counts,
+    so tests can compare it with the vector path on the same shape.
+    """
+    pass_ = Pass.parse(pass_)
+    target = target or Target()
+    gemm = problem.gemm(pass_)
+    reasons: list[str] = [
+        f"GEMM M={gemm.m} ({gemm.m_axis}) x N={gemm.n} ({gemm.n_axis}) x K={gemm.k} ({gemm.k_axis})"
+    ]
+
+    bn = _fit(gemm.n, 128)
+    reasons.append(
+        f"block N {bn}: smallest fragment multiple covering N={gemm.n} (cap 128), so no warp idles on padding"
+    )
+    if pass_ is Pass.WGRAD:
+        bm = _fit(gemm.m, 128)
+        reasons.append(f"block M {bm}: covers wgrad's M=K={gemm.m} (cap 128)")
+    else:
+        bm = 128
+        reasons.append(f"block M 128: M={gemm.m} pixels is the long axis")
+
+    ca, cb = gathered_channels(problem, pass_)
+    if scalar:
+        va = vb = 1
+    else:
+        va, vb = _vec(ca), _vec(cb)
+    big_k = gemm.k >= 1024 and min(va, vb) > 1
+    bk = 64 if big_k else 32
+    reasons.append(
+        f"K-step {bk}: "
+        + ("long reduction, fewer barriers per FLOP" if big_k else "two k16 MMAs per fragment per barrier"
+           + (" (a scalar gather keeps the step short: fewer accesses in flight per thread)" if min(va, vb) == 1 else ""))
+    )
+
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    wm, wn = _warp_grid(bm, bn, warps)
+    reasons.append(
+        f"{wm * wn} warps as {wm}x{wn}: warp tile {bm // wm}x{bn // wn} "
+        f"= {(bm // wm // FRAG) * (bn // wn // FRAG)} fragments per warp"
+    )
+
+    if scalar:
+        reasons.append("vec A/B 1/1: scalar staging forced by the caller")
+    else:
+        reasons.append(
+            f"vec A {va} (run of {ca}), vec B {vb} (run of {cb}): "
+            "8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor"
+        )
+
+    reads: list[DType] = []
+    for name, v in (("A", va), ("B", vb)):
+        direct = in_dtype == "float32" and v == 1
+        reads.append("float32" if direct else "float16")
+        if in_dtype == "float32":
+            reasons.append(
+                f"read {name} as "
+                + ("float32, cast in the scalar gather" if direct else "float16 after one cast pass (cheaper than a wide fp32 gather)")
+            )
+
+    cp_async = target.info.cp_async
+    stages = 3 if cp_async else 2
+    if cp_async and big_k:
+        stages = 4
+    reasons.append(
+        f"{stages} stages: "
+        + ("cp.async ring with zero-fill for the halo" if cp_async else "register-staged double buffer (no cp.async on this target)")
+    )
+
+    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) if gemm.m else 0
+    steps = math.ceil(gemm.k / bk) if gemm.k else 0
+    split = 1
+    if tiles and tiles < target.sm_count // 2 and steps >= 8:
+        split = max(1, min(math.ceil(target.sm_count / tiles), steps // 4, 128))
+    reasons.append(
+        f"split-K {split}: {tiles} output tiles on {target.sm_count} SMs, {steps} K-steps"
+        + (" (slices reduced in fixed order: deterministic)" if split > 1 else "")
+    )
+
+    candidate = Plan(bm, bn, bk, wm, wn, stages, va, vb, reads[0], reads[1], split)
+    # Shrink until it fits: fewer stages first (least costly), then a shorter K-step.
+    while smem_bytes(candidate, pass_, target.warp_size) > target.smem_limit:
+        if candidate.stages > 2:
+            candidate = _replace(candidate, stages=candidate.stages - 1)
+        elif candidate.block_k > 32:
+            candidate = _replace(candidate, block_k=32)
+        else:  # pragma: no cover - 128x128x32x2 always fits the smallest target
+            break
+    if candidate.stages != stages or candidate.block_k != bk:
+        reasons.append(
+            f"shrunk to {candidate.stages} stages x K-step {candidate.block_k} to fit {target.smem_limit} bytes of shared memory"
+        )
+    reasons.append(
+        "strided dgrad: zero-inserted taps are skipped per pixel by predicate, not by residue-class decomposition"
+        if pass_ is Pass.DGRAD and problem.stride != (1, 1)
+        else f"shared memory {smem_bytes(candidate, pass_, target.warp_size)} bytes"
+    )
+    final = _replace(candidate, reasons=tuple(reasons))
+    check_plan(final, problem, pass_, target, in_dtype)
+    return final
+
+
+def _replace(p: Plan, **changes) -> Plan:
+    import dataclasses
+
+    return dataclasses.replace(p, **changes)
+
+
+def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Target, in_dtype: DType) -> None:
+    """Reject a plan this kernel cannot run, naming what is wrong.  Used for hand plans too."""
+    pass_ = Pass.parse(pass_)
+    ca, cb = gathered_channels(geometry, pass_)
+    for name, vec, run in (("vec_a", plan.vec_a, ca), ("vec_b", plan.vec_b, cb)):
+        if run % vec:
+            raise ValueError(
+                f"plan.{name}={vec} does not divide the operand's contiguous run of {run} channels; use {_vec(run)} or less"
+            )
+    for name, read in (("read_a", plan.read_a), ("read_b", plan.read_b)):
+        if read == "float32" and in_dtype != "float32":
+            raise ValueError(f"plan.{name}='float32' needs float32 inputs, but in_dtype is {in_dtype}")
+    threads = plan.warps * target.warp_size
+    if threads > 1024:
+        raise ValueError(f"plan has {plan.warps} warps = {threads} threads; a block holds at most 1024")
+    if plan.block_k % 16:
+        raise ValueError(f"plan.block_k={plan.block_k} must be a multiple of 16")
+    for name, tile in (("block_m", plan.block_m), ("block_n", plan.block_n), ("block_k", plan.block_k)):
+        if tile > 256:
+            raise ValueError(f"plan.{name}={tile} is larger than convgen's largest tile (256)")
+    smem = smem_bytes(plan, pass_, target.warp_size)
+    if smem > target.smem_limit:
+        raise ValueError(
+            f"plan needs {smem} bytes of shared memory but {target.arch} allows {target.smem_limit}; "
+            "use fewer stages or smaller tiles"
+        )
+    if plan.split_k > 65535:
+        raise ValueError(f"plan.split_k={plan.split_k} exceeds the grid's z limit (65535)")
+
+
+def make_spec(
+    problem: ConvProblem,
+    pass_: Pass | str,
+    *,
+    target: Target | None = None,
+    epilogue: Epilogue | None = None,
+    in_dtype: DType = "float16",
+    plan_: Plan | None = None,
+    scalar: bool = False,
+) -> KernelSpec:
+    """The one way to build a :class:`KernelSpec`: plans it unless a plan is given, and checks a given plan."""
+    pass_ = Pass.parse(pass_)
+    target = target or Target()
+    epilogue = epilogue or Epilogue()
+    epilogue.check_pass(pass_)
+    if plan_ is None:
+        plan_ = plan(problem, pass_, target, in_dtype, scalar=scalar)
+    else:
+        check_plan(plan_, problem, pass_, target, in_dtype)
+    return KernelSpec(problem.geometry, pass_, epilogue, in_dtype, target, plan_)

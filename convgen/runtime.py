@@ -1,0 +1,290 @@
+"""The run-time API: conv2d, conv2d_dgrad and conv2d_wgrad on CuPy arrays.
+
+Each call validates its arguments (naming the one at fault), makes every operand
+something the kernel can read correctly (contiguous, the dtype the plan reads,
+aligned for its vector width: a strided view or an offset pointer is copied, never
+misread), finds the compiled kernel for its shape (planned, emitted and compiled
+once per shape and device, whatever the batch size), and launches on the current
+CuPy stream.  The launch path neither synchronises nor copies between host and
+device, so it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .emit import KernelSource, emit
+from .ir import ConvProblem, Epilogue, Pass, Plan, PairLike, resolve_padding
+from .planner import make_spec
+
+_FLOAT_DTYPES = ("float16", "float32", "float64")
+
+
+@dataclass
+class _Kernel:
+    source: KernelSource
+    main: Any  # cupy.cuda.Function
+    reduce: Any
+
+
+_cache: dict[tuple, _Kernel] = {}
+_targets: dict[int, Any] = {}
+_lock = threading.Lock()
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "convgen's run-time API needs CuPy: pip install 'convgen[cuda13]' (or [cuda12])"
+        ) from exc
+    return cupy
+
+
+def _check_array(name: str, a: Any, ndim: int) -> None:
+    cupy = _cupy()
+    if not isinstance(a, cupy.ndarray):
+        raise TypeError(f"{name} must be a cupy.ndarray, got {type(a).__name__}; convert it with cupy.asarray")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions ({'NHWC' if ndim == 4 else 'K'}), got shape {a.shape}")
+    if a.dtype.name not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, float32 or float64, got {a.dtype.name}")
+
+
+def _out_dtype(out_dtype: Any) -> str:
+    name = np.dtype(out_dtype).name
+    if name not in ("float16", "float32"):
+        raise ValueError(f"out_dtype must be float16 or float32, got {name}")
+    return name
+
+
+def _in_dtype(*arrays: Any) -> str:
+    """float32 only when every operand is float32/64: the planner may then read it in the
+    gather; mixed inputs are all cast to fp16, which is what the MMAs consume anyway."""
+    return "float32" if all(a.dtype.name != "float16" for a in arrays) else "float16"
+
+
+def _same_device(**arrays: Any) -> int:
+    ids = {name: a.device.id for name, a in arrays.items() if a is not None}
+    if len(set(ids.values())) > 1:
+        raise ValueError(f"arrays are on different devices: {ids}")
+    return next(iter(ids.values()))
+
+
+def _target(device_id: int):
+    t = _targets.get(device_id)
+    if t is None:
+        from .compile import detect_target
+
+        t = _targets[device_id] = detect_target()
+    return t
+
+
+def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
+            plan: Optional[Plan], scalar: bool) -> _Kernel:
+    """The compiled kernel for this shape on this device.  The batch size is not in the key:
+    the first call's batch sizes the plan (split-K), and every later batch reuses it."""
+    key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
+    k = _cache.get(key)
+    if k is not None:
+        return k
+    with _lock:
+        k = _cache.get(key)
+        if k is None:
+            from .compile import load_kernels, set_max_dynamic_shared_memory
+
+            target = _target(device_id)
+            spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,
+                             plan_=plan, scalar=scalar)
+            src = emit(spec)
+            fns = load_kernels(src.source, src.kernel_names, arch=target.arch)
+            main = fns[src.main.kernel]
+            if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
+                set_max_dynamic_shared_memory(main, src.main.shared_mem)
+            k = _cache[key] = _Kernel(src, main, fns[src.reduce.kernel] if src.reduce else None)
+    return k
+
+
+def _operand(name: str, a: Any, read_dtype: str, vec: int) -> Any:
+    """A copy of `a` only when the kernel could not read `a` itself: wrong dtype, a
+    non-contiguous view, or a pointer not aligned to the gather's vector width."""
+    cupy = _cupy()
+    if a.dtype.name != read_dtype:
+        a = a.astype(read_dtype)  # fp64 -> fp32 -> fp16 rounds through fp32, as documented
+    if not a.flags.c_contiguous:
+        a = cupy.ascontiguousarray(a)
+    if a.data.ptr % (vec * a.itemsize):
+        a = a.copy()
+    return a
+
+
+def _launch(k: _Kernel, batch: int, args: dict[str, Any]) -> None:
+    src = k.source
+    m = src.spec.geometry.gemm(src.spec.pass_, batch).m
+    grid = src.grid(batch)
+    if src.reduce is not None:
+        cupy = _cupy()
+        g = src.spec.geometry.gemm(src.spec.pass_, batch)
+        args["workspace"] = cupy.empty(grid[2] * g.m * g.n, dtype=cupy.float32)
+        if "db" in src.reduce.args:
+            args["db_workspace"] = cupy.empty(grid[2] * src.spec.geometry.k, dtype=cupy.float32)
+    args.setdefault("workspace", None)
+    args.setdefault("db_workspace", None)
+    args["batch"] = np.int32(batch)
+    args["m_rows"] = np.int64(m)
+    args["slices"] = np.int32(grid[2])
+    k.main(grid, src.main.block, tuple(args[a] for a in src.main.args), shared_mem=src.main.shared_mem)
+    if k.reduce is not None:
+        total = m * (src.spec.geometry.gemm(src.spec.pass_, batch).n)
+        blocks = max(1, min(src.reduce.grid_fixed, math.ceil(total / src.reduce.block[0])))
+        k.reduce((blocks, 1, 1), src.reduce.block, tuple(args[a] for a in src.reduce.args))
+
+
+def _problem(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: PairLike,
+             padding: PairLike | str, dilation: PairLike) -> ConvProblem:
+    return ConvProblem(h, w, c, k, r, s, stride, resolve_padding(padding, r, s, stride, dilation), dilation, n=n)
+
+
+def conv2d(
+    x: Any, w: Any, bias: Any = None, stride: PairLike = 1, padding: PairLike | str = 0,
+    dilation: PairLike = 1, activation: Optional[str] = None, out_dtype: Any = "float16",
+    *, plan: Optional[Plan] = None, scalar: bool = False,
+) -> Any:
+    """y = conv(x, w) [+ bias] [relu], NHWC activations and KRSC weights.
+
+    x: (N, H, W, C), w: (K, R, S, C), bias: (K,) or None; float16 inputs are read as
+    they are, float32 too where the plan reads them in the gather, else cast once.
+    ``activation``: None or "relu".  Returns y: (N, P, Q, K) of ``out_dtype``.
+    ``plan`` takes a hand-made :class:`Plan`; ``scalar`` forces the scalar staging path.
+    """
+    cupy = _cupy()
+    _check_array("x", x, 4)
+    _check_array("w", w, 4)
+    if bias is not None:
+        _check_array("bias", bias, 1)
+    if activation not in (None, "relu"):
+        raise ValueError(f"activation must be None or 'relu', got {activation!r}")
+    n, h, wd, c = x.shape
+    kk, r, s, wc = w.shape
+    if wc != c:
+        raise ValueError(f"w has {wc} input channels (w.shape[3]) but x has {c} (x.shape[3])")
+    if bias is not None and bias.shape != (kk,):
+        raise ValueError(f"bias must have shape ({kk},) to match w's {kk} output channels, got {bias.shape}")
+    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
+    out = _out_dtype(out_dtype)
+    device = _same_device(x=x, w=w, bias=bias)
+    if n == 0:
+        return cupy.empty(problem.y_shape, dtype=out)
+    epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out)  # type: ignore[arg-type]
+    with cupy.cuda.Device(device):
+        k = _kernel(problem, Pass.FPROP, epi, _in_dtype(x, w), device, plan, scalar)
+        p = k.source.spec.plan
+        y = cupy.empty(problem.y_shape, dtype=out)
+        args = {
+            "x": _operand("x", x, p.read_a, p.vec_a),
+            "w": _operand("w", w, p.read_b, p.vec_b),
+            "y": y,
+        }
+        if bias is not None:
+            args["bias"] = _operand("bias", bias, "float32", 1)
+        _launch(k, n, args)
+    return y
+
+
+def conv2d_dgrad(
+    dy: Any, w: Any, input_shape: tuple[int, int, int, int], stride: PairLike = 1,
+    padding: PairLike | str = 0, dilation: PairLike = 1, out_dtype: Any = "float16",
+    *, plan: Optional[Plan] = None, scalar: bool = False,
+) -> Any:
+    """dx, the gradient of conv2d's input: dy (N, P, Q, K), w (K, R, S, C) -> dx of ``input_shape`` (N, H, W, C)."""
+    cupy = _cupy()
+    _check_array("dy", dy, 4)
+    _check_array("w", w, 4)
+    if len(input_shape) != 4:
+        raise ValueError(f"input_shape must be (N, H, W, C), got {input_shape!r}")
+    n, h, wd, c = (int(v) for v in input_shape)
+    kk, r, s, wc = w.shape
+    if wc != c:
+        raise ValueError(f"w has {wc} input channels (w.shape[3]) but input_shape has {c}")
+    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
+    if dy.shape != problem.y_shape:
+        raise ValueError(
+            f"dy shape {dy.shape} does not match the output shape {problem.y_shape} of input_shape "
+            f"{tuple(input_shape)} with w {w.shape}"
+        )
+    out = _out_dtype(out_dtype)
+    device = _same_device(dy=dy, w=w)
+    if n == 0:
+        return cupy.empty(problem.x_shape, dtype=out)
+    epi = Epilogue(out_dtype=out)  # type: ignore[arg-type]
+    with cupy.cuda.Device(device):
+        k = _kernel(problem, Pass.DGRAD, epi, _in_dtype(dy, w), device, plan, scalar)
+        p = k.source.spec.plan
+        dx = cupy.empty(problem.x_shape, dtype=out)
+        _launch(k, n, {
+            "dy": _operand("dy", dy, p.read_a, p.vec_a),
+            "w": _operand("w", w, p.read_b, p.vec_b),
+            "dx": dx,
+        })
+    return dx
+
+
+def conv2d_wgrad(
+    x: Any, dy: Any, weight_shape: tuple[int, int, int, int], stride: PairLike = 1,
+    padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = True,
+    out_dtype: Any = "float16", deterministic: bool = True,
+    *, plan: Optional[Plan] = None, scalar: bool = False,
+) -> tuple[Any, Any]:
+    """(dw, db), the gradients of conv2d's weight and bias: x (N, H, W, C), dy (N, P, Q, K).
+
+    db is None when ``bias`` is False.  Split-K partial sums always go to a workspace
+    and are reduced in a fixed order, so results are bit-identical from run to run;
+    ``deterministic`` is accepted for API compatibility and is always honoured.
+    """
+    cupy = _cupy()
+    _check_array("x", x, 4)
+    _check_array("dy", dy, 4)
+    if len(weight_shape) != 4:
+        raise ValueError(f"weight_shape must be (K, R, S, C), got {weight_shape!r}")
+    kk, r, s, c = (int(v) for v in weight_shape)
+    n, h, wd, xc = x.shape
+    if xc != c:
+        raise ValueError(f"weight_shape has {c} input channels but x has {xc} (x.shape[3])")
+    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
+    if dy.shape != problem.y_shape:
+        raise ValueError(
+            f"dy shape {dy.shape} does not match the output shape {problem.y_shape} of x {x.shape} "
+            f"with weight_shape {tuple(weight_shape)}"
+        )
+    out = _out_dtype(out_dtype)
+    device = _same_device(x=x, dy=dy)
+    with cupy.cuda.Device(device):
+        if n == 0:  # an empty batch contributes nothing: the gradients are exactly zero
+            return (cupy.zeros(problem.w_shape, dtype=out), cupy.zeros((kk,), dtype=out) if bias else None)
+        epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
+        k = _kernel(problem, Pass.WGRAD, epi, _in_dtype(x, dy), device, plan, scalar)
+        p = k.source.spec.plan
+        dw = cupy.empty(problem.w_shape, dtype=out)
+        db = cupy.empty((kk,), dtype=out) if bias else None
+        args = {
+            "dy": _operand("dy", dy, p.read_a, p.vec_a),
+            "x": _operand("x", x, p.read_b, p.vec_b),
+            "dw": dw,
+        }
+        if bias:
+            args["db"] = db
+        _launch(k, n, args)
+    return dw, db
+
+
+def clear_cache() -> None:
+    """Forget compiled kernels of this process (the disk cache is kept)."""
+    with _lock:
+        _cache.clear()
+        _targets.clear()
