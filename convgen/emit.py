@@ -109,6 +109,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "b_col": b_is_col(p),
         "smem_pad": SMEM_PAD,
         "epi_pad": EPI_PAD,
+        "smem_bytes": smem_bytes(plan, p, be.warp_size),
         "gemm_n": gemm.n,
         "gemm_n_axis": gemm.n_axis,
         "ta": reads["a"],

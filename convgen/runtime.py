@@ -32,6 +32,10 @@ class _Kernel:
     reduce: Any
 
 
+# Tests set this so every output and workspace starts as NaN: an element a kernel
+# forgets to write then fails the comparison instead of passing on leftover memory.
+POISON_OUTPUTS = False
+
 _cache: dict[tuple, _Kernel] = {}
 _targets: dict[int, Any] = {}
 _lock = threading.Lock()
@@ -111,6 +115,13 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     return k
 
 
+def _empty(shape: Any, dtype: Any) -> Any:
+    cupy = _cupy()
+    if POISON_OUTPUTS:
+        return cupy.full(shape, np.nan, dtype=dtype)
+    return cupy.empty(shape, dtype=dtype)
+
+
 def _operand(name: str, a: Any, read_dtype: str, vec: int) -> Any:
     """A copy of `a` only when the kernel could not read `a` itself: wrong dtype, a
     non-contiguous view, or a pointer not aligned to the gather's vector width."""
@@ -131,9 +142,9 @@ def _launch(k: _Kernel, batch: int, args: dict[str, Any]) -> None:
     if src.reduce is not None:
         cupy = _cupy()
         g = src.spec.geometry.gemm(src.spec.pass_, batch)
-        args["workspace"] = cupy.empty(grid[2] * g.m * g.n, dtype=cupy.float32)
+        args["workspace"] = _empty(grid[2] * g.m * g.n, cupy.float32)
         if "db" in src.reduce.args:
-            args["db_workspace"] = cupy.empty(grid[2] * src.spec.geometry.k, dtype=cupy.float32)
+            args["db_workspace"] = _empty(grid[2] * src.spec.geometry.k, cupy.float32)
     args.setdefault("workspace", None)
     args.setdefault("db_workspace", None)
     args["batch"] = np.int32(batch)
@@ -185,7 +196,7 @@ def conv2d(
     with cupy.cuda.Device(device):
         k = _kernel(problem, Pass.FPROP, epi, _in_dtype(x, w), device, plan, scalar)
         p = k.source.spec.plan
-        y = cupy.empty(problem.y_shape, dtype=out)
+        y = _empty(problem.y_shape, out)
         args = {
             "x": _operand("x", x, p.read_a, p.vec_a),
             "w": _operand("w", w, p.read_b, p.vec_b),
@@ -226,7 +237,7 @@ def conv2d_dgrad(
     with cupy.cuda.Device(device):
         k = _kernel(problem, Pass.DGRAD, epi, _in_dtype(dy, w), device, plan, scalar)
         p = k.source.spec.plan
-        dx = cupy.empty(problem.x_shape, dtype=out)
+        dx = _empty(problem.x_shape, out)
         _launch(k, n, {
             "dy": _operand("dy", dy, p.read_a, p.vec_a),
             "w": _operand("w", w, p.read_b, p.vec_b),
@@ -270,8 +281,8 @@ def conv2d_wgrad(
         epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
         k = _kernel(problem, Pass.WGRAD, epi, _in_dtype(x, dy), device, plan, scalar)
         p = k.source.spec.plan
-        dw = cupy.empty(problem.w_shape, dtype=out)
-        db = cupy.empty((kk,), dtype=out) if bias else None
+        dw = _empty(problem.w_shape, out)
+        db = _empty((kk,), out) if bias else None
         args = {
             "dy": _operand("dy", dy, p.read_a, p.vec_a),
             "x": _operand("x", x, p.read_b, p.vec_b),
