@@ -1,0 +1,330 @@
+"""convgen.planner: deterministic, feasible, explained plans, and hand plans checked like planned ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from convgen.ir import ARCHES, DTYPES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from convgen.planner import check_plan, gathered_channels, make_spec, plan, smem_bytes
+from convgen.suites import SUITES
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_LAYERS = [(f"{suite}/{layer.name}", layer.problem) for suite, layers in SUITES.items() for layer in layers]
+
+
+@st.composite
+def problems(draw) -> ConvProblem:
+    r, s = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    dil = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    stride = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    eff_r, eff_s = dil[0] * (r - 1) + 1, dil[1] * (s - 1) + 1
+    h = draw(st.integers(max(1, eff_r - 2 * pad[0]), 96))
+    w = draw(st.integers(max(1, eff_s - 2 * pad[1]), 96))
+    channels = st.one_of(st.integers(1, 40), st.sampled_from([3, 8, 16, 24, 64, 100, 128, 256, 512, 1000, 2048]))
+    c, k = draw(channels), draw(channels)
+    n = draw(st.sampled_from([0, 1, 2, 3, 16, 64, 256, 1024]))
+    return ConvProblem(h, w, c, k, r, s, stride, pad, dil, n=n)
+
+
+def k_steps(problem: ConvProblem, pass_: Pass, p: Plan) -> int:
+    return math.ceil(problem.gemm(pass_).k / p.block_k)
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+def test_plan_is_deterministic():
+    for _, prob in ALL_LAYERS:
+        for pass_ in Pass:
+            for arch in ARCHES:
+                a = plan(prob, pass_, Target(arch))
+                b = plan(prob, pass_, Target(arch))
+                assert a == b and a.reasons == b.reasons and a.explain() == b.explain()
+
+
+def test_plan_is_the_same_in_another_process():
+    code = (
+        "from convgen.suites import SUITES\n"
+        "from convgen.ir import Pass, Target, ARCHES\n"
+        "from convgen.planner import plan\n"
+        "for layers in SUITES.values():\n"
+        "    for l in layers:\n"
+        "        for p in Pass:\n"
+        "            for a in ARCHES: print(plan(l.problem, p, Target(a)).explain())\n"
+    )
+    outs = []
+    for seed in ("0", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)}
+        outs.append(subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                                   text=True, check=True).stdout)
+    here = "".join(plan(prob, p, Target(a)).explain() + "\n" for _, prob in ALL_LAYERS for p in Pass for a in ARCHES)
+    assert outs[0] == outs[1] == here
+
+
+def test_make_spec_uses_plan_and_the_defaults():
+    prob = SUITES["cifar-resnet"][1].problem
+    s = make_spec(prob, "fprop")
+    assert s == KernelSpec(prob.geometry, Pass.FPROP, Epilogue(), "float16", Target(), plan(prob, "fprop"))
+    assert s.target == Target("sm_90") and s.epilogue == Epilogue() and s.in_dtype == "float16"
+
+
+# --------------------------------------------------------------------------- invariants
+
+
+def check_invariants(prob: ConvProblem, pass_: Pass, target: Target, in_dtype: str, scalar: bool) -> Plan:
+    p = plan(prob, pass_, target, in_dtype, scalar=scalar)
+    where = f"{prob.describe()} {pass_.value} {target.arch} {in_dtype} scalar={scalar}: {p}"
+    assert smem_bytes(p, pass_, target.warp_size) <= target.smem_limit, where
+    assert p.warps * target.warp_size <= 1024, where
+    ca, cb = gathered_channels(prob, pass_)
+    assert ca % p.vec_a == 0 and cb % p.vec_b == 0, where
+    if scalar:
+        assert p.vec_a == p.vec_b == 1, where
+    steps = k_steps(prob, pass_, p)
+    assert 1 <= p.split_k <= max(1, steps), where
+    if steps < 8:
+        assert p.split_k == 1, where
+    for read, vec in ((p.read_a, p.vec_a), (p.read_b, p.vec_b)):
+        assert (read == "float32") == (in_dtype == "float32" and vec == 1), where
+    g = prob.gemm(pass_)
+    if g.n <= 32:
+        assert p.block_n <= 32, where
+    if pass_ is Pass.WGRAD and prob.k <= 32:
+        assert p.block_m <= 32, where
+    assert p.block_m <= 256 and p.block_n <= 256 and p.block_k <= 256, where
+    assert p.reasons and all(isinstance(r, str) and r for r in p.reasons), where
+    check_plan(p, prob, pass_, target, in_dtype)  # a planned plan passes the hand-plan check
+    return p
+
+
+@settings(max_examples=150)
+@given(prob=problems(), in_dtype=st.sampled_from(DTYPES), scalar=st.booleans())
+def test_plan_invariants_hold_for_every_pass_and_arch(prob, in_dtype, scalar):
+    for pass_ in Pass:
+        for arch in ARCHES:
+            check_invariants(prob, pass_, Target(arch), in_dtype, scalar)
+
+
+@settings(max_examples=40)
+@given(prob=problems(), sm_count=st.integers(1, 400), arch=st.sampled_from(sorted(ARCHES)))
+def test_plan_invariants_hold_for_any_sm_count(prob, sm_count, arch):
+    for pass_ in Pass:
+        check_invariants(prob, pass_, Target(arch, sm_count), "float16", False)
+
+
+@pytest.mark.parametrize("name, prob", ALL_LAYERS, ids=[n for n, _ in ALL_LAYERS])
+def test_suite_layers_plan_on_every_arch(name, prob):
+    for pass_ in Pass:
+        for arch in ARCHES:
+            for in_dtype in DTYPES:
+                for scalar in (False, True):
+                    check_invariants(prob, pass_, Target(arch), in_dtype, scalar)
+
+
+@pytest.mark.parametrize("pass_", list(Pass))
+def test_empty_batch_plans(pass_):
+    prob = ConvProblem(32, 32, 16, 16, 3, 3, 1, 1, n=0)
+    for arch in ARCHES:
+        p = check_invariants(prob, pass_, Target(arch), "float16", False)
+        assert p.split_k == 1
+
+
+# --------------------------------------------------------------------------- specific rules
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_75", "gfx942"])
+def test_three_channels_gives_a_scalar_a_gather_in_fprop(arch):
+    prob = ConvProblem(32, 32, 3, 16, 3, 3, 1, 1, n=8)
+    p = plan(prob, "fprop", Target(arch))
+    assert p.vec_a == 1 and p.vec_b == 1  # R*S*C = 27 is odd too
+    assert p.read_a == "float16"
+    assert any("vec A 1 (run of 3)" in r for r in p.reasons)
+    assert plan(prob, "fprop", Target(arch), "float32").read_a == "float32"  # scalar fp32 gather reads fp32
+
+
+@pytest.mark.parametrize("c", [8, 16, 24, 64, 136, 512])
+def test_channels_multiple_of_8_give_vec_8(c):
+    prob = ConvProblem(14, 14, c, 8 * 5, 3, 3, 1, 1, n=4)
+    assert plan(prob, "fprop").vec_a == 8  # im2col(x) runs over C
+    assert plan(prob, "fprop").vec_b == 8  # w rows run over R*S*C
+    assert plan(prob, "dgrad").vec_b == 8  # w viewed [R*S*K][C]
+    assert plan(prob, "dgrad").vec_a == 8  # dy runs over K = 40
+    assert plan(prob, "wgrad").vec_b == 8  # im2col(x) again
+    assert plan(prob, "wgrad").vec_a == 8  # dy^T over K
+
+
+@pytest.mark.parametrize("c, vec", [(4, 4), (12, 4), (2, 2), (6, 2), (5, 1), (7, 1)])
+def test_other_channel_counts_get_the_widest_divisor(c, vec):
+    prob = ConvProblem(14, 14, c, 16, 1, 1, n=4)
+    assert plan(prob, "fprop").vec_a == vec
+    assert plan(prob, "wgrad").vec_b == vec
+    assert plan(prob, "dgrad").vec_b == vec
+
+
+@settings(max_examples=100)
+@given(prob=problems(), pass_=st.sampled_from(list(Pass)), arch=st.sampled_from(sorted(ARCHES)))
+def test_narrow_gemm_n_gets_a_narrow_block(prob, pass_, arch):
+    assume(prob.gemm(pass_).n <= 32)
+    p = plan(prob, pass_, Target(arch))
+    assert p.block_n <= 32
+    assert p.block_n >= prob.gemm(pass_).n  # and still covers it in one tile
+
+
+@pytest.mark.parametrize("k", [1, 3, 16, 17, 32])
+def test_wgrad_with_few_output_channels_gets_a_short_block(k):
+    prob = ConvProblem(32, 32, 64, k, 3, 3, 1, 1, n=64)
+    for arch in ARCHES:
+        p = plan(prob, "wgrad", Target(arch))
+        assert p.block_m <= 32 and p.block_m >= min(k, 32)
+
+
+CIFAR_WGRAD = [(f"{s}/{l.name}", l.problem) for s in ("cifar-resnet", "cifar-vgg") for l in SUITES[s]]
+SPLIT_ARCHES = [a for a, info in ARCHES.items() if info.default_sm_count // 2 <= 128]
+
+
+@pytest.mark.parametrize("arch", SPLIT_ARCHES)
+@pytest.mark.parametrize("name, prob", CIFAR_WGRAD, ids=[n for n, _ in CIFAR_WGRAD])
+def test_cifar_wgrad_uses_split_k_to_fill_the_gpu(name, prob, arch):
+    target = Target(arch)
+    p = plan(prob, "wgrad", target)
+    g = prob.gemm("wgrad")
+    tiles = math.ceil(g.m / p.block_m) * math.ceil(g.n / p.block_n)
+    assert p.split_k > 1, p.explain()
+    assert tiles * p.split_k >= target.sm_count / 2, p.explain()
+    assert p.split_k <= k_steps(prob, Pass.WGRAD, p)
+    assert any(r.startswith(f"split-K {p.split_k}:") and "deterministic" in r for r in p.reasons)
+
+
+def test_split_k_is_off_when_the_grid_is_already_full():
+    prob = ConvProblem(56, 56, 64, 64, 3, 3, 1, 1, n=64)
+    for pass_ in (Pass.FPROP, Pass.DGRAD):
+        assert plan(prob, pass_).split_k == 1
+
+
+def test_split_k_follows_the_sm_count():
+    prob = SUITES["cifar-resnet"][3].problem
+    few, many = plan(prob, "wgrad", Target("sm_90", 8)), plan(prob, "wgrad", Target("sm_90", 132))
+    assert few.split_k < many.split_k
+
+
+def test_plans_fit_small_shared_memory_by_shrinking():
+    prob = ConvProblem(14, 14, 512, 512, 3, 3, 1, 1, n=64)
+    big = plan(prob, "fprop", Target("sm_90"))
+    small = plan(prob, "fprop", Target("sm_86"))
+    assert smem_bytes(small, Pass.FPROP) <= Target("sm_86").smem_limit
+    assert (small.stages, small.block_k) <= (big.stages, big.block_k)
+    if (small.stages, small.block_k) != (big.stages, big.block_k):
+        assert any(r.startswith("shrunk to") for r in small.reasons)
+
+
+def test_targets_without_cp_async_double_buffer():
+    prob = SUITES["resnet50"][6].problem
+    for arch, info in ARCHES.items():
+        p = plan(prob, "fprop", Target(arch))
+        if not info.cp_async:
+            assert p.stages == 2, arch
+        elif not any(r.startswith("shrunk to") for r in p.reasons):
+            assert p.stages >= 3, arch
+
+
+# --------------------------------------------------------------------------- reasons and explain()
+
+
+@pytest.mark.parametrize("name, prob", ALL_LAYERS[:9], ids=[n for n, _ in ALL_LAYERS[:9]])
+def test_every_plan_is_explained(name, prob):
+    for pass_ in Pass:
+        for arch in ("sm_90", "sm_75", "gfx942"):
+            for in_dtype in DTYPES:
+                p = plan(prob, pass_, Target(arch), in_dtype)
+                text = p.explain()
+                lines = text.splitlines()
+                assert len(lines) == 1 + len(p.reasons)
+                for reason in p.reasons:
+                    assert f"  - {reason}" in lines
+                head = lines[0]
+                for needle in (f"block {p.block_m}x{p.block_n}x{p.block_k}", f"{p.warps} warps",
+                               f"{p.stages} stages", f"vec A/B {p.vec_a}/{p.vec_b}",
+                               f"read A/B {p.read_a}/{p.read_b}", f"split-K {p.split_k}"):
+                    assert needle in head
+                g = prob.gemm(pass_)
+                assert p.reasons[0] == f"GEMM M={g.m} ({g.m_axis}) x N={g.n} ({g.n_axis}) x K={g.k} ({g.k_axis})"
+                # each decision has its reason
+                for prefix in ("block N", "block M", "K-step", f"{p.warps} warps as", "vec A", f"{p.stages} stages",
+                               f"split-K {p.split_k}:"):
+                    assert any(r.startswith(prefix) for r in p.reasons), prefix
+                if in_dtype == "float32":
+                    assert sum(r.startswith("read ") for r in p.reasons) == 2
+
+
+def test_scalar_plans_say_so():
+    p = plan(SUITES["cifar-resnet"][1].problem, "fprop", scalar=True)
+    assert p.vec_a == p.vec_b == 1
+    assert "vec A/B 1/1: scalar staging forced by the caller" in p.reasons
+
+
+def test_strided_dgrad_reason():
+    p = plan(SUITES["cifar-resnet"][2].problem, "dgrad")
+    assert any(r.startswith("strided dgrad") for r in p.reasons)
+
+
+# --------------------------------------------------------------------------- hand plans
+
+C3 = ConvProblem(32, 32, 3, 16, 3, 3, 1, 1, n=8)
+C64 = ConvProblem(16, 16, 64, 64, 3, 3, 1, 1, n=8)
+
+
+@pytest.mark.parametrize(
+    "prob, pass_, hand, target, in_dtype, msg",
+    [
+        (C3, "fprop", Plan(128, 16, 32, 4, 1, 2, 8, 1), "sm_90", "float16",
+         r"plan\.vec_a=8 does not divide the operand's contiguous run of 3 channels; use 1 or less"),
+        (C3, "dgrad", Plan(128, 16, 32, 4, 1, 2, 8, 4), "sm_90", "float16",
+         r"plan\.vec_b=4 does not divide the operand's contiguous run of 3 channels"),
+        (C3, "wgrad", Plan(16, 32, 32, 1, 2, 2, 8, 2), "sm_90", "float16",
+         r"plan\.vec_b=2 does not divide the operand's contiguous run of 3 channels"),
+        (C64, "fprop", Plan(256, 256, 64, 4, 2, 8, 8, 8), "sm_90", "float16",
+         r"plan needs \d+ bytes of shared memory but sm_90 allows 232448"),
+        (C64, "fprop", Plan(128, 128, 64, 2, 4, 3, 8, 8), "sm_75", "float16",
+         r"plan needs 110592 bytes of shared memory but sm_75 allows 65536"),
+        (C64, "fprop", Plan(256, 256, 32, 8, 8, 2, 8, 8), "sm_90", "float16",
+         r"plan has 64 warps = 2048 threads; a block holds at most 1024"),
+        (C64, "fprop", Plan(128, 256, 32, 4, 8, 2, 8, 8), "gfx942", "float16",
+         r"plan has 32 warps = 2048 threads; a block holds at most 1024"),
+        (C64, "fprop", Plan(128, 64, 32, 4, 1, 2, 1, 8, read_a="float32"), "sm_90", "float16",
+         r"plan\.read_a='float32' needs float32 inputs, but in_dtype is float16"),
+        (C64, "wgrad", Plan(64, 64, 32, 2, 2, 2, 8, 1, read_b="float32"), "sm_90", "float16",
+         r"plan\.read_b='float32' needs float32 inputs, but in_dtype is float16"),
+        (C64, "fprop", Plan(512, 64, 32, 4, 1, 2, 8, 8), "sm_90", "float16",
+         r"plan\.block_m=512 is larger than convgen's largest tile \(256\)"),
+    ],
+)
+def test_infeasible_hand_plans_are_rejected(prob, pass_, hand, target, in_dtype, msg):
+    with pytest.raises(ValueError, match=msg):
+        make_spec(prob, pass_, target=Target(target), in_dtype=in_dtype, plan_=hand)
+    with pytest.raises(ValueError, match=msg):
+        check_plan(hand, prob, pass_, Target(target), in_dtype)
+
+
+def test_feasible_hand_plans_are_used_as_given():
+    hand = Plan(64, 64, 32, 2, 2, 2, 4, 2, split_k=3)
+    s = make_spec(C64, "fprop", target=Target("sm_75"), plan_=hand)
+    assert s.plan == hand and s.plan.split_k == 3
+    # float32 reads are fine once the inputs are float32 and the gather is scalar
+    hand32 = Plan(64, 64, 32, 2, 2, 2, 1, 1, read_a="float32", read_b="float32")
+    assert make_spec(C64, "fprop", in_dtype="float32", plan_=hand32).plan == hand32
+
+
+def test_hand_plan_goes_through_the_epilogue_check():
+    with pytest.raises(ValueError, match="relu is an fprop epilogue"):
+        make_spec(C64, "dgrad", epilogue=Epilogue(relu=True), plan_=Plan(64, 64, 32, 2, 2, 2, 8, 8))
