@@ -285,6 +285,9 @@ class Epilogue:
     out_dtype: DType = "float16"
 
     def __post_init__(self) -> None:
+        for name in ("bias", "relu"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"epilogue {name} must be True or False, got {getattr(self, name)!r}")
         if self.out_dtype not in DTYPES:
             raise ValueError(f"out_dtype must be one of {DTYPES}, got {self.out_dtype!r}")
 
@@ -333,6 +336,7 @@ class Target:
         count = _int("sm_count", self.sm_count)
         if count < 1:
             raise ValueError(f"sm_count must be >= 1, got {count}")
+        object.__setattr__(self, "sm_count", count)
 
     @property
     def info(self) -> ArchInfo:
@@ -383,6 +387,7 @@ class Plan:
             v = _int(name, getattr(self, name))
             if v < 1:
                 raise ValueError(f"plan.{name} must be >= 1, got {v}")
+            object.__setattr__(self, name, v)
         for name in ("block_m", "block_n", "block_k"):
             v = getattr(self, name)
             if v % 16:

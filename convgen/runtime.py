@@ -11,7 +11,6 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -27,9 +26,24 @@ _FLOAT_DTYPES = ("float16", "float32", "float64")
 
 @dataclass
 class _Kernel:
+    """A loaded kernel plus what its launch needs, precomputed so a call does little Python."""
+
     source: KernelSource
     main: Any  # cupy.cuda.Function
     reduce: Any
+    m_per_image: int  # GEMM M = batch * m_per_image (fprop, dgrad); fixed M for wgrad
+    batch_scales_m: bool
+    gemm_n: int
+    db_len: int
+
+    @classmethod
+    def build(cls, source: KernelSource, main: Any, reduce: Any) -> "_Kernel":
+        g = source.spec.geometry.gemm(source.spec.pass_, 1)
+        scales = source.spec.pass_ is not Pass.WGRAD
+        return cls(source, main, reduce, g.m, scales, g.n, source.spec.geometry.k)
+
+    def gemm_m(self, batch: int) -> int:
+        return batch * self.m_per_image if self.batch_scales_m else self.m_per_image
 
 
 # Tests set this so every output and workspace starts as NaN: an element a kernel
@@ -111,7 +125,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             main = fns[src.main.kernel]
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
                 set_max_dynamic_shared_memory(main, src.main.shared_mem)
-            k = _cache[key] = _Kernel(src, main, fns[src.reduce.kernel] if src.reduce else None)
+            k = _cache[key] = _Kernel.build(src, main, fns[src.reduce.kernel] if src.reduce else None)
     return k
 
 
@@ -137,29 +151,58 @@ def _operand(name: str, a: Any, read_dtype: str, vec: int) -> Any:
 
 def _launch(k: _Kernel, batch: int, args: dict[str, Any]) -> None:
     src = k.source
-    m = src.spec.geometry.gemm(src.spec.pass_, batch).m
-    grid = src.grid(batch)
-    if src.reduce is not None:
-        cupy = _cupy()
-        g = src.spec.geometry.gemm(src.spec.pass_, batch)
-        args["workspace"] = _empty(grid[2] * g.m * g.n, cupy.float32)
-        if "db" in src.reduce.args:
-            args["db_workspace"] = _empty(grid[2] * src.spec.geometry.k, cupy.float32)
-    args.setdefault("workspace", None)
-    args.setdefault("db_workspace", None)
-    args["batch"] = np.int32(batch)
-    args["m_rows"] = np.int64(m)
-    args["slices"] = np.int32(grid[2])
-    k.main(grid, src.main.block, tuple(args[a] for a in src.main.args), shared_mem=src.main.shared_mem)
+    main = src.main
+    m = k.gemm_m(batch)
+    grid = (max(1, -(-m // main.grid_m_tile)), main.grid_n_tiles, main.grid_z)
     if k.reduce is not None:
-        total = m * (src.spec.geometry.gemm(src.spec.pass_, batch).n)
-        blocks = max(1, min(src.reduce.grid_fixed, math.ceil(total / src.reduce.block[0])))
+        args["workspace"] = _empty(grid[2] * m * k.gemm_n, np.float32)
+        if "db" in src.reduce.args:
+            args["db_workspace"] = _empty(grid[2] * k.db_len, np.float32)
+    else:
+        args["workspace"] = None
+        args.setdefault("db_workspace", None)
+    args["batch"] = np.int32(batch)
+    k.main(grid, main.block, tuple(args[a] for a in main.args), shared_mem=main.shared_mem)
+    if k.reduce is not None:
+        args["m_rows"] = np.int64(m)
+        args["slices"] = np.int32(grid[2])
+        blocks = max(1, min(src.reduce.grid_fixed, -(-(m * k.gemm_n) // src.reduce.block[0])))
         k.reduce((blocks, 1, 1), src.reduce.block, tuple(args[a] for a in src.reduce.args))
 
 
 def _problem(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: PairLike,
              padding: PairLike | str, dilation: PairLike) -> ConvProblem:
     return ConvProblem(h, w, c, k, r, s, stride, resolve_padding(padding, r, s, stride, dilation), dilation, n=n)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A validated call signature: what a repeat of the same shapes and options needs."""
+
+    kernel: Optional[_Kernel]  # None for an empty batch: nothing to launch
+    problem: ConvProblem
+    out_dtype: str
+    device: int
+
+
+# Calls seen before, keyed by the raw arguments' shapes, dtypes, devices and options:
+# a repeat skips validation and planning (the host cost of a small layer matters).
+_calls: dict[tuple, _Call] = {}
+
+
+def _call_key(tag: str, arrays: tuple, *options: Any) -> Optional[tuple]:
+    try:
+        key = (tag, *[None if a is None else (type(a), a.shape, a.dtype.char, a.device.id) for a in arrays], *options)
+        hash(key)
+    except (TypeError, AttributeError):  # unhashable options or non-CuPy arrays: full checks
+        return None
+    return key
+
+
+def _remember(key: Optional[tuple], call: _Call) -> _Call:
+    if key is not None:
+        _calls[key] = call
+    return call
 
 
 def conv2d(
@@ -175,6 +218,28 @@ def conv2d(
     ``plan`` takes a hand-made :class:`Plan`; ``scalar`` forces the scalar staging path.
     """
     cupy = _cupy()
+    key = _call_key("fprop", (x, w, bias), stride, padding, dilation, activation, out_dtype, plan, scalar)
+    call = _calls.get(key) if key is not None else None
+    if call is None:
+        call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar))
+    k = call.kernel
+    if k is None:
+        return cupy.empty(call.problem.y_shape, dtype=call.out_dtype)
+    with cupy.cuda.Device(call.device):
+        p = k.source.spec.plan
+        y = _empty(call.problem.y_shape, call.out_dtype)
+        args = {
+            "x": _operand("x", x, p.read_a, p.vec_a),
+            "w": _operand("w", w, p.read_b, p.vec_b),
+            "y": y,
+        }
+        if bias is not None:
+            args["bias"] = _operand("bias", bias, "float32", 1)
+        _launch(k, call.problem.n, args)
+    return y
+
+
+def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar) -> _Call:
     _check_array("x", x, 4)
     _check_array("w", w, 4)
     if bias is not None:
@@ -191,21 +256,10 @@ def conv2d(
     out = _out_dtype(out_dtype)
     device = _same_device(x=x, w=w, bias=bias)
     if n == 0:
-        return cupy.empty(problem.y_shape, dtype=out)
+        return _Call(None, problem, out, device)
     epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out)  # type: ignore[arg-type]
-    with cupy.cuda.Device(device):
-        k = _kernel(problem, Pass.FPROP, epi, _in_dtype(x, w), device, plan, scalar)
-        p = k.source.spec.plan
-        y = _empty(problem.y_shape, out)
-        args = {
-            "x": _operand("x", x, p.read_a, p.vec_a),
-            "w": _operand("w", w, p.read_b, p.vec_b),
-            "y": y,
-        }
-        if bias is not None:
-            args["bias"] = _operand("bias", bias, "float32", 1)
-        _launch(k, n, args)
-    return y
+    k = _kernel(problem, Pass.FPROP, epi, _in_dtype(x, w), device, plan, scalar)
+    return _Call(k, problem, out, device)
 
 
 def conv2d_dgrad(
@@ -215,6 +269,26 @@ def conv2d_dgrad(
 ) -> Any:
     """dx, the gradient of conv2d's input: dy (N, P, Q, K), w (K, R, S, C) -> dx of ``input_shape`` (N, H, W, C)."""
     cupy = _cupy()
+    shape_key = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else input_shape
+    key = _call_key("dgrad", (dy, w), shape_key, stride, padding, dilation, out_dtype, plan, scalar)
+    call = _calls.get(key) if key is not None else None
+    if call is None:
+        call = _remember(key, _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar))
+    k = call.kernel
+    if k is None:
+        return cupy.empty(call.problem.x_shape, dtype=call.out_dtype)
+    with cupy.cuda.Device(call.device):
+        p = k.source.spec.plan
+        dx = _empty(call.problem.x_shape, call.out_dtype)
+        _launch(k, call.problem.n, {
+            "dy": _operand("dy", dy, p.read_a, p.vec_a),
+            "w": _operand("w", w, p.read_b, p.vec_b),
+            "dx": dx,
+        })
+    return dx
+
+
+def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar) -> _Call:
     _check_array("dy", dy, 4)
     _check_array("w", w, 4)
     if len(input_shape) != 4:
@@ -232,18 +306,9 @@ def conv2d_dgrad(
     out = _out_dtype(out_dtype)
     device = _same_device(dy=dy, w=w)
     if n == 0:
-        return cupy.empty(problem.x_shape, dtype=out)
+        return _Call(None, problem, out, device)
     epi = Epilogue(out_dtype=out)  # type: ignore[arg-type]
-    with cupy.cuda.Device(device):
-        k = _kernel(problem, Pass.DGRAD, epi, _in_dtype(dy, w), device, plan, scalar)
-        p = k.source.spec.plan
-        dx = _empty(problem.x_shape, out)
-        _launch(k, n, {
-            "dy": _operand("dy", dy, p.read_a, p.vec_a),
-            "w": _operand("w", w, p.read_b, p.vec_b),
-            "dx": dx,
-        })
-    return dx
+    return _Call(_kernel(problem, Pass.DGRAD, epi, _in_dtype(dy, w), device, plan, scalar), problem, out, device)
 
 
 def conv2d_wgrad(
@@ -259,6 +324,31 @@ def conv2d_wgrad(
     ``deterministic`` is accepted for API compatibility and is always honoured.
     """
     cupy = _cupy()
+    shape_key = tuple(weight_shape) if isinstance(weight_shape, (tuple, list)) else weight_shape
+    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bool(bias), out_dtype, plan, scalar)
+    call = _calls.get(key) if key is not None else None
+    if call is None:
+        call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar))
+    k, problem = call.kernel, call.problem
+    with cupy.cuda.Device(call.device):
+        if k is None:  # an empty batch contributes nothing: the gradients are exactly zero
+            return (cupy.zeros(problem.w_shape, dtype=call.out_dtype),
+                    cupy.zeros((problem.k,), dtype=call.out_dtype) if bias else None)
+        p = k.source.spec.plan
+        dw = _empty(problem.w_shape, call.out_dtype)
+        db = _empty((problem.k,), call.out_dtype) if bias else None
+        args = {
+            "dy": _operand("dy", dy, p.read_a, p.vec_a),
+            "x": _operand("x", x, p.read_b, p.vec_b),
+            "dw": dw,
+        }
+        if bias:
+            args["db"] = db
+        _launch(k, problem.n, args)
+    return dw, db
+
+
+def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar) -> _Call:
     _check_array("x", x, 4)
     _check_array("dy", dy, 4)
     if len(weight_shape) != 4:
@@ -275,27 +365,15 @@ def conv2d_wgrad(
         )
     out = _out_dtype(out_dtype)
     device = _same_device(x=x, dy=dy)
-    with cupy.cuda.Device(device):
-        if n == 0:  # an empty batch contributes nothing: the gradients are exactly zero
-            return (cupy.zeros(problem.w_shape, dtype=out), cupy.zeros((kk,), dtype=out) if bias else None)
-        epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
-        k = _kernel(problem, Pass.WGRAD, epi, _in_dtype(x, dy), device, plan, scalar)
-        p = k.source.spec.plan
-        dw = _empty(problem.w_shape, out)
-        db = _empty((kk,), out) if bias else None
-        args = {
-            "dy": _operand("dy", dy, p.read_a, p.vec_a),
-            "x": _operand("x", x, p.read_b, p.vec_b),
-            "dw": dw,
-        }
-        if bias:
-            args["db"] = db
-        _launch(k, n, args)
-    return dw, db
+    if n == 0:
+        return _Call(None, problem, out, device)
+    epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
+    return _Call(_kernel(problem, Pass.WGRAD, epi, _in_dtype(x, dy), device, plan, scalar), problem, out, device)
 
 
 def clear_cache() -> None:
     """Forget compiled kernels of this process (the disk cache is kept)."""
     with _lock:
         _cache.clear()
+        _calls.clear()
         _targets.clear()

@@ -483,7 +483,7 @@ def test_spec_key_ignores_plan_reasons():
     assert a.key == spec().key and a == spec()
 
 
-# --------------------------------------------------------------------------- known bugs (strict xfail: flips when fixed)
+# --------------------------------------------------------------------------- regressions
 
 
 @pytest.mark.xfail(
