@@ -486,22 +486,12 @@ def test_spec_key_ignores_plan_reasons():
 # --------------------------------------------------------------------------- regressions
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ir.py: Target/Plan validate numpy ints with _int() but keep the numpy value, "
-    "so spec.as_dict() holds np.int64 and spec.key raises TypeError in json.dumps",
-)
 def test_numpy_ints_in_target_and_plan_give_a_key():
     s = spec(target=Target("sm_90", np.int64(100)), plan=dataclasses.replace(PLAN, block_m=np.int64(128)))
     assert s.key == spec(target=Target("sm_90", 100), plan=dataclasses.replace(PLAN, block_m=128)).key
     assert type(s.target.sm_count) is int and type(s.plan.block_m) is int
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG ir.py: Epilogue does not validate bias/relu; Epilogue(bias=1) == Epilogue(bias=True) "
-    "yet gives a different spec key, and Epilogue(bias='yes') is accepted",
-)
 def test_epilogue_flags_must_be_bools():
     with pytest.raises(ValueError, match="bias"):
         Epilogue(bias="yes")
