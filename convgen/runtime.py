@@ -11,6 +11,7 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -104,10 +105,17 @@ def _target(device_id: int):
     return t
 
 
+def _gpu_name(device_id: int) -> str:
+    cupy = _cupy()
+    return cupy.cuda.runtime.getDeviceProperties(device_id)["name"].decode()
+
+
 def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
             plan: Optional[Plan], scalar: bool) -> _Kernel:
     """The compiled kernel for this shape on this device.  The batch size is not in the key:
-    the first call's batch sizes the plan (split-K), and every later batch reuses it."""
+    the first call's batch sizes the plan (split-K), and every later batch reuses it.
+    Without a hand plan, a tuned plan for this GPU and shape wins over the planner's
+    (``convgen tune``; set CONVGEN_TUNED=0 to plan only)."""
     key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
     k = _cache.get(key)
     if k is not None:
@@ -118,6 +126,10 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             from .compile import load_kernels, set_max_dynamic_shared_memory
 
             target = _target(device_id)
+            if plan is None and not scalar and os.environ.get("CONVGEN_TUNED", "1") != "0":
+                from .tune import lookup
+
+                plan = lookup(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
             spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,
                              plan_=plan, scalar=scalar)
             src = emit(spec)

@@ -1,0 +1,277 @@
+"""`convgen tune`: time the planner's candidate plans on the live GPU, keep the fastest.
+
+The planner's rules are a good start but cannot know a chip's cache sizes,
+occupancy limits and launch costs; timing a handful of candidates per shape can.
+Winners go to a tuning database keyed by GPU name and shape (the user's, under the
+cache directory, written atomically), which ``convgen.conv2d`` and friends consult
+before planning.  Databases measured on our own machines ship in
+``convgen/tuning/`` and are used when the user has not tuned that shape.
+
+Every candidate's output is checked against the default plan's before its time
+counts, so a tuned plan can be faster but never wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from .ir import ConvGeometry, ConvProblem, Pass, Plan, Target
+from .planner import FRAG, check_plan, plan as default_plan
+
+DB_FORMAT = 1
+SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
+
+# (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
+# tiles range from 32x16 to 64x64; 4 or 8 warps; short and long K-steps.
+_SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (128, 128, 2, 2, 32, 4), (128, 128, 2, 4, 32, 3), (128, 128, 4, 2, 64, 3), (128, 128, 2, 2, 64, 3),
+    (256, 128, 4, 2, 32, 3), (128, 64, 2, 2, 32, 4), (128, 64, 4, 1, 32, 3), (128, 64, 2, 2, 64, 3),
+    (256, 64, 4, 2, 32, 3), (64, 128, 2, 2, 32, 4), (64, 64, 2, 2, 32, 4), (64, 64, 2, 2, 64, 3),
+    (128, 32, 4, 1, 32, 3), (256, 32, 8, 1, 32, 3), (256, 32, 4, 1, 32, 4), (64, 32, 2, 1, 32, 4),
+    (128, 16, 4, 1, 32, 3), (256, 16, 8, 1, 32, 3), (256, 16, 4, 1, 64, 3), (128, 16, 2, 1, 32, 4),
+    (64, 16, 4, 1, 32, 4), (512, 16, 8, 1, 32, 3),
+    (32, 128, 1, 4, 64, 3), (32, 128, 1, 2, 32, 4), (16, 128, 1, 4, 64, 3), (32, 64, 1, 2, 64, 3),
+    (16, 64, 1, 2, 64, 3), (32, 32, 1, 2, 64, 3), (16, 32, 1, 2, 64, 3),
+)
+
+
+def _fit(extent: int) -> int:
+    t = FRAG
+    while t < extent:
+        t *= 2
+    return t
+
+
+def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
+               limit: int = 24) -> list[Plan]:
+    """The default plan first, then feasible variations of tile, warps, K-step, stages and split-K."""
+    pass_ = Pass.parse(pass_)
+    base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+    gemm = problem.gemm(pass_)
+    out: list[Plan] = [base]
+    seen = {dataclasses.replace(base, reasons=())}
+    shapes = list(_SHAPES)
+    exact_n = math.ceil(gemm.n / FRAG) * FRAG
+    if exact_n <= 256 and exact_n & (exact_n - 1):  # not a power of two: a tile that fits N exactly
+        frags = exact_n // FRAG
+        wn = max(d for d in (1, 2, 3, 4) if frags % d == 0)
+        for bm, wm in ((16, 1), (32, 1), (64, 2), (128, 2)):
+            shapes.append((bm, exact_n, wm, wn, 64 if pass_ is Pass.WGRAD else 32, 3))
+    for bm, bn, wm, wn, bk, stages in shapes:
+        if pass_ is not Pass.WGRAD and bm < 64:
+            continue  # fprop/dgrad M is the pixel count: short tiles only multiply launches
+        if bn > max(_fit(gemm.n), FRAG) or bm > max(_fit(gemm.m), FRAG):
+            continue  # a tile past the GEMM's extent only computes padding
+        if bn < 64 and gemm.n > bn * 2:
+            continue  # far too narrow: many re-reads of A for nothing
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        steps = math.ceil(gemm.k / bk)
+        splits = {1}
+        if tiles < target.sm_count and steps >= 8:
+            splits.add(max(1, min(math.ceil(target.sm_count / tiles), steps // 4, 128)))
+            splits.add(max(1, min(math.ceil(2 * target.sm_count / tiles), steps // 4, 128)))
+        if not target.info.cp_async:
+            stages = 2
+        for split in sorted(splits):
+            try:
+                p = Plan(bm, bn, bk, wm, wn, stages, base.vec_a, base.vec_b, base.read_a, base.read_b, split,
+                         reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages, split-K {split}",))
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            bare = dataclasses.replace(p, reasons=())
+            if bare not in seen:
+                seen.add(bare)
+                out.append(p)
+    return out[:limit]
+
+
+# ---------------------------------------------------------------------- the database
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def tune_key(geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> str:
+    blob = json.dumps({"g": geometry.as_dict(), "p": pass_.value, "i": in_dtype, "a": arch}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def user_db_path() -> Path:
+    from .compile import cache_dir
+
+    return cache_dir() / "tuning.json"
+
+
+def _read_db(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("format") == DB_FORMAT else {}
+
+
+def _write_db(path: Path, data: dict[str, Any]) -> None:
+    """Atomic replace: a concurrent reader sees the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+_loaded: dict[str, dict[str, Any]] = {}
+
+
+def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
+    """The tuned plan for this shape on this GPU: the user's database first, then the shipped one."""
+    slug = gpu_slug(gpu_name)
+    key = tune_key(geometry, pass_, in_dtype, arch)
+    for path in (user_db_path(), SHIPPED_DIR / f"{slug}.json"):
+        db = _loaded.get(str(path))
+        if db is None:
+            db = _loaded[str(path)] = _read_db(path)
+        entry = db.get("gpus", {}).get(slug, {}).get(key)
+        if entry:
+            fields = {f.name for f in dataclasses.fields(Plan)} - {"reasons"}
+            plan = Plan(**{k: v for k, v in entry["plan"].items() if k in fields},
+                        reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
+            return plan
+    return None
+
+
+def record(path: Path, gpu_name: str, entries: dict[str, dict[str, Any]]) -> None:
+    data = _read_db(path) or {"format": DB_FORMAT, "gpus": {}}
+    data.setdefault("gpus", {}).setdefault(gpu_slug(gpu_name), {}).update(entries)
+    _write_db(path, data)
+    _loaded.pop(str(path), None)
+
+
+# ---------------------------------------------------------------------- timing
+def _compile_one(args: tuple[str, str]) -> None:
+    from .compile import cached_binary
+
+    source, arch = args
+    cached_binary(source, arch=arch)
+
+
+def tune_layer(problem: ConvProblem, pass_: Pass, timer: Any, target: Target, reps: int = 20) -> list[dict[str, Any]]:
+    """Time every candidate on random data; returns one row per candidate, fastest first
+    among those whose output matches the default plan's."""
+    import cupy as cp
+    import numpy as np
+
+    from . import runtime
+
+    rng = np.random.default_rng(0)
+    geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
+
+    def arr(shape):
+        return cp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(np.float16))
+
+    if pass_ is Pass.FPROP:
+        x, w, b = arr(problem.x_shape), arr(problem.w_shape), cp.asarray(rng.standard_normal(problem.k, dtype=np.float32))
+        run = lambda p: runtime.conv2d(x, w, b, plan=p, **geo)  # noqa: E731
+    elif pass_ is Pass.DGRAD:
+        dy, w = arr(problem.y_shape), arr(problem.w_shape)
+        run = lambda p: runtime.conv2d_dgrad(dy, w, problem.x_shape, plan=p, **geo)  # noqa: E731
+    else:
+        x, dy = arr(problem.x_shape), arr(problem.y_shape)
+        run = lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, plan=p, **geo)[0]  # noqa: E731
+
+    def as_np(out):
+        return cp.asnumpy(out).astype(np.float64)
+
+    plans = candidates(problem, pass_, target)
+    ref = as_np(run(plans[0]))
+    rows = []
+    for p in plans:
+        out = as_np(run(p))
+        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+        ok = bool(np.isfinite(out).all() and err < 1e-2)
+        us = timer.time_us(lambda: run(p), reps=reps) if ok else math.inf
+        rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "default": p is plans[0]})
+    return rows
+
+
+def add_parser(sub: Any) -> None:
+    from .cli import _add_shape_args
+
+    p = sub.add_parser("tune", help="time candidate plans on this GPU and store the fastest",
+                       conflict_handler="resolve")
+    _add_shape_args(p)
+    p.add_argument("--pass", dest="pass_", default="all", choices=("fprop", "dgrad", "wgrad", "all"))
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--db", help="tuning database to update (default: the user's, under the cache dir)")
+    p.add_argument("--log", help="also write every candidate's timing to this JSON file")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .cli import _layers, _passes
+    from .compile import DeviceError, detect_target
+    from .emit import emit
+    from .ir import Epilogue
+    from .planner import make_spec
+
+    try:
+        import cupy as cp
+
+        target = detect_target()
+        gpu_name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    except (ImportError, DeviceError) as exc:
+        print(f"convgen tune: no usable CUDA GPU ({exc})", file=sys.stderr)
+        return 1
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing
+
+    from .timing import GpuTimer
+
+    work = [(layer, pass_) for layer in _layers(args) for pass_ in _passes(args)]
+    # Compile every candidate in parallel first (NVRTC is single-threaded per program).
+    sources = []
+    for layer, pass_ in work:
+        epi = Epilogue(bias=pass_ is not Pass.DGRAD)
+        for p in candidates(layer.problem, pass_, target):
+            sources.append((emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p)).source, target.arch))
+    with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_compile_one, sources, chunksize=4))
+    timer = GpuTimer()
+    entries, log = {}, []
+    print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
+    for layer, pass_ in work:
+        rows = tune_layer(layer.problem, pass_, timer, target, args.reps)
+        default = next(r for r in rows if r["default"])
+        best = min(rows, key=lambda r: r["us"])
+        bad = [r for r in rows if not r["ok"]]
+        if bad:
+            print(f"  WARNING: {len(bad)} candidate(s) of {layer.name} {pass_.value} disagree with the default plan: "
+                  + "; ".join(f"{r['plan']} err {r['err']:.3g}" for r in bad), file=sys.stderr)
+        key = tune_key(layer.problem.geometry, pass_, "float16", target.arch)
+        entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
+                        "shape": layer.problem.as_dict(), "pass": pass_.value}
+        log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(), "rows": rows})
+        bp = best["plan"]
+        print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
+              f"{bp['block_m']}x{bp['block_n']}x{bp['block_k']} w{bp['warps_m']}x{bp['warps_n']} s{bp['stages']} k{bp['split_k']}",
+              flush=True)
+    path = Path(args.db) if args.db else user_db_path()
+    record(path, gpu_name, entries)
+    print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")
+    if args.log:
+        Path(args.log).write_text(json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
+    return 0
