@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""A training step of a small VGG-style CIFAR-10 network on convgen's kernels vs cuDNN.
+
+The network: three 3x3 convolutions with 'same' padding, 3->32, 32->64, 64->128,
+each followed by ReLU and a 2x2 max-pool, then global average pooling and a
+linear layer 128->10; cross-entropy loss; SGD with momentum.  It is built twice
+from the same initial weights (one state_dict loaded into the other): once with
+``convgen.torch.Conv2d`` and once with ``torch.nn.Conv2d`` (cuDNN, with
+``cudnn.benchmark`` on), so the only difference is who runs the convolutions.
+
+Precision, and why: both models are converted to float16 with channels_last
+memory (``model.to(dtype=float16, memory_format=channels_last)``), and the
+input is channels_last float16.  That is the layout and dtype convgen reads
+natively (zero-copy activations and weights), and, unlike autocast, it gives
+both sides exactly the same operand dtypes at every layer, so any difference
+is the convolutions' own rounding.  The loss is taken in float32 and scaled by
+a static factor before backward so small float16 gradients do not flush to
+zero; the SGD learning rate is divided by the same factor, which makes the
+update exactly the unscaled one (momentum is linear; there is no weight decay).
+
+It prints ms/step for both (CUDA events, after warm-up), then checks the first
+step's loss and every parameter gradient against each other (norm-relative,
+tolerances printed) and exits 1 if they disagree, 2 if it cannot run (no GPU,
+no PyTorch or no CuPy), 0 otherwise.
+
+    python3 examples/train_step.py [--batch 256] [--steps 50] [--warmup 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+# Run from a checkout without installing: put the repository root on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=50, help="timed steps per model")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps per model before timing")
+    p.add_argument("--seed", type=int, default=0, help="weights and synthetic data")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--loss-scale", type=float, default=1024.0)
+    # An fp16 output is rounded to 2^-11 (5e-4) relative at every layer, in a different
+    # accumulation order on each side; through three convs forward and back (and the odd
+    # max-pool tie that rounding flips) a few 1e-3 are expected.  A wrong kernel is O(1) off.
+    p.add_argument("--grad-tol", type=float, default=2e-2, help="norm-relative, per parameter gradient")
+    p.add_argument("--loss-tol", type=float, default=1e-3, help="relative")
+    return p.parse_args(argv)
+
+
+def fail(message: str) -> int:
+    print(f"train_step: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+    except ImportError:
+        return fail("needs PyTorch (pip install torch); nothing was run")
+    if not torch.cuda.is_available():
+        return fail("needs a CUDA GPU, and torch.cuda.is_available() is False (no GPU, no driver, or a "
+                    "CPU-only PyTorch build): convgen's kernels run on NVIDIA GPUs. Nothing was run.")
+    try:
+        import cupy  # noqa: F401  (convgen launches through CuPy)
+    except ImportError:
+        return fail("needs CuPy to launch convgen's kernels: pip install 'convgen[cuda13]' (or [cuda12])")
+    import convgen.torch as cgt
+
+    torch.backends.cudnn.benchmark = True
+    dev = torch.device("cuda")
+    cl = torch.channels_last
+
+    def make_net(conv: type) -> nn.Module:
+        return nn.Sequential(
+            conv(3, 32, 3, padding="same"), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            conv(32, 64, 3, padding="same"), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            conv(64, 128, 3, padding="same"), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10),
+        )
+
+    torch.manual_seed(args.seed)
+    cudnn_net = make_net(nn.Conv2d)
+    convgen_net = make_net(cgt.Conv2d)
+    convgen_net.load_state_dict(cudnn_net.state_dict())  # identical initial weights
+    models = {"convgen": convgen_net, "cuDNN": cudnn_net}
+    opts = {}
+    for name, m in models.items():
+        m.to(device=dev, dtype=torch.float16, memory_format=cl)
+        opts[name] = torch.optim.SGD(m.parameters(), lr=args.lr / args.loss_scale, momentum=0.9)
+
+    g = torch.Generator().manual_seed(args.seed)  # synthetic CIFAR-10-shaped data, fixed
+    x = torch.randn(args.batch, 3, 32, 32, generator=g).to(dev, torch.float16).contiguous(memory_format=cl)
+    labels = torch.randint(0, 10, (args.batch,), generator=g).to(dev)
+
+    def forward_backward(model: nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x).float(), labels)
+        (loss * args.loss_scale).backward()
+        return loss.detach()
+
+    def train_step(model: nn.Module, opt: torch.optim.Optimizer) -> torch.Tensor:
+        loss = forward_backward(model, opt)
+        opt.step()
+        return loss  # no .item(): a step never waits for the GPU
+
+    print(f"VGG-style CIFAR-10 net, batch {args.batch}, float16 channels_last, "
+          f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
+
+    # -- agreement: the first step, from identical weights, on identical data -------------
+    t0 = time.perf_counter()
+    losses = {name: forward_backward(models[name], opts[name]) for name in models}
+    torch.cuda.synchronize()
+    print(f"first forward+backward of both (convgen compiles or loads its kernels here): "
+          f"{time.perf_counter() - t0:.2f} s")
+    ok = True
+    lc, lr = float(losses["convgen"]), float(losses["cuDNN"])
+    loss_err = abs(lc - lr) / max(abs(lr), 1e-30)
+    ok &= loss_err <= args.loss_tol
+    print(f"\nloss: convgen {lc:.6f}, cuDNN {lr:.6f}, relative difference {loss_err:.2e} "
+          f"(tolerance {args.loss_tol:.0e}) {'ok' if loss_err <= args.loss_tol else 'MISMATCH'}")
+    print(f"gradients (norm-relative difference, tolerance {args.grad_tol:.0e}):")
+    ref_params = dict(cudnn_net.named_parameters())
+    for pname, p in convgen_net.named_parameters():
+        q = ref_params[pname]
+        if p.grad is None or q.grad is None:
+            print(f"  {pname:<12} {'missing gradient':>40}  MISMATCH")
+            ok = False
+            continue
+        a, b = p.grad.double(), q.grad.double()
+        finite = bool(torch.isfinite(a).all())
+        err = float((a - b).norm() / max(float(b.norm()), 1e-30)) if finite else float("inf")
+        good = finite and err <= args.grad_tol
+        ok &= good
+        print(f"  {pname:<12} {str(tuple(p.shape)):<18} {err:.2e}  {'ok' if good else 'MISMATCH'}")
+    for name in models:
+        opts[name].step()  # finish the checked step
+
+    # -- speed ---------------------------------------------------------------------------
+    ms = {}
+    for name, model in models.items():
+        for _ in range(args.warmup):
+            train_step(model, opts[name])
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.steps):
+            train_step(model, opts[name])
+        end.record()
+        end.synchronize()
+        ms[name] = start.elapsed_time(end) / args.steps
+    print(f"\nms/step over {args.steps} steps after {args.warmup} warm-up steps "
+          "(forward, loss, backward, SGD step):")
+    for name, v in ms.items():
+        print(f"  {name:<8} {v:8.3f} ms/step")
+    print(f"  convgen / cuDNN = {ms['convgen'] / ms['cuDNN']:.2f}x")
+
+    if not ok:
+        print("\ntrain_step: convgen and cuDNN disagree beyond the tolerances above", file=sys.stderr)
+        return 1
+    print("\nconvgen and cuDNN agree on the loss and every gradient.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
