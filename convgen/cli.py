@@ -10,7 +10,7 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, NoReturn, Sequence
 
 from .ir import ARCHES, ConvProblem, Epilogue, Pass, Target
 from .suites import SUITES, Layer, get_suite
@@ -20,6 +20,17 @@ DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx1201"}
 
 class UsageError(ValueError):
     pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with convgen's error format: a usage error (unknown option, bad choice,
+    missing -o) is one line, `convgen: error: ...`, and exit status 2, like every other
+    input error, instead of argparse's usage block.  Subparsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        sub = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        where = f"{sub}: " if sub else ""
+        self.exit(2, f"convgen: error: {where}{message} (see `{self.prog} --help`)\n")
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -148,7 +159,7 @@ def cmd_suites(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="convgen", description="conv2d kernels specialised to one shape")
+    parser = _Parser(prog="convgen", description="conv2d kernels specialised to one shape")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("emit", help="write kernel sources and a manifest.json", conflict_handler="resolve")
@@ -179,8 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (0, or 2 for bad input), never raises SystemExit."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, already reported on stderr)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
