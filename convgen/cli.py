@@ -120,10 +120,11 @@ def cmd_emit(args: argparse.Namespace) -> int:
     from .emit import emit
 
     out = Path(args.output)
+    # Plan and render everything first: bad input then writes nothing, not half a folder.
+    rendered = [(layer, pass_, emit(spec)) for layer, pass_, spec in _specs(args)]  # type: ignore[arg-type]
     out.mkdir(parents=True, exist_ok=True)
     manifest = []
-    for layer, pass_, spec in _specs(args):
-        src = emit(spec)  # type: ignore[arg-type]
+    for layer, pass_, src in rendered:
         filename = f"{layer.name}.{pass_.value}.{src.filename.rsplit('.', 1)[1]}"
         (out / filename).write_text(src.source)
         entry = src.manifest_entry()
