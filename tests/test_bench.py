@@ -442,9 +442,12 @@ def test_epilogue_and_computes():
 def test_bench_module_imports_no_gpu_libraries():
     import subprocess
 
-    code = ("import sys, convgen.cli; convgen.cli.build_parser(); "
+    from pathlib import Path
+
+    root = Path(bench.__file__).resolve().parent.parent
+    code = ("import sys, convgen.cli, convgen.bench; convgen.cli.build_parser(); "
             "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'tqdm') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert out.strip() == "[]"
 
 
