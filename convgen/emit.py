@@ -33,10 +33,20 @@ class Launch:
     args: tuple[str, ...]  # argument names, in order; "batch", "m_rows", "slices" are ints
     block: tuple[int, int, int]
     shared_mem: int
-    grid_m_tile: int  # grid.x = ceil(M / grid_m_tile) (0: a fixed grid, see grid_fixed)
+    # grid.x = grid_groups * ceil(rows / grid_m_tile), rows = batch * grid_rows_per_image
+    # (or grid_fixed_rows when the GEMM's M does not scale with the batch).  dgrad has one
+    # group per stride residue class.  grid_fixed != 0: a fixed 1-D grid (the reduction).
+    grid_m_tile: int
     grid_n_tiles: int
     grid_z: int
+    grid_rows_per_image: int = 0
+    grid_fixed_rows: int = 0
+    grid_groups: int = 1
     grid_fixed: int = 0
+
+    def grid_x(self, batch: int) -> int:
+        rows = batch * self.grid_rows_per_image if self.grid_rows_per_image else self.grid_fixed_rows
+        return self.grid_groups * max(1, -(-rows // self.grid_m_tile))
 
 
 @dataclass(frozen=True)
@@ -54,8 +64,7 @@ class KernelSource:
 
     def grid(self, batch: int) -> tuple[int, int, int]:
         """The main kernel's grid for ``batch``: the batch is a run-time argument."""
-        m = self.spec.geometry.gemm(self.spec.pass_, batch).m
-        return (max(1, math.ceil(m / self.main.grid_m_tile)), self.main.grid_n_tiles, self.main.grid_z)
+        return (self.main.grid_x(batch), self.main.grid_n_tiles, self.main.grid_z)
 
     def workspace_elems(self, batch: int) -> int:
         """fp32 elements of split-K workspace for ``batch`` (0 without split-K)."""
@@ -76,8 +85,12 @@ class KernelSource:
                     "name": l.kernel, "args": list(l.args), "block": list(l.block),
                     "shared_mem": l.shared_mem,
                     "grid": (
-                        {"fixed": l.grid_fixed} if l.grid_fixed else
-                        {"x": f"ceil(M / {l.grid_m_tile})", "y": l.grid_n_tiles, "z": l.grid_z}
+                        {"fixed": l.grid_fixed} if l.grid_fixed else {
+                            "x": (f"{l.grid_groups} * " if l.grid_groups > 1 else "")
+                            + (f"ceil(batch * {l.grid_rows_per_image} / {l.grid_m_tile})" if l.grid_rows_per_image
+                               else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"),
+                            "y": l.grid_n_tiles, "z": l.grid_z,
+                        }
                     ),
                 }
                 for l in launches
@@ -153,11 +166,21 @@ def emit(spec: KernelSpec) -> KernelSource:
     k = _context(spec, be)
     template = _environment().get_template(f"{spec.pass_.value}.j2")
     source = template.render(
-        spec=spec, be=be, k=k, version=__version__, plan_text=spec.plan.explain()
+        # Only the plan's fields, not its reasons: reasons quote the batch the plan was made
+        # for, which is not part of the kernel (the same spec must give the same source).
+        spec=spec, be=be, k=k, version=__version__, plan_text=spec.plan.explain().splitlines()[0]
     )
     plan = spec.plan
     gemm_n = k["gemm_n"]
     main_args, reduce_args = _args(spec, k)
+    g = spec.geometry
+    if spec.pass_ is Pass.FPROP:
+        rows = dict(grid_rows_per_image=g.p * g.q)
+    elif spec.pass_ is Pass.DGRAD:  # one group of tiles per stride residue class
+        sh, sw = g.stride
+        rows = dict(grid_rows_per_image=math.ceil(g.h / sh) * math.ceil(g.w / sw), grid_groups=sh * sw)
+    else:
+        rows = dict(grid_fixed_rows=g.k)
     main = Launch(
         kernel=k["name"],
         args=main_args,
@@ -166,6 +189,7 @@ def emit(spec: KernelSpec) -> KernelSource:
         grid_m_tile=plan.block_m,
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
+        **rows,
     )
     reduce = None
     if reduce_args:

@@ -193,7 +193,8 @@ def plan(
             f"shrunk to {candidate.stages} stages x K-step {candidate.block_k} to fit {target.smem_limit} bytes of shared memory"
         )
     reasons.append(
-        "strided dgrad: zero-inserted taps are skipped per pixel by predicate, not by residue-class decomposition"
+        f"strided dgrad: {problem.stride[0] * problem.stride[1]} residue classes of input pixels, each "
+        "reducing over only the filter taps that reach it (no MMAs on zero-inserted positions)"
         if pass_ is Pass.DGRAD and problem.stride != (1, 1)
         else f"shared memory {smem_bytes(candidate, pass_, target.warp_size)} bytes"
     )

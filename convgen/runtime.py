@@ -165,7 +165,7 @@ def _launch(k: _Kernel, batch: int, args: dict[str, Any]) -> None:
     src = k.source
     main = src.main
     m = k.gemm_m(batch)
-    grid = (max(1, -(-m // main.grid_m_tile)), main.grid_n_tiles, main.grid_z)
+    grid = (main.grid_x(batch), main.grid_n_tiles, main.grid_z)
     if k.reduce is not None:
         args["workspace"] = _empty(grid[2] * m * k.gemm_n, np.float32)
         if "db" in src.reduce.args:

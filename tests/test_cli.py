@@ -5,6 +5,7 @@ input errors (status 2, one `convgen: error:` line, no traceback, nothing writte
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,18 @@ from convgen.suites import SUITES, get_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+
+def expected_grid_x(spec) -> str:
+    """The manifest's grid.x formula, written out independently of convgen.emit.Launch."""
+    g, bm = spec.geometry, spec.plan.block_m
+    if spec.pass_ is Pass.FPROP:
+        return f"ceil(batch * {g.p * g.q} / {bm})"
+    if spec.pass_ is Pass.DGRAD:  # one run of tiles per stride residue class
+        sh, sw = g.stride
+        rows = math.ceil(g.h / sh) * math.ceil(g.w / sw)
+        return (f"{sh * sw} * " if sh * sw > 1 else "") + f"ceil(batch * {rows} / {bm})"
+    return f"ceil({g.k} / {bm})"
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     # PYTHONPATH: this checkout's convgen, whatever else is installed
@@ -109,7 +122,7 @@ def test_emit_suite_writes_one_file_per_layer_and_pass(cli, tmp_path):
         main_k = e["kernels"][0]
         assert main_k["block"] == [spec.plan.warps * 32, 1, 1]
         assert main_k["shared_mem"] == ks.main.shared_mem
-        assert main_k["grid"] == {"x": f"ceil(M / {spec.plan.block_m})", "y": ks.main.grid_n_tiles,
+        assert main_k["grid"] == {"x": expected_grid_x(spec), "y": ks.main.grid_n_tiles,
                                   "z": spec.plan.split_k}
         assert main_k["args"] == list(ks.main.args)
 

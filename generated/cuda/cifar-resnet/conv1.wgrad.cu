@@ -3,15 +3,6 @@
 //   in float16, out float16, bias true, relu false
 //   target sm_90 (cuda, 132 SMs)
 // block 16x32x32, 2 warps (1x2, warp tile 16x16), 3 stages, vec A/B 8/1, read A/B float16/float16, split-K 128
-//   - GEMM M=16 (K) x N=27 (R*S*C) x K=262144 (N*P*Q)
-//   - block N 32: smallest fragment multiple covering N=27 (cap 128), so no warp idles on padding
-//   - block M 16: covers wgrad's M=K=16 (cap 128)
-//   - K-step 32: two k16 MMAs per fragment per barrier (a scalar gather keeps the step short: fewer accesses in flight per thread)
-//   - 2 warps as 1x2: warp tile 16x16 = 1 fragments per warp
-//   - vec A 8 (run of 16), vec B 1 (run of 3): 8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor
-//   - 3 stages: cp.async ring with zero-fill for the halo
-//   - split-K 128: 1 output tiles on 132 SMs, 8192 K-steps (slices reduced in fixed order: deterministic)
-//   - shared memory 12288 bytes
 
 #include <cuda_fp16.h>
 #include <mma.h>

@@ -3,15 +3,6 @@
 //   in float16, out float16, bias true, relu false
 //   target sm_90 (cuda, 132 SMs)
 // block 32x128x64, 4 warps (1x4, warp tile 32x32), 4 stages, vec A/B 8/8, read A/B float16/float16, split-K 66
-//   - GEMM M=32 (K) x N=144 (R*S*C) x K=65536 (N*P*Q)
-//   - block N 128: smallest fragment multiple covering N=144 (cap 128), so no warp idles on padding
-//   - block M 32: covers wgrad's M=K=32 (cap 128)
-//   - K-step 64: long reduction, fewer barriers per FLOP
-//   - 4 warps as 1x4: warp tile 32x32 = 4 fragments per warp
-//   - vec A 8 (run of 32), vec B 8 (run of 16): 8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor
-//   - 4 stages: cp.async ring with zero-fill for the halo
-//   - split-K 66: 2 output tiles on 132 SMs, 1024 K-steps (slices reduced in fixed order: deterministic)
-//   - shared memory 90112 bytes
 
 #include <cuda_fp16.h>
 #include <mma.h>

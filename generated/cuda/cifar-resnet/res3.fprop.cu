@@ -3,15 +3,6 @@
 //   in float16, out float16, bias true, relu false
 //   target sm_90 (cuda, 132 SMs)
 // block 128x64x32, 4 warps (4x1, warp tile 32x64), 3 stages, vec A/B 8/8, read A/B float16/float16, split-K 1
-//   - GEMM M=16384 (N*P*Q) x N=64 (K) x K=576 (R*S*C)
-//   - block N 64: smallest fragment multiple covering N=64 (cap 128), so no warp idles on padding
-//   - block M 128: M=16384 pixels is the long axis
-//   - K-step 32: two k16 MMAs per fragment per barrier
-//   - 4 warps as 4x1: warp tile 32x64 = 8 fragments per warp
-//   - vec A 8 (run of 64), vec B 8 (run of 576): 8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor
-//   - 3 stages: cp.async ring with zero-fill for the halo
-//   - split-K 1: 128 output tiles on 132 SMs, 18 K-steps
-//   - shared memory 46080 bytes
 
 #include <cuda_fp16.h>
 #include <mma.h>

@@ -3,15 +3,6 @@
 //   in float16, out float16, bias true, relu false
 //   target sm_90 (cuda, 132 SMs)
 // block 64x128x64, 4 warps (2x2, warp tile 32x64), 4 stages, vec A/B 8/8, read A/B float16/float16, split-K 27
-//   - GEMM M=64 (K) x N=576 (R*S*C) x K=16384 (N*P*Q)
-//   - block N 128: smallest fragment multiple covering N=576 (cap 128), so no warp idles on padding
-//   - block M 64: covers wgrad's M=K=64 (cap 128)
-//   - K-step 64: long reduction, fewer barriers per FLOP
-//   - 4 warps as 2x2: warp tile 32x64 = 8 fragments per warp
-//   - vec A 8 (run of 64), vec B 8 (run of 64): 8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor
-//   - 4 stages: cp.async ring with zero-fill for the halo
-//   - split-K 27: 5 output tiles on 132 SMs, 256 K-steps (slices reduced in fixed order: deterministic)
-//   - shared memory 106496 bytes
 
 #include <cuda_fp16.h>
 #include <mma.h>

@@ -3,15 +3,6 @@
 //   in float16, out float16, bias false, relu false
 //   target sm_90 (cuda, 132 SMs)
 // block 128x16x32, 4 warps (4x1, warp tile 32x16), 3 stages, vec A/B 8/8, read A/B float16/float16, split-K 1
-//   - GEMM M=262144 (N*H*W) x N=16 (C) x K=32 (R*S*K)
-//   - block N 16: smallest fragment multiple covering N=16 (cap 128), so no warp idles on padding
-//   - block M 128: M=262144 pixels is the long axis
-//   - K-step 32: two k16 MMAs per fragment per barrier
-//   - 4 warps as 4x1: warp tile 32x16 = 2 fragments per warp
-//   - vec A 8 (run of 32), vec B 8 (run of 16): 8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor
-//   - 3 stages: cp.async ring with zero-fill for the halo
-//   - split-K 1: 2048 output tiles on 132 SMs, 1 K-steps
-//   - strided dgrad: zero-inserted taps are skipped per pixel by predicate, not by residue-class decomposition
 
 #include <cuda_fp16.h>
 #include <mma.h>
@@ -315,11 +306,45 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 
 namespace {
 
-constexpr int RSK = R * S * K;  // reduction length
+constexpr int HC_MAX = (H + SH - 1) / SH, WC_MAX = (W + SW - 1) / SW;  // pixels of the largest class
 
-// A = gather(dy): row m is input pixel (n, h, w); column kk = (r*S + s)*K + k.  Tap (r, s)
-// reaches output pixel p = (h + PH - r*DH) / SH only when that division is exact and in
-// range; other taps are zero-filled (with stride > 1 those are the zero-inserted positions).
+__host__ __device__ constexpr int gcd_(int a, int b) { return b == 0 ? a : gcd_(b, a % b); }
+__host__ __device__ constexpr int mod_(int a, int m) { return ((a % m) + m) % m; }
+
+// The filter taps t along one axis that reach input positions of residue class c:
+// (c + pad - t*dil) divisible by stride.  They form an arithmetic progression.
+struct Taps { int first, step, count; };
+__host__ __device__ constexpr Taps taps(int c, int pad, int dil, int stride, int extent) {
+  int first = -1, count = 0;
+  for (int t = 0; t < extent; ++t)
+    if (mod_(c + pad - t * dil, stride) == 0) {
+      if (first < 0) first = t;
+      ++count;
+    }
+  return Taps{first < 0 ? 0 : first, stride / gcd_(stride, dil), count};
+}
+
+template <int CH_, int CW_>
+struct Class {
+  static constexpr int CH = CH_, CW = CW_;
+  static constexpr Taps TR = taps(CH, PH, DH, SH, R), TS = taps(CW, PW, DW, SW, S);
+  static constexpr int NS = TS.count > 0 ? TS.count : 1;  // a divisor that is never zero
+  static constexpr int HC = CH < H ? (H - CH + SH - 1) / SH : 0;
+  static constexpr int WC = CW < W ? (W - CW + SW - 1) / SW : 0;
+  static constexpr int RED = TR.count * TS.count * K;  // this class's reduction length
+  // Global input pixel (n, h, w) of the class-local row m.
+  __device__ __forceinline__ static long long pixel(long long m) {
+    const long long n = m / (HC * WC);
+    const int rem = static_cast<int>(m - n * (HC * WC));
+    const int hh = rem / WC, ww = rem - (rem / WC) * WC;
+    return (n * H + (hh * SH + CH)) * W + (ww * SW + CW);
+  }
+};
+
+// A = gather(dy): row m is a pixel of the class; column kk = (ri*NS + si)*K + k for the
+// class's ri-th row tap and si-th column tap.  The pixel decomposition is hoisted when
+// the thread has few accesses (as in fprop's gather).
+template <class Cls>
 struct GatherDy : ReadAs<half_t, 8> {
   typedef TileMap<BM, BK, V> Map;
   static constexpr int ITERS = Map::ITERS;
@@ -331,11 +356,11 @@ struct GatherDy : ReadAs<half_t, 8> {
 
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
-    if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past M: every tap is out of bounds
-    const long long n = m / (H * W);
-    const int hw = static_cast<int>(m - n * (H * W));
-    const int h = hw / W, w = hw - h * W;
-    return Origin{h + PH, w + PW, n * (static_cast<long long>(P) * Q * K)};
+    if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past the class: every tap is out of bounds
+    const long long n = m / (Cls::HC * Cls::WC);
+    const int rem = static_cast<int>(m - n * (Cls::HC * Cls::WC));
+    const int hh = rem / Cls::WC, ww = rem - (rem / Cls::WC) * Cls::WC;
+    return Origin{hh * SH + Cls::CH + PH, ww * SW + Cls::CW + PW, n * (static_cast<long long>(P) * Q * K)};
   }
   __device__ __forceinline__ GatherDy(const T* dy_, long long tile_m_, long long m_total_)
       : dy(dy_), tile_m(tile_m_), m_total(m_total_) {
@@ -348,19 +373,21 @@ struct GatherDy : ReadAs<half_t, 8> {
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = kt * BK + Map::col(i);
-    const int rs = kk / K, kc = kk - rs * K;
-    const int r = rs / S, s = rs - r * S;
+    const int tap = kk / K, kc = kk - tap * K;
+    const int ri = tap / Cls::NS, si = tap - ri * Cls::NS;
+    const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
     Origin o;
     if constexpr (HOIST_LIMIT >= ITERS) o = hoisted[i]; else o = origin(i);
-    const int th = o.th0 - r * DH, tw = o.tw0 - s * DW;
+    const int th = o.th0 - r * DH, tw = o.tw0 - s * DW;  // multiples of SH, SW by the class
     const int p = th / SH, q = tw / SW;
-    ok = kk < RSK && th >= 0 && tw >= 0 && p * SH == th && q * SW == tw && p < P && q < Q;
+    ok = kk < Cls::RED && th >= 0 && tw >= 0 && p < P && q < Q;
     return ok ? dy + o.image + (static_cast<long long>(p) * Q + q) * K + kc : dy;
   }
 };
 
-// B = w viewed as [R*S*K][C]: row kk = (r*S + s)*K + k is w[k, r, s, :], contiguous in c,
-// staged [BK][BN] and read through a row-major B fragment, V channels per access.
+// B = the class's rows of w viewed as [taps * K][C]: row kk is w[k, r, s, :], contiguous
+// in c, staged [BK][BN] and read through a row-major B fragment, V channels per access.
+template <class Cls>
 struct GatherW : ReadAs<half_t, 8> {
   typedef TileMap<BK, BN, V> Map;
   static constexpr int ITERS = Map::ITERS;
@@ -374,25 +401,28 @@ struct GatherW : ReadAs<half_t, 8> {
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = kt * BK + Map::row(i);
     const int c = tile_n + Map::col(i);
-    const int rs = kk / K, kc = kk - rs * K;
-    ok = kk < RSK && c < C;
-    return ok ? w + (static_cast<long long>(kc) * (R * S) + rs) * C + c : w;
+    const int tap = kk / K, kc = kk - tap * K;
+    const int ri = tap / Cls::NS, si = tap - ri * Cls::NS;
+    const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
+    ok = kk < Cls::RED && c < C;
+    return ok ? w + (static_cast<long long>(kc) * (R * S) + r * S + s) * C + c : w;
   }
 };
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_32x32_c16_k32_1x1_s22_p00_d11_eefd1d8f(
-    const half_t* __restrict__ dy, const half_t* __restrict__ w,
-    half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  const long long m_total = static_cast<long long>(batch) * (H * W);
-  const long long tile_m = static_cast<long long>(blockIdx.x) * BM;
+// One block's tile of residue class (CH, CW).
+template <int CH, int CW>
+__device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const half_t* __restrict__ w,
+                                            half_t* __restrict__ dx, float* __restrict__ workspace,
+                                            int batch, long long tile, unsigned char* smem_raw) {
+  typedef Class<CH, CW> Cls;
+  const long long m_class = static_cast<long long>(batch) * (Cls::HC * Cls::WC);
+  const long long tile_m = tile * BM;
+  if (tile_m >= m_class) return;  // smaller classes need fewer tiles than the largest
   const int tile_n = static_cast<int>(blockIdx.y) * BN;
-  Stager<GatherDy> sa{GatherDy(dy, tile_m, m_total)};
-  Stager<GatherW> sb{GatherW(w, tile_n)};
+  Stager<GatherDy<Cls>> sa{GatherDy<Cls>(dy, tile_m, m_class)};
+  Stager<GatherW<Cls>> sb{GatherW<Cls>(w, tile_n)};
   int kt0, nk;
-  k_range(RSK, kt0, nk);
+  k_range(Cls::RED, kt0, nk);
 
   Acc acc[FM][FN];
   mainloop(sa, sb, reinterpret_cast<half_t*>(smem_raw), kt0, nk, acc, [](const half_t*) {});
@@ -400,8 +430,27 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_32x32_c16_k3
   drain(acc, smem_raw, [&](int row, int col, float (&v)[EPT]) {
     const long long m = tile_m + row;
     const int n = tile_n + col;
-    if (m >= m_total) return;
-    store_run<half_t>(dx + m * GEMM_N + n, v, n, GEMM_N);
+    if (m >= m_class) return;
+    const long long pix = Cls::pixel(m);
+    store_run<half_t>(dx + pix * GEMM_N + n, v, n, GEMM_N);
   });
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_32x32_c16_k32_1x1_s22_p00_d11_eefd1d8f(
+    const half_t* __restrict__ dy, const half_t* __restrict__ w,
+    half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const long long tiles = (static_cast<long long>(batch) * (HC_MAX * WC_MAX) + BM - 1) / BM;  // per class
+  const int cls = static_cast<int>(blockIdx.x / tiles);
+  const long long tile = blockIdx.x - cls * tiles;
+  switch (cls) {
+    case 0: dgrad_class<0, 0>(dy, w, dx, workspace, batch, tile, smem_raw); break;
+    case 1: dgrad_class<0, 1>(dy, w, dx, workspace, batch, tile, smem_raw); break;
+    case 2: dgrad_class<1, 0>(dy, w, dx, workspace, batch, tile, smem_raw); break;
+    case 3: dgrad_class<1, 1>(dy, w, dx, workspace, batch, tile, smem_raw); break;
+    default: break;
+  }
 }
 

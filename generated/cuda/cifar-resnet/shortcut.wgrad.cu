@@ -3,15 +3,6 @@
 //   in float16, out float16, bias true, relu false
 //   target sm_90 (cuda, 132 SMs)
 // block 32x16x64, 2 warps (2x1, warp tile 16x16), 4 stages, vec A/B 8/8, read A/B float16/float16, split-K 128
-//   - GEMM M=32 (K) x N=16 (R*S*C) x K=65536 (N*P*Q)
-//   - block N 16: smallest fragment multiple covering N=16 (cap 128), so no warp idles on padding
-//   - block M 32: covers wgrad's M=K=32 (cap 128)
-//   - K-step 64: long reduction, fewer barriers per FLOP
-//   - 2 warps as 2x1: warp tile 16x16 = 1 fragments per warp
-//   - vec A 8 (run of 32), vec B 8 (run of 16): 8 fp16 = one 16-byte load when the run is a multiple of 8, else the widest divisor
-//   - 4 stages: cp.async ring with zero-fill for the halo
-//   - split-K 128: 1 output tiles on 132 SMs, 1024 K-steps (slices reduced in fixed order: deterministic)
-//   - shared memory 32768 bytes
 
 #include <cuda_fp16.h>
 #include <mma.h>
