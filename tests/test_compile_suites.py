@@ -12,7 +12,7 @@ Sources that differ only in comments and the kernel name (float32 inputs read
 through a vector gather are cast first, so the code is the default's) are
 compiled once.  Compilation fans out over a process pool (NVRTC holds the GIL,
 so threads do not help) from one module-scoped fixture; the parametrized tests
-only read the results.  About 140 CPU-seconds of NVRTC: some 80 s on two idle
+only read the results.  About 200 CPU-seconds of NVRTC: some 100 s on two idle
 cores (longer when the machine is shared).  `-rP` prints a resource report.
 """
 
