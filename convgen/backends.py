@@ -48,5 +48,14 @@ def backend_for(target: Target) -> Backend:
         frag_half="rocwmma::float16_t",
         warp_size=target.warp_size,
         cp_async=False,
-        warp_sync="__builtin_amdgcn_wave_barrier()",
+        # HIP 6.4 has no __syncwarp().  A wavefront runs in lockstep and one wave's LDS
+        # accesses complete in order, so what is needed is a compiler-level ordering point:
+        # wave_barrier alone does not stop LLVM from moving the epilogue's scratch read above
+        # store_matrix_sync's LDS writes; the wavefront-scope release/acquire fences do (they
+        # emit no instruction).  One expression, so the template's `{{ be.warp_sync }};` works.
+        warp_sync=(
+            '(__builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"), '
+            "__builtin_amdgcn_wave_barrier(), "
+            '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"))'
+        ),
     )

@@ -13,13 +13,15 @@
 #     DEST/hip.  6.4.x on purpose: HIP 7.x headers break rocWMMA ("no member named 'data'").
 #   * rocWMMA headers (library/include, which must include rocwmma/internal/ -- Debian's
 #     librocwmma-dev lacks those and cannot compile anything): $ROCWMMA_INCLUDE if set, else a
-#     `git clone --depth 1` of ROCm/rocWMMA into DEST/rocWMMA.
+#     shallow fetch of ROCm/rocWMMA at the pinned commit (below) into DEST/rocWMMA.
 # At the end it compiles a tiny rocWMMA kernel for gfx1201 and checks the ISA has v_wmma.
 #
 # Environment knobs:
 #   ROCWMMA_INCLUDE              rocWMMA's library/include (or the repo root) to use, no clone
-#   ROCWMMA_REF                  branch/tag to clone (default release/rocm-rel-6.4, falls back
-#                                to the default branch)
+#                                (CONVGEN_ROCWMMA_INCLUDE is read too)
+#   ROCWMMA_REF                  commit, branch or tag to fetch (default: the pin, develop at
+#                                fa7e8ee6f1ad = rocWMMA 1.6.0, Oct 2024, what convgen is checked with)
+#   ROCWMMA_URL                  repository to fetch from (default https://github.com/ROCm/rocWMMA)
 #   CONVGEN_HIP_PATH             use this HIP install (dir with include/hip) instead of Debian's
 #   CONVGEN_HIP_CLANG            use this clang++ instead of clang++-19
 #   CONVGEN_HIP_SERIES           HIP version series to fetch (default 6.4)
@@ -41,6 +43,7 @@ DEST=$(cd "$DEST" && pwd)
 SERIES=${CONVGEN_HIP_SERIES:-6.4}
 SNAPSHOT=${CONVGEN_HIP_SNAPSHOT:-20260601T000000Z}
 HIP_PKGS=(libamdhip64-dev libhsa-runtime-dev)
+ROCWMMA_PIN=fa7e8ee6f1ad43261fe5a66abddfe7c4ef8e7d6e  # rocWMMA develop, 1.6.0 (2024-10-22)
 
 as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"
@@ -162,6 +165,7 @@ fi
 # --------------------------------------------------------------------------- rocWMMA headers
 rocwmma_ok() { [ -f "$1/rocwmma/rocwmma.hpp" ] && [ -d "$1/rocwmma/internal" ]; }
 ROCWMMA=""
+ROCWMMA_INCLUDE=${ROCWMMA_INCLUDE:-${CONVGEN_ROCWMMA_INCLUDE:-}}  # either name works
 if [ -n "${ROCWMMA_INCLUDE:-}" ]; then
     for cand in "$ROCWMMA_INCLUDE" "$ROCWMMA_INCLUDE/library/include"; do
         if rocwmma_ok "$cand"; then ROCWMMA=$(cd "$cand" && pwd); break; fi
@@ -170,63 +174,36 @@ if [ -n "${ROCWMMA_INCLUDE:-}" ]; then
     log "rocWMMA: using ROCWMMA_INCLUDE=$ROCWMMA"
 elif rocwmma_ok "$DEST/rocWMMA/library/include"; then
     ROCWMMA="$DEST/rocWMMA/library/include"
-    log "rocWMMA: already in $DEST/rocWMMA"
+    log "rocWMMA: already in $DEST/rocWMMA ($(git -C "$DEST/rocWMMA" rev-parse HEAD 2>/dev/null || echo 'not a git checkout'); pin $ROCWMMA_PIN)"
 else
-    ref=${ROCWMMA_REF:-release/rocm-rel-6.4}
-    url=https://github.com/ROCm/rocWMMA
+    ref=${ROCWMMA_REF:-$ROCWMMA_PIN}
+    url=${ROCWMMA_URL:-https://github.com/ROCm/rocWMMA}
     command -v git >/dev/null 2>&1 || die "git not found; install git or set ROCWMMA_INCLUDE"
     rm -rf "$DEST/rocWMMA"
-    log "rocWMMA: git clone --depth 1 --branch $ref $url"
-    if ! GIT_TERMINAL_PROMPT=0 git clone -q --depth 1 --branch "$ref" "$url" "$DEST/rocWMMA" >&2; then
+    log "rocWMMA: fetching $ref from $url (shallow)"
+    # init + fetch works for a commit id as well as a branch or tag (clone --branch does not).
+    if git init -q "$DEST/rocWMMA" >&2 \
+        && GIT_TERMINAL_PROMPT=0 git -C "$DEST/rocWMMA" fetch -q --depth 1 "$url" "$ref" >&2 \
+        && git -C "$DEST/rocWMMA" -c advice.detachedHead=false checkout -q FETCH_HEAD >&2; then
+        log "rocWMMA: at $(git -C "$DEST/rocWMMA" rev-parse HEAD)"
+    else
         rm -rf "$DEST/rocWMMA"
-        log "rocWMMA: branch $ref failed; trying the default branch"
-        GIT_TERMINAL_PROMPT=0 git clone -q --depth 1 "$url" "$DEST/rocWMMA" >&2 || rm -rf "$DEST/rocWMMA"
     fi
     rocwmma_ok "$DEST/rocWMMA/library/include" || die "could not get rocWMMA headers (no network to github.com?).
-  Get a copy of https://github.com/ROCm/rocWMMA (branch release/rocm-rel-6.4 or any 1.6/1.7 release)
+  Get a copy of https://github.com/ROCm/rocWMMA at $ROCWMMA_PIN (develop, v1.6.0)
   some other way and rerun with
       ROCWMMA_INCLUDE=/path/to/rocWMMA/library/include $0 ${1:-}"
     ROCWMMA="$DEST/rocWMMA/library/include"
 fi
 
 # --------------------------------------------------------------------------- ockl shim
-# Optional extra for ISA inspection: with -nogpulib (Debian has no ROCm device libraries built
-# for clang 19) threadIdx/blockIdx/blockDim/gridDim lower to calls to undefined __ockl_*
-# functions; `-include $CONVGEN_HIP_OCKL_SHIM` defines them with amdgcn builtins so the ISA has
-# no s_swappc calls and realistic register counts.  Not needed for the compile to succeed.
-SHIM="$DEST/ockl_shim.h"
-cat > "$SHIM.tmp" <<'EOF'
-// Written by convgen's scripts/setup_hip_toolchain.sh.  Device-only compile-check helper:
-// defines the ROCm device-library functions behind threadIdx/blockIdx/blockDim/gridDim with
-// amdgcn builtins, for compiles with -nogpulib.  Use as: -include ockl_shim.h
-#pragma once
-#include <hip/hip_runtime.h>
-#if defined(__HIP_DEVICE_COMPILE__) && __HIP_DEVICE_COMPILE__
-extern "C" __device__ __attribute__((const)) size_t __ockl_get_local_id(unsigned int d)
-{
-    return d == 0 ? __builtin_amdgcn_workitem_id_x()
-         : d == 1 ? __builtin_amdgcn_workitem_id_y() : __builtin_amdgcn_workitem_id_z();
-}
-extern "C" __device__ __attribute__((const)) size_t __ockl_get_group_id(unsigned int d)
-{
-    return d == 0 ? __builtin_amdgcn_workgroup_id_x()
-         : d == 1 ? __builtin_amdgcn_workgroup_id_y() : __builtin_amdgcn_workgroup_id_z();
-}
-extern "C" __device__ __attribute__((const)) size_t __ockl_get_local_size(unsigned int d)
-{
-    return d == 0 ? __builtin_amdgcn_workgroup_size_x()
-         : d == 1 ? __builtin_amdgcn_workgroup_size_y() : __builtin_amdgcn_workgroup_size_z();
-}
-extern "C" __device__ __attribute__((const)) size_t __ockl_get_num_groups(unsigned int d)
-{
-    const unsigned int grid = d == 0 ? __builtin_amdgcn_grid_size_x()
-                            : d == 1 ? __builtin_amdgcn_grid_size_y() : __builtin_amdgcn_grid_size_z();
-    const unsigned int wg = (unsigned int)__ockl_get_local_size(d);
-    return (grid + wg - 1) / wg;
-}
-#endif
-EOF
-mv "$SHIM.tmp" "$SHIM"
+# For ISA inspection: with -nogpulib (Debian has no ROCm device libraries built for clang 19)
+# threadIdx/blockIdx/blockDim/gridDim lower to calls to undefined __ockl_* functions;
+# `-include scripts/hip_ockl_shim.h` (committed next to this script) defines them with amdgcn
+# builtins so the ISA has no s_swappc calls and realistic register/scratch counts.  Not needed
+# for the compile to succeed.
+SHIM="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/hip_ockl_shim.h"
+[ -f "$SHIM" ] || { log "note: $SHIM not found; ISA register counts will not be realistic"; SHIM=""; }
 
 # --------------------------------------------------------------------------- self-check
 if [ "${CONVGEN_TOOLCHAIN_NOCHECK:-0}" != 1 ]; then
@@ -262,4 +239,4 @@ log "done; export these (or: eval \"\$($0${1:+ $1})\"):"
 printf 'export CONVGEN_HIP_PATH=%q\n' "$HIP_PATH"
 printf 'export CONVGEN_ROCWMMA_INCLUDE=%q\n' "$ROCWMMA"
 printf 'export CONVGEN_HIP_CLANG=%q\n' "$CLANG"
-printf 'export CONVGEN_HIP_OCKL_SHIM=%q\n' "$SHIM"
+[ -z "$SHIM" ] || printf 'export CONVGEN_HIP_OCKL_SHIM=%q\n' "$SHIM"

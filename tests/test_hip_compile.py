@@ -1,0 +1,382 @@
+"""HIP/rocWMMA backend: every built-in kernel compiles to AMD ISA with real headers.
+
+No AMD GPU is involved: each kernel is compiled device-only to assembly (``-S``) with
+clang and checked for
+
+* a clean compile (exit status 0, no ``error`` in the compiler output),
+* the matrix instructions in the main kernel's body (``v_wmma_*`` on gfx11xx/gfx12xx,
+  ``v_mfma_*`` on gfx942),
+* every kernel of ``KernelSource.kernel_names`` present as a symbol (the split-K
+  ``_reduce`` kernel too; it has no MMA),
+* per-kernel VGPRs / spills / scratch from the code-object metadata, written to a table.
+  This needs realistic ISA, so the compile force-includes ``scripts/hip_ockl_shim.h``
+  (defines the ROCm device-library functions behind threadIdx & co.); without it the ISA
+  has calls and a call stack and the numbers mean little.  Scratch use is *reported*, not
+  failed: the planner has no AMD register budget yet and some plans spill on gfx11xx/gfx12xx
+  (256 VGPRs per lane); ``CONVGEN_HIP_STRICT_SCRATCH=1`` makes any spill or scratch a failure.
+
+Cases: every layer of every suite in ``convgen.suites.SUITES`` x every pass x gfx1100,
+gfx1201, gfx942 (fprop with bias+ReLU, wgrad with bias, dgrad plain), plus variants
+(scalar gathers, float32 input, float32 output) on a few layers.  The compiles run in
+parallel (``CONVGEN_HIP_JOBS``, default ``os.cpu_count()``), all started by a module fixture;
+each test waits for its own compile.  A VGPR/scratch table goes to ``CONVGEN_HIP_REPORT``
+(default: ``hip_compile_report.txt`` next to the ISA; its path is printed).  Sources and ISA
+go to ``CONVGEN_HIP_ISA_DIR`` (default: a pytest temporary folder).
+
+Runs only when the toolchain is named (otherwise the whole module is skipped):
+
+    CONVGEN_HIP_PATH          HIP install, the folder holding include/hip/hip_runtime.h (6.4.x)
+    CONVGEN_ROCWMMA_INCLUDE   rocWMMA's library/include (holding rocwmma/rocwmma.hpp)
+    CONVGEN_HIP_CLANG         clang++ with the AMDGPU target (clang 19)
+    CONVGEN_HIP_OCKL_SHIM     optional, default scripts/hip_ockl_shim.h
+
+``scripts/hip_check.sh`` sets all of these up and runs this file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import re
+import shutil
+import subprocess
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHES = ("gfx1100", "gfx1201", "gfx942")
+HOW_TO_RUN = (
+    "run scripts/hip_check.sh (sets up clang-19 + HIP 6.4 headers + rocWMMA and runs this test), "
+    "or set CONVGEN_HIP_PATH, CONVGEN_ROCWMMA_INCLUDE and CONVGEN_HIP_CLANG yourself"
+)
+
+
+def _toolchain() -> tuple[dict[str, str] | None, str]:
+    hip = os.environ.get("CONVGEN_HIP_PATH", "")
+    rocwmma = os.environ.get("CONVGEN_ROCWMMA_INCLUDE", "")
+    clang = os.environ.get("CONVGEN_HIP_CLANG", "")
+    problems = []
+    if not hip or not (Path(hip) / "include" / "hip" / "hip_runtime.h").is_file():
+        problems.append(f"CONVGEN_HIP_PATH={hip or '(unset)'} has no include/hip/hip_runtime.h")
+    if not rocwmma or not (Path(rocwmma) / "rocwmma" / "rocwmma.hpp").is_file():
+        problems.append(f"CONVGEN_ROCWMMA_INCLUDE={rocwmma or '(unset)'} has no rocwmma/rocwmma.hpp")
+    clang_exe = shutil.which(clang) if clang else None
+    if not clang_exe:
+        problems.append(f"CONVGEN_HIP_CLANG={clang or '(unset)'} is not an executable")
+    if problems:
+        return None, "; ".join(problems)
+    shim = os.environ.get("CONVGEN_HIP_OCKL_SHIM") or str(ROOT / "scripts" / "hip_ockl_shim.h")
+    return {
+        "hip": str(Path(hip)),
+        "rocwmma": str(Path(rocwmma)),
+        "clang": clang_exe,
+        "shim": shim if Path(shim).is_file() else "",
+    }, ""
+
+
+STRICT_SCRATCH = os.environ.get("CONVGEN_HIP_STRICT_SCRATCH", "") not in ("", "0")
+TOOLS, _why_not = _toolchain()
+if TOOLS is None:
+    pytest.skip(f"HIP compile check not configured ({_why_not}); {HOW_TO_RUN}", allow_module_level=True)
+
+# Imported after the skip so a plain `pytest` run pays nothing for this module.
+from convgen.emit import KernelSource, emit  # noqa: E402
+from convgen.ir import Epilogue, Pass, Target  # noqa: E402
+from convgen.planner import make_spec  # noqa: E402
+from convgen.suites import SUITES  # noqa: E402
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    suite: str
+    layer: str
+    pass_: Pass
+    arch: str
+    variant: str = "default"  # "scalar", "in-fp32", "out-fp32"
+
+
+VARIANT_LAYERS = (("cifar-resnet", "conv1"), ("resnet50", "l1-3x3"), ("resnet50", "l4-1x1"))
+VARIANTS = ("scalar", "in-fp32", "out-fp32")
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for suite, layers in SUITES.items():
+        for layer in layers:
+            for pass_ in Pass:
+                for arch in ARCHES:
+                    cases.append(Case(f"{suite}/{layer.name}-{pass_.value}-{arch}", suite, layer.name, pass_, arch))
+    for variant in VARIANTS:
+        for suite, name in VARIANT_LAYERS:
+            for pass_ in Pass:
+                for arch in ARCHES:
+                    cases.append(
+                        Case(f"{variant}/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch, variant)
+                    )
+    return cases
+
+
+CASES = _cases()
+
+
+def _emit(case: Case) -> KernelSource:
+    layer = next(l for l in SUITES[case.suite] if l.name == case.layer)
+    p = case.pass_
+    spec = make_spec(
+        layer.problem,
+        p,
+        target=Target(case.arch),
+        epilogue=Epilogue(
+            bias=p is not Pass.DGRAD,
+            relu=p is Pass.FPROP,
+            out_dtype="float32" if case.variant == "out-fp32" else "float16",
+        ),
+        in_dtype="float32" if case.variant == "in-fp32" else "float16",
+        scalar=case.variant == "scalar",
+    )
+    return emit(spec)
+
+
+# --------------------------------------------------------------------------- compile + parse
+
+
+def compile_command(arch: str, src: Path, out: Path) -> list[str]:
+    """The device-only compile to ISA (what scripts/hip_check.sh runs; also handy by hand)."""
+    t = TOOLS
+    cmd = [
+        t["clang"], "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-nogpulib",
+        f"--hip-path={t['hip']}", "-isystem", t["rocwmma"], "-isystem", f"{t['hip']}/include",
+        "-std=c++17", "-O3",
+    ]
+    if t["shim"]:
+        cmd += ["-include", t["shim"]]
+    return cmd + ["-S", "-o", str(out), str(src)]
+
+
+@dataclass
+class KernelInfo:
+    name: str
+    present: bool = False
+    mma: int = 0  # v_wmma_* / v_mfma_* instructions in the kernel's body
+    occupancy: int = 0  # waves per SIMD, from the compiler's "; Occupancy:" comment
+    meta: dict[str, str] = field(default_factory=dict)  # the code-object metadata fields
+
+    @property
+    def uses_scratch(self) -> bool:
+        return self.num("private_segment_fixed_size") != 0 or self.num("vgpr_spill_count") != 0
+
+    def num(self, key: str) -> int:
+        try:
+            return int(self.meta.get(key, "0"))
+        except ValueError:
+            return -1
+
+
+@dataclass
+class Result:
+    case: Case
+    source: KernelSource | None = None
+    emit_error: str = ""
+    rc: int = -1
+    log: str = ""
+    seconds: float = 0.0
+    asm_path: str = ""
+    kernels: dict[str, KernelInfo] = field(default_factory=dict)
+
+
+def mma_pattern(arch: str) -> re.Pattern[str]:
+    return re.compile(r"^\s+v_mfma_" if arch.startswith("gfx9") else r"^\s+v_wmma_", re.M)
+
+
+_FIELD = re.compile(r"^    \.(\w+):\s+(.*?)\s*$")
+
+
+def parse_asm(asm: str, names: tuple[str, ...], arch: str) -> dict[str, KernelInfo]:
+    infos = {n: KernelInfo(n) for n in names}
+    mma = mma_pattern(arch)
+    for n, info in infos.items():
+        globl = re.search(rf"^\s*\.globl\s+{re.escape(n)}\s*$", asm, re.M)
+        label = re.search(rf"^{re.escape(n)}:", asm, re.M)
+        info.present = bool(globl and label)
+        if label:
+            end = asm.find(".Lfunc_end", label.end())
+            body = asm[label.end(): end if end >= 0 else len(asm)]
+            info.mma = len(mma.findall(body))
+            nxt = re.compile(r"^\s*\.globl\s|^\s*\.amdgpu_metadata", re.M).search(asm, label.end())
+            occ = re.search(r"^; Occupancy: (\d+)", asm[label.end(): nxt.start() if nxt else len(asm)], re.M)
+            info.occupancy = int(occ.group(1)) if occ else 0
+    # amdhsa.kernels: one "  - " entry per kernel; its own fields sit at four spaces
+    # (the argument list's fields are indented deeper).
+    meta = asm[asm.find("amdhsa.kernels:"):]
+    current: dict[str, str] = {}
+    entries = [current]
+    for line in meta.splitlines()[1:]:
+        if line.startswith("  - "):
+            current = {}
+            entries.append(current)
+            line = "    " + line[4:]
+        elif line and not line.startswith(" "):
+            break  # amdhsa.target etc.: the kernel list is over
+        m = _FIELD.match(line)
+        if m:
+            current[m.group(1)] = m.group(2)
+    for entry in entries:
+        if entry.get("name") in infos:
+            infos[entry["name"]].meta = entry
+    return infos
+
+
+def _compile(result: Result, folder: Path) -> Result:
+    case, src = result.case, result.source
+    assert src is not None
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", case.id)
+    hip_file, asm_file = folder / f"{stem}.hip", folder / f"{stem}.s"
+    hip_file.write_text(src.source)
+    t0 = time.perf_counter()
+    proc = subprocess.run(compile_command(case.arch, hip_file, asm_file), capture_output=True, text=True)
+    result.seconds = time.perf_counter() - t0
+    result.rc, result.log = proc.returncode, (proc.stdout + proc.stderr).strip()
+    if proc.returncode == 0 and asm_file.is_file():
+        result.asm_path = str(asm_file)
+        result.kernels = parse_asm(asm_file.read_text(), src.kernel_names, case.arch)
+    return result
+
+
+@dataclass
+class Run:
+    futures: dict[str, cf.Future]
+    started: float
+    jobs: int
+    folder: Path
+    wall: float = 0.0
+
+
+@pytest.fixture(scope="module")
+def run(request, tmp_path_factory) -> Run:
+    # Compile only the cases this session selected (-k gfx942 compiles 1/3 of them); a run of
+    # test_report alone compiles everything.
+    selected = {
+        item.callspec.params["case"].id
+        for item in request.session.items
+        if item.path == request.path and "case" in getattr(getattr(item, "callspec", None), "params", {})
+    }
+    keep = os.environ.get("CONVGEN_HIP_ISA_DIR")
+    if keep:  # a folder that outlives pytest's rotating temporary folders
+        folder = Path(keep)
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in [*folder.glob("*.hip"), *folder.glob("*.s")]:
+            old.unlink()
+    else:
+        folder = tmp_path_factory.mktemp("hip-isa")
+    jobs = int(os.environ.get("CONVGEN_HIP_JOBS") or os.cpu_count() or 1)
+    pool = cf.ThreadPoolExecutor(max_workers=jobs)  # threads only wait on clang processes
+    started = time.perf_counter()
+    futures: dict[str, cf.Future] = {}
+    for case in CASES:
+        if selected and case.id not in selected:
+            continue
+        result = Result(case)
+        try:
+            result.source = _emit(case)
+        except Exception as exc:  # reported by the case's test, not as a fixture error
+            result.emit_error = f"{exc.__class__.__name__}: {exc}"
+            done: cf.Future = cf.Future()
+            done.set_result(result)
+            futures[case.id] = done
+            continue
+        futures[case.id] = pool.submit(_compile, result, folder)
+    yield Run(futures, started, jobs, folder)
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_compiles_to_isa(run: Run, case: Case) -> None:
+    r: Result = run.futures[case.id].result()
+    assert not r.emit_error, f"emit failed: {r.emit_error}"
+    assert r.rc == 0, f"clang exited {r.rc}:\n{r.log[-4000:]}"
+    assert not re.search(r"\berror\b", r.log), f"compiler output has errors:\n{r.log[-4000:]}"
+    assert r.asm_path, "no assembly written"
+    src = r.source
+    assert src is not None
+    missing = [n for n, k in r.kernels.items() if not k.present]
+    assert not missing, f"kernels missing from the ISA: {missing} ({r.asm_path})"
+    main = r.kernels[src.main.kernel]
+    want = "v_mfma" if case.arch.startswith("gfx9") else "v_wmma"
+    assert main.mma > 0, f"no {want} instruction in {src.main.kernel} ({r.asm_path})"
+    for k in r.kernels.values():
+        assert k.meta, f"no code-object metadata for {k.name} ({r.asm_path})"
+    if TOOLS["shim"] and STRICT_SCRATCH:
+        for k in r.kernels.values():
+            assert not k.uses_scratch, (
+                f"{k.name} uses scratch: {k.num('private_segment_fixed_size')} bytes/lane, "
+                f"{k.num('vgpr_spill_count')} VGPR spills, {k.num('vgpr_count')} VGPRs ({r.asm_path})"
+            )
+
+
+def test_report(run: Run) -> None:
+    """Waits for every compile, then writes the VGPR/scratch table and the timing."""
+    results = [f.result() for f in run.futures.values()]
+    run.wall = time.perf_counter() - run.started
+    lines = [
+        f"HIP compile check: {len(results)} cases, {sum(r.rc == 0 for r in results)} compiled, "
+        f"wall {run.wall:.1f} s with {run.jobs} parallel clang jobs "
+        f"(sum of compile times {sum(r.seconds for r in results):.1f} s)",
+        f"clang {TOOLS['clang']}, HIP {TOOLS['hip']}, rocWMMA {TOOLS['rocwmma']}, "
+        f"shim {TOOLS['shim'] or '(none: register/scratch numbers are not realistic)'}",
+        f"ISA in {run.folder}",
+        "",
+        f"{'case':58} {'kernel':7} {'VGPR':>5} {'AGPR':>5} {'SGPR':>5} {'spillV':>6} {'spillS':>6} "
+        f"{'scratch':>7} {'occ':>4} {'smem':>6} {'MMA':>5} {'sec':>5}",
+    ]
+    vgprs: dict[str, list[int]] = {}
+    spilling: list[str] = []
+    for r in results:
+        if not r.kernels:
+            lines.append(f"{r.case.id:58} FAILED ({r.emit_error or f'rc {r.rc}'})")
+            continue
+        for i, k in enumerate(r.kernels.values()):
+            kind = "main" if i == 0 else "reduce"
+            lines.append(
+                f"{r.case.id if i == 0 else '':58} {kind:7} {k.num('vgpr_count'):>5} {k.num('agpr_count'):>5} "
+                f"{k.num('sgpr_count'):>5} {k.num('vgpr_spill_count'):>6} {k.num('sgpr_spill_count'):>6} "
+                f"{k.num('private_segment_fixed_size'):>7} {k.occupancy:>4} "
+                f"{(r.source.main.shared_mem if i == 0 else 0):>6} "
+                f"{k.mma:>5} {r.seconds if i == 0 else 0:>5.1f}"
+            )
+            if kind == "main":
+                vgprs.setdefault(r.case.arch, []).append(k.num("vgpr_count"))
+            if k.uses_scratch:
+                p = r.source.spec.plan
+                spilling.append(
+                    f"  {r.case.id} ({kind}): {k.num('vgpr_count')} VGPRs, {k.num('vgpr_spill_count')} spills, "
+                    f"{k.num('private_segment_fixed_size')} B/lane scratch; plan {p.block_m}x{p.block_n}x{p.block_k}, "
+                    f"warp tile {p.warp_tile[0]}x{p.warp_tile[1]}, vec {p.vec_a}/{p.vec_b}"
+                )
+    lines += ["", "main-kernel VGPRs per arch (min / median / max):"]
+    for arch, v in sorted(vgprs.items()):
+        v.sort()
+        lines.append(f"  {arch}: {v[0]} / {v[len(v) // 2]} / {v[-1]} over {len(v)} kernels, {sum(x >= 200 for x in v)} at >= 200")
+    lines += ["", f"kernels using scratch (spills): {len(spilling)} of {sum(len(r.kernels) for r in results)}", *spilling]
+    text = "\n".join(lines) + "\n"
+    report = Path(os.environ.get("CONVGEN_HIP_REPORT") or run.folder / "hip_compile_report.txt")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(text)
+    print(text)
+    print(f"report written to {report}")
+    if spilling and TOOLS["shim"] and not STRICT_SCRATCH:
+        warnings.warn(
+            f"{len(spilling)} HIP kernels spill to scratch (see {report}); "
+            "CONVGEN_HIP_STRICT_SCRATCH=1 makes that a failure",
+            stacklevel=1,
+        )
