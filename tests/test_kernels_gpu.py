@@ -331,3 +331,43 @@ def test_bad_arguments_name_the_problem():
         convgen.conv2d_dgrad(cp.zeros((2, 7, 7, 8), cp.float16), w, x.shape)
     with pytest.raises(ValueError, match="activation"):
         convgen.conv2d(x, w, activation="gelu")
+
+
+def _tuned_cases():
+    from convgen.tune import SHIPPED_DIR, _read_db
+
+    cases = []
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        for gpu, entries in _read_db(path).get("gpus", {}).items():
+            for key, entry in sorted(entries.items()):
+                cases.append(pytest.param(gpu, entry, id=f"{gpu}-{entry['pass']}-{key[:8]}"))
+    return cases
+
+
+@pytest.mark.parametrize("gpu,entry", _tuned_cases())
+def test_shipped_tuned_plans_match_the_reference(gpu, entry, target):
+    """Every plan a shipped tuning database can hand the runtime is checked like the planner's."""
+    import cupy as cp
+
+    from convgen.ir import Plan
+    from convgen.tune import gpu_slug
+
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    if gpu_slug(name) != gpu:
+        pytest.skip(f"tuned for {gpu}, this GPU is {name}")
+    shape = dict(entry["shape"])
+    n = shape.pop("n")
+    problem = ConvProblem(**shape, n=min(n, 8))
+    plan = Plan(**entry["plan"])
+    pass_ = Pass(entry["pass"])
+    res = run_pass(problem, pass_, _seed("tuned", entry["shape"], pass_), plan=plan,
+                   bias=pass_ is not Pass.DGRAD, relu=pass_ is Pass.FPROP)
+    check(res, "float16", what=f"tuned {pass_.value} {problem.describe()}")
+
+
+@pytest.mark.parametrize("layer", ["conv1", "conv32"])
+def test_full_batch_wgrad_matches_the_reference(layer, target):
+    """wgrad over the suite's real batch (a 262144-long reduction) with the plan the runtime picks."""
+    problem = next(l.problem for l in SUITES["cifar-vgg"] if l.name == layer)
+    res = run_pass(problem, Pass.WGRAD, _seed("full-wgrad", layer), bias=True)
+    check(res, "float16", what=f"full-batch wgrad {problem.describe()}")
