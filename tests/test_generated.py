@@ -17,6 +17,7 @@ GENERATED = ROOT / "generated"
 # folder under generated/ -> the `convgen emit` arguments that produce it
 SNAPSHOTS: dict[str, list[str]] = {
     "cuda/cifar-resnet": ["--suite", "cifar-resnet"],
+    "hip/cifar-resnet": ["--suite", "cifar-resnet", "--backend", "hip", "--arch", "gfx1201"],
 }
 
 
