@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .cli import UsageError, _add_shape_args, _layers
+from .compile import gpu_unavailable_reason  # noqa: F401  (bench.gpu_unavailable_reason is patched in tests)
 from .ir import ConvProblem, Epilogue, Pass, Target
 from .suites import SUITES, Layer, get_suite
 
@@ -759,21 +760,6 @@ def dry_run(items: Sequence[Item], bias: bool) -> int:
         for cells in [hdr] + body:
             print("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
     return 0
-
-
-def gpu_unavailable_reason() -> Optional[str]:
-    """None when CuPy sees a CUDA GPU, else why not."""
-    try:
-        import cupy
-    except Exception as exc:
-        return f"cupy is not importable: {type(exc).__name__}: {exc}"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        return f"{type(exc).__name__}: {exc}"
-    if count < 1:
-        return "the device count is 0"
-    return None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

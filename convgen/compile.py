@@ -671,6 +671,18 @@ def set_max_dynamic_shared_memory(fn: "cupy.cuda.Function", nbytes: int) -> None
     )
 
 
+def gpu_unavailable_reason() -> str | None:
+    """None when CuPy sees a CUDA GPU, else why not (for skip reasons and CLI messages)."""
+    try:
+        cupy = _cupy()
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # ImportError, a broken CUDA install, no driver
+        return f"{type(exc).__name__}: {exc}"
+    if count < 1:
+        return "the device count is 0"
+    return None
+
+
 def detect_target() -> "Target":
     """The :class:`convgen.ir.Target` of the current GPU: exact arch and SM count.
 

@@ -23,7 +23,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 from .ir import ConvGeometry, ConvProblem, Pass, Plan, Target
 from .planner import FRAG, check_plan, plan as default_plan
@@ -169,7 +169,20 @@ def _compile_one(args: tuple[str, str]) -> None:
     cached_binary(source, arch=arch)
 
 
-def tune_layer(problem: ConvProblem, pass_: Pass, timer: Any, target: Target, reps: int = 20) -> list[dict[str, Any]]:
+TUNE_SPIN_US = 100.0  # longer than one convgen call's host cost (~25 us), so only GPU time is timed
+
+
+def median_gpu_us(dev: Any, fn: Any, reps: int) -> float:
+    """Median GPU time of `fn` with the same method as `convgen bench` (spin, L2 flush, events)."""
+    import statistics
+
+    from .bench import time_interleaved
+
+    fn()  # warm: module load and first-touch allocations stay out of the samples
+    return statistics.median(time_interleaved(dev, [("op", fn)], reps, spin_us=TUNE_SPIN_US)["op"])
+
+
+def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20) -> list[dict[str, Any]]:
     """Time every candidate on random data; returns one row per candidate, fastest first
     among those whose output matches the default plan's."""
     import cupy as cp
@@ -203,7 +216,7 @@ def tune_layer(problem: ConvProblem, pass_: Pass, timer: Any, target: Target, re
         out = as_np(run(p))
         err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
         ok = bool(np.isfinite(out).all() and err < 1e-2)
-        us = timer.time_us(lambda: run(p), reps=reps) if ok else math.inf
+        us = median_gpu_us(dev, lambda: run(p), reps) if ok else math.inf
         rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "default": p is plans[0]})
     return rows
 
@@ -239,7 +252,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
 
-    from .timing import GpuTimer
+    from .bench import CudaDevice
 
     work = [(layer, pass_) for layer in _layers(args) for pass_ in _passes(args)]
     # Compile every candidate in parallel first (NVRTC is single-threaded per program).
@@ -250,11 +263,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
             sources.append((emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p)).source, target.arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_one, sources, chunksize=4))
-    timer = GpuTimer()
+    dev = CudaDevice(cp, cp.cuda.get_current_stream())
     entries, log = {}, []
     print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
     for layer, pass_ in work:
-        rows = tune_layer(layer.problem, pass_, timer, target, args.reps)
+        rows = tune_layer(layer.problem, pass_, dev, target, args.reps)
         default = next(r for r in rows if r["default"])
         best = min(rows, key=lambda r: r["us"])
         bad = [r for r in rows if not r["ok"]]

@@ -5,7 +5,6 @@ input errors (status 2, one `convgen: error:` line, no traceback, nothing writte
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -18,21 +17,10 @@ from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass, Target
 from convgen.planner import make_spec
 from convgen.suites import SUITES, get_suite
+from expectations import expected_grid_x
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-
-def expected_grid_x(spec) -> str:
-    """The manifest's grid.x formula, written out independently of convgen.emit.Launch."""
-    g, bm = spec.geometry, spec.plan.block_m
-    if spec.pass_ is Pass.FPROP:
-        return f"ceil(batch * {g.p * g.q} / {bm})"
-    if spec.pass_ is Pass.DGRAD:  # one run of tiles per stride residue class
-        sh, sw = g.stride
-        rows = math.ceil(g.h / sh) * math.ceil(g.w / sw)
-        return (f"{sh * sw} * " if sh * sw > 1 else "") + f"ceil(batch * {rows} / {bm})"
-    return f"ceil({g.k} / {bm})"
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     # PYTHONPATH: this checkout's convgen, whatever else is installed
@@ -118,7 +106,7 @@ def test_emit_suite_writes_one_file_per_layer_and_pass(cli, tmp_path):
         assert [k["name"] for k in e["kernels"]] == list(ks.kernel_names)
         for k in e["kernels"]:
             assert set(k) >= {"name", "args", "block", "shared_mem", "grid"}
-            assert f'extern "C"' in text and k["name"] + "(" in text
+            assert 'extern "C"' in text and k["name"] + "(" in text
         main_k = e["kernels"][0]
         assert main_k["block"] == [spec.plan.warps * 32, 1, 1]
         assert main_k["shared_mem"] == ks.main.shared_mem

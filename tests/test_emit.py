@@ -24,23 +24,12 @@ import convgen
 from convgen.emit import REDUCE_THREADS, KernelSource, _environment, emit
 from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
 from convgen.planner import make_spec, plan, smem_bytes
+from expectations import expected_grid_x
 from convgen.suites import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
 C_TYPE = {"float16": "half_t", "float32": "float"}
 
-
-
-def expected_grid_x(spec) -> str:
-    """The manifest's grid.x formula, written out independently of convgen.emit.Launch."""
-    g, bm = spec.geometry, spec.plan.block_m
-    if spec.pass_ is Pass.FPROP:
-        return f"ceil(batch * {g.p * g.q} / {bm})"
-    if spec.pass_ is Pass.DGRAD:  # one run of tiles per stride residue class
-        sh, sw = g.stride
-        rows = math.ceil(g.h / sh) * math.ceil(g.w / sw)
-        return (f"{sh * sw} * " if sh * sw > 1 else "") + f"ceil(batch * {rows} / {bm})"
-    return f"ceil({g.k} / {bm})"
 
 def default_epilogue(pass_: Pass, **kw) -> Epilogue:
     return Epilogue(bias=pass_ is not Pass.DGRAD, **kw)

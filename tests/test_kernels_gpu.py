@@ -1,6 +1,6 @@
 """The generated kernels on a real GPU, against the float64 reference.
 
-Every output starts as NaN (convgen.runtime.POISON_OUTPUTS), every check draws
+Every output starts as NaN (the poison_outputs fixture), every check draws
 fresh random data, and the exact tier uses small integers so any indexing bug
 shows as a bit difference, independent of tolerances.  Skipped without a GPU.
 """
@@ -22,16 +22,8 @@ from convgen.suites import SUITES
 
 from gpu_helpers import check, rel_err, run_pass, tolerance
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 PASSES = list(Pass)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    old = convgen.runtime.POISON_OUTPUTS
-    convgen.runtime.POISON_OUTPUTS = True
-    yield
-    convgen.runtime.POISON_OUTPUTS = old
 
 
 @pytest.fixture(scope="module")

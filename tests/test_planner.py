@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path

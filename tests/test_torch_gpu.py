@@ -33,6 +33,7 @@ from gpu_helpers import tolerance  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("poison_outputs"),
     # F.conv2d's own note that an even-kernel 'same' reference pads a copy of its input.
     pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel"),
 ]
@@ -42,14 +43,6 @@ if not torch.cuda.is_available():
 
 CL = torch.channels_last
 DEV = torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(autouse=True, scope="module")
-def poison_outputs():
-    old = convgen.runtime.POISON_OUTPUTS
-    convgen.runtime.POISON_OUTPUTS = True
-    yield
-    convgen.runtime.POISON_OUTPUTS = old
 
 
 # --------------------------------------------------------------------------- helpers

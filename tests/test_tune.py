@@ -1,0 +1,114 @@
+"""convgen tune without a GPU: the candidates, the tuning database and its lookup, the
+timing glue (against bench's fake device), and the no-GPU exit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from convgen import tune
+from convgen.cli import main
+from convgen.ir import ARCHES, ConvProblem, Pass, Plan, Target
+from convgen.planner import check_plan, plan
+from convgen.suites import SUITES
+
+from test_bench import FakeDevice
+
+LAYERS = [layer for layers in SUITES.values() for layer in layers]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHES))
+@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
+    target = Target(arch)
+    for layer in LAYERS:
+        cands = tune.candidates(layer.problem, pass_, target)
+        assert cands[0] == plan(layer.problem, pass_, target)
+        bare = [dataclasses.replace(c, reasons=()) for c in cands]
+        assert len(set(bare)) == len(bare), "duplicate candidates"
+        assert 1 <= len(cands) <= 24
+        for c in cands:
+            check_plan(c, layer.problem, pass_, target, "float16")  # raises if infeasible
+            assert c.reasons, "every candidate says what it is"
+
+
+def test_candidates_cover_an_exact_fit_for_awkward_n():
+    # wgrad of a 3x3 16-channel layer has N = 144: a 144-wide tile avoids a mostly empty second tile.
+    problem = SUITES["cifar-resnet"][1].problem
+    cands = tune.candidates(problem, Pass.WGRAD, Target("sm_90"), limit=100)
+    assert any(c.block_n == 144 for c in cands)
+
+
+def _db_entry(problem: ConvProblem, pass_: Pass, p: Plan) -> tuple[str, dict]:
+    key = tune.tune_key(problem.geometry, pass_, "float16", "sm_90")
+    return key, {"plan": p.as_dict(), "us": 10.0, "default_us": 12.0, "shape": problem.as_dict(), "pass": pass_.value}
+
+
+def test_database_round_trip_and_lookup_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tune, "SHIPPED_DIR", tmp_path / "shipped")
+    tune._loaded.clear()
+    problem = SUITES["cifar-vgg"][1].problem
+    target = Target("sm_90")
+    cands = tune.candidates(problem, Pass.FPROP, target)
+    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
+
+    shipped_plan, user_plan = cands[1], cands[2]
+    key, entry = _db_entry(problem, Pass.FPROP, shipped_plan)
+    tune.record(tmp_path / "shipped" / "nvidia-h200.json", "NVIDIA H200", {key: entry})
+    got = tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90")
+    assert got == shipped_plan and "tuned on NVIDIA H200" in got.reasons[0]
+    # Another GPU, pass, dtype or arch does not match.
+    assert tune.lookup("NVIDIA A100", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
+    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.DGRAD, "float16", "sm_90") is None
+    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float32", "sm_90") is None
+
+    # The user's own database wins over the shipped one; the write is atomic (no temp left).
+    key, entry = _db_entry(problem, Pass.FPROP, user_plan)
+    tune.record(tune.user_db_path(), "NVIDIA H200", {key: entry})
+    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") == user_plan
+    assert [p.name for p in tune.user_db_path().parent.iterdir() if p.name.startswith(".tuning-")] == []
+    data = json.loads(tune.user_db_path().read_text())
+    assert data["format"] == tune.DB_FORMAT and key in data["gpus"]["nvidia-h200"]
+
+
+def test_a_corrupt_database_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tune, "SHIPPED_DIR", tmp_path / "none")
+    tune._loaded.clear()
+    tune.user_db_path().parent.mkdir(parents=True, exist_ok=True)
+    tune.user_db_path().write_text("{ not json")
+    problem = SUITES["cifar-vgg"][1].problem
+    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
+
+
+def test_shipped_h200_database_holds_feasible_plans_for_every_suite_shape():
+    tune._loaded.clear()
+    data = json.loads((tune.SHIPPED_DIR / "nvidia-h200.json").read_text())
+    entries = data["gpus"]["nvidia-h200"]
+    target = Target("sm_90")
+    for layer in LAYERS:
+        for pass_ in Pass:
+            key = tune.tune_key(layer.problem.geometry, pass_, "float16", "sm_90")
+            assert key in entries, f"{layer.name} {pass_.value} has no tuned plan"
+            p = Plan(**entries[key]["plan"])
+            check_plan(p, layer.problem, pass_, target, "float16")
+
+
+def test_median_gpu_us_times_only_the_op():
+    dev = FakeDevice()
+    us = tune.median_gpu_us(dev, dev.op("op", 7.0), reps=5)
+    assert us == pytest.approx(7.0)
+
+
+def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
+    from convgen import compile as cc
+
+    def no_gpu():
+        raise cc.DeviceError("no usable GPU: test")
+
+    monkeypatch.setattr(cc, "detect_target", no_gpu)
+    assert main(["tune", "--suite", "cifar-vgg", "--pass", "fprop"]) == 1
+    assert "no usable CUDA GPU" in capsys.readouterr().err
