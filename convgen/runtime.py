@@ -120,7 +120,8 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     k = _cache.get(key)
     if k is not None:
         return k
-    with _lock:
+    cupy = _cupy()
+    with _lock, cupy.cuda.Device(device_id):  # detect, compile for and load on the arrays' device
         k = _cache.get(key)
         if k is None:
             from .compile import load_kernels, set_max_dynamic_shared_memory
