@@ -19,7 +19,7 @@ import jinja2
 from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
-from .planner import EPI_PAD, SMEM_PAD, a_is_col, b_is_col, smem_bytes
+from .planner import EPI_PAD, SMEM_PAD, a_is_col, b_is_col, drain_group, smem_bytes
 from .resources import templates_dir
 
 _C_TYPES = {"float16": "half_t", "float32": "float"}
@@ -110,8 +110,19 @@ def _environment() -> jinja2.Environment:
     )
 
 
+def _row_map(vec: int, rows: int, cols: int, threads: int) -> bool:
+    """Whether a scalar im2col gather can give each thread whole rows (templates' RowMap):
+    the threads must tile the rows, and the lanes sharing a row must split its columns evenly."""
+    if vec != 1:
+        return False
+    if threads >= rows:
+        return threads % rows == 0 and cols % (threads // rows) == 0
+    return rows % threads == 0
+
+
 def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
     p, plan = spec.pass_, spec.plan
+    threads = plan.warps * be.warp_size
     gemm = spec.geometry.gemm(p, 1)
     reads = {"a": _C_TYPES[plan.read_a], "b": _C_TYPES[plan.read_b]}
     split = plan.split_k > 1
@@ -122,6 +133,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "b_col": b_is_col(p),
         "smem_pad": SMEM_PAD,
         "epi_pad": EPI_PAD,
+        "drain_group": drain_group(plan, be.warp_size),
         "smem_bytes": smem_bytes(plan, p, be.warp_size),
         "gemm_n": gemm.n,
         "gemm_n_axis": gemm.n_axis,
@@ -130,11 +142,15 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         # cp.async moves 4, 8 or 16 bytes of fp16; scalar and fp32 gathers go through registers.
         "async_a": be.cp_async and plan.read_a == "float16" and plan.vec_a >= 2,
         "async_b": be.cp_async and plan.read_b == "float16" and plan.vec_b >= 2,
+        # The im2col-like operands (fprop's and dgrad's A, wgrad's B) of a scalar gather.
+        "rowmap_a": p is not Pass.WGRAD and _row_map(plan.vec_a, plan.block_m, plan.block_k, threads),
+        "rowmap_b": p is Pass.WGRAD and _row_map(plan.vec_b, plan.block_k, plan.block_n, threads),
         "out_t": _C_TYPES[spec.epilogue.out_dtype],
         "split": split,
         "bias_add": spec.epilogue.bias and p is Pass.FPROP,
         "relu": spec.epilogue.relu,
         "db": spec.epilogue.bias and p is Pass.WGRAD,
+        "reduce_ways": REDUCE_WAYS,
     }
 
 
@@ -158,7 +174,8 @@ def _args(spec: KernelSpec, k: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
     return main, reduce
 
 
-REDUCE_THREADS = 256
+REDUCE_WAYS = 8  # rows of a reduction block, each summing every RED_WAYS-th slice
+REDUCE_BLOCK = (32, REDUCE_WAYS, 1)  # 32 outputs (one coalesced 128-byte row) per block
 
 
 def emit(spec: KernelSpec) -> KernelSource:
@@ -194,8 +211,8 @@ def emit(spec: KernelSpec) -> KernelSource:
     reduce = None
     if reduce_args:
         reduce = Launch(
-            kernel=k["reduce_name"], args=reduce_args, block=(REDUCE_THREADS, 1, 1), shared_mem=0,
-            grid_m_tile=0, grid_n_tiles=1, grid_z=1, grid_fixed=4 * spec.target.sm_count,
+            kernel=k["reduce_name"], args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
+            grid_m_tile=0, grid_n_tiles=1, grid_z=1, grid_fixed=8 * spec.target.sm_count,
         )
     return KernelSource(
         spec=spec,

@@ -23,7 +23,25 @@ from .ir import (
 
 FRAG = 16  # WMMA fragment edge (m16n16k16)
 SMEM_PAD = 8  # halves added to each staged row: 16 bytes, so ldmatrix rows fall in distinct banks
-EPI_PAD = 4  # floats added to each row of the per-warp fp32 epilogue scratch
+EPI_PAD = 8  # floats added to each scratch row: rows 0-3 of a fragment store land in distinct banks
+MAX_DRAIN_FRAGS = 4  # a strip of 4 fragments is 64 outputs: one 128-byte line of fp16 per row
+
+
+def drain_group(plan: Plan, warp_size: int = 32) -> int:
+    """Fragments the epilogue drains side by side (a 16 x 16*G strip of the warp tile).
+
+    Wider strips let neighbouring lanes continue one output row, so a store instruction
+    covers rows of 32*G bytes (fp16) instead of 32.  G divides the warp's fragment
+    columns, and the lanes sharing a row (16*G / outputs per lane) must tile the warp
+    and the strip's 16 rows evenly.
+    """
+    fn = plan.block_n // plan.warps_n // FRAG
+    ept = FRAG * FRAG // warp_size
+    for g in range(min(fn, MAX_DRAIN_FRAGS), 0, -1):
+        lanes_per_row = FRAG * g // ept
+        if fn % g == 0 and warp_size % lanes_per_row == 0 and FRAG % (warp_size // lanes_per_row) == 0:
+            return g
+    return 1
 
 
 def gathered_channels(geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
@@ -56,7 +74,7 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32) -> int:
     a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
     b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
     pipeline = plan.stages * (a + b) * 2
-    epilogue = plan.warps * FRAG * (FRAG + EPI_PAD) * 4
+    epilogue = plan.warps * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
     return max(pipeline, epilogue)
 
 

@@ -247,7 +247,7 @@ def conv2d(
             "y": y,
         }
         if bias is not None:
-            args["bias"] = _operand("bias", bias, "float32", 1)
+            args["bias"] = _operand("bias", bias, "float32", 4)  # the epilogue reads float4s
         _launch(k, call.problem.n, args)
     return y
 

@@ -21,7 +21,7 @@ import jinja2
 import pytest
 
 import convgen
-from convgen.emit import REDUCE_THREADS, KernelSource, _environment, emit
+from convgen.emit import REDUCE_BLOCK, KernelSource, _environment, emit
 from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
 from convgen.planner import make_spec, plan, smem_bytes
 from expectations import expected_grid_x
@@ -199,7 +199,8 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     if ks.reduce:
         assert ks.reduce.kernel == spec.name + "_reduce"
         bounds, params = sigs[ks.reduce.kernel]
-        assert ks.reduce.block == (REDUCE_THREADS, 1, 1) and bounds == str(REDUCE_THREADS)
+        assert ks.reduce.block == REDUCE_BLOCK and bounds == "32 * RED_WAYS"
+        assert constant(src, "RED_WAYS") == REDUCE_BLOCK[1] and REDUCE_BLOCK[0] == 32
         assert ks.reduce.shared_mem == 0 and ks.reduce.grid_fixed > 0
         _check_params(spec, ks.reduce.args, params, reduce=True)
 

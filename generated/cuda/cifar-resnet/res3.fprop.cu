@@ -29,7 +29,8 @@ constexpr int PAD = 8;                          // halves of padding per staged 
 constexpr int LDA = BK + PAD;  // A staged as [BM][BK]
 constexpr int LDB = BK + PAD;  // B staged as [BN][BK]
 constexpr int A_STAGE = BM * LDA, B_STAGE = BN * LDB;
-constexpr int EPI_LD = 16 + 4;                      // per-warp fp32 epilogue scratch row
+constexpr int DRAIN_G = 4;                      // fragments drained side by side
+constexpr int EPI_LD = 16 * DRAIN_G + 8;            // per-warp fp32 epilogue scratch row
 constexpr int SMEM_BYTES = 46080;                    // what the launcher allocates
 static_assert(STAGES * (A_STAGE + B_STAGE) * 2 <= SMEM_BYTES, "pipeline stages overflow shared memory");
 static_assert(WARPS_M * WARPS_N * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch overflows shared memory");
@@ -111,10 +112,18 @@ struct Stager {
   }
 
   __device__ __forceinline__ void store(half_t* stage) {
+    if constexpr (Gather::Map::PAIRED) {  // accesses i and i+1 are neighbouring fp16 columns
 #pragma unroll
-    for (int i = 0; i < Gather::ITERS; ++i) {
-      if (!g.slot_valid(i)) continue;
-      *reinterpret_cast<typename HalfVec<Gather::V>::T*>(stage + g.smem_offset(i)) = Gather::to_half(regs[i]);
+      for (int i = 0; i < Gather::ITERS; i += 2) {
+        const unsigned lo = Gather::to_half(regs[i]), hi = Gather::to_half(regs[i + 1]);
+        *reinterpret_cast<unsigned*>(stage + g.smem_offset(i)) = lo | (hi << 16);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Gather::ITERS; ++i) {
+        if (!g.slot_valid(i)) continue;
+        *reinterpret_cast<typename HalfVec<Gather::V>::T*>(stage + g.smem_offset(i)) = Gather::to_half(regs[i]);
+      }
     }
   }
 
@@ -140,6 +149,43 @@ struct TileMap {
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
   __device__ __forceinline__ static int row(int i) { return index(i) / VECS_PER_ROW; }
   __device__ __forceinline__ static int col(int i) { return (index(i) % VECS_PER_ROW) * V; }
+  // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
+  static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
+  __device__ __forceinline__ static int row_slot(int i) { return i; }
+  __device__ __forceinline__ static int col_slot(int i) { return i; }
+  __host__ __device__ static constexpr int row_slot_access(int j) { return j; }  // an access that lies in row slot j
+  __host__ __device__ static constexpr int col_slot_access(int j) { return j; }
+  static constexpr bool PAIRED = false;
+};
+
+// The scalar (V = 1) im2col gathers use this layout instead: a thread owns fixed rows
+// (pixels) and walks a run of RUN columns of each, so a pixel's index math is done once
+// per row instead of once per element, and a column's (r, s, c) is a constant after
+// unrolling.  Lanes of a warp still hold neighbouring pixels, so loads coalesce, and
+// neighbouring columns are paired into one 4-byte shared-memory store.
+template <int ROWS, int COLS>
+struct RowMap {
+  static constexpr int V = 1;
+  static constexpr int ROWS_PER_PASS = THREADS < ROWS ? THREADS : ROWS;
+  static constexpr int LANES_PER_ROW = THREADS / ROWS_PER_PASS;
+  static constexpr int RUN = COLS / LANES_PER_ROW;
+  static constexpr int PASSES = ROWS / ROWS_PER_PASS;
+  static constexpr int ITERS = PASSES * RUN;
+  static_assert(THREADS % ROWS_PER_PASS == 0 && ROWS % ROWS_PER_PASS == 0 && COLS % LANES_PER_ROW == 0,
+                "RowMap needs the threads to tile the rows and the columns evenly");
+  __device__ __forceinline__ static bool valid(int) { return true; }
+  __device__ __forceinline__ static int row(int i) {
+    return static_cast<int>(threadIdx.x) % ROWS_PER_PASS + (i / RUN) * ROWS_PER_PASS;
+  }
+  __device__ __forceinline__ static int col(int i) {
+    return static_cast<int>(threadIdx.x) / ROWS_PER_PASS * RUN + i % RUN;
+  }
+  static constexpr int ROW_SLOTS = PASSES, COL_SLOTS = RUN;
+  __device__ __forceinline__ static int row_slot(int i) { return i / RUN; }
+  __device__ __forceinline__ static int col_slot(int i) { return i % RUN; }
+  __host__ __device__ static constexpr int row_slot_access(int j) { return j * RUN; }
+  __host__ __device__ static constexpr int col_slot_access(int j) { return j; }
+  static constexpr bool PAIRED = RUN % 2 == 0;
 };
 
 // Element-type traits of a gather: what it reads from global memory and how that
@@ -244,10 +290,17 @@ __device__ __forceinline__ void k_range(long long k_total, int& kt0, int& nk) {
   nk = max(0, min(steps, kt0 + per) - kt0);
 }
 
-// ---- epilogue: each warp drains its fragments through a 16 x 16 fp32 scratch so
-//      every lane writes a contiguous run of EPT outputs (one 16-byte store for fp16) ----
+// ---- epilogue: each warp drains its fragments through an fp32 scratch strip of
+//      DRAIN_G fragments side by side (16 x STRIP_W), so a lane writes a run of EPT
+//      outputs and its neighbours continue the row: one store instruction covers rows
+//      of STRIP_W outputs (64 fp16 = one 128-byte line when DRAIN_G is 4) ----
 constexpr int EPT = 256 / WARP_SIZE;          // outputs per lane per fragment
-constexpr int LANES_PER_ROW = 16 / EPT;
+constexpr int STRIP_W = 16 * DRAIN_G;
+constexpr int LANES_PER_ROW = STRIP_W / EPT;
+constexpr int ROWS_PER_PASS = WARP_SIZE / LANES_PER_ROW;
+constexpr int DRAIN_PASSES = 16 / ROWS_PER_PASS;  // = DRAIN_G: each lane emits one run per fragment
+static_assert(FN % DRAIN_G == 0 && WARP_SIZE % LANES_PER_ROW == 0 && 16 % ROWS_PER_PASS == 0,
+              "the drain strip must tile the warp's fragments and lanes evenly");
 
 template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
@@ -278,8 +331,25 @@ __device__ __forceinline__ void store_run(OutT* out, const float (&v)[EPT], int 
   }
 }
 
-// Walks this warp's fragments; `emit(row, col, v)` receives EPT consecutive values of
-// row `row` starting at column `col` (both relative to the block tile).
+// Adds p[0..EPT) (fp32, 16-byte aligned: the launcher guarantees it) to v, the run at
+// columns col.. of an N-wide row; vector loads when runs never straddle the edge.
+__device__ __forceinline__ void add_run(float (&v)[EPT], const float* __restrict__ p, int col, int n_cols) {
+  if ((n_cols % EPT) == 0 && EPT % 4 == 0) {
+    if (col >= n_cols) return;
+#pragma unroll
+    for (int b = 0; b < EPT / 4; ++b) {
+      const float4 f = reinterpret_cast<const float4*>(p)[b];
+      v[4 * b] += f.x; v[4 * b + 1] += f.y; v[4 * b + 2] += f.z; v[4 * b + 3] += f.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < EPT; ++e)
+      if (col + e < n_cols) v[e] += p[e];
+  }
+}
+
+// Walks this warp's fragments a strip at a time; `emit(row, col, v)` receives EPT
+// consecutive values of row `row` starting at column `col` (both relative to the block tile).
 template <class Emit>
 __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, Emit emit) {
   const int warp = static_cast<int>(threadIdx.x) / WARP_SIZE;
@@ -290,14 +360,19 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 #pragma unroll
   for (int i = 0; i < FM; ++i) {
 #pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::store_matrix_sync(scratch, acc[i][j], EPI_LD, wmma::mem_row_major);
-      __syncwarp();
-      float v[EPT];
+    for (int j0 = 0; j0 < FN; j0 += DRAIN_G) {
 #pragma unroll
-      for (int e = 0; e < EPT; ++e) v[e] = scratch[r * EPI_LD + c + e];
+      for (int g = 0; g < DRAIN_G; ++g) wmma::store_matrix_sync(scratch + g * 16, acc[i][j0 + g], EPI_LD, wmma::mem_row_major);
       __syncwarp();
-      emit(warp_m * (BM / WARPS_M) + i * 16 + r, warp_n * (BN / WARPS_N) + j * 16 + c, v);
+      float v[DRAIN_PASSES][EPT];
+#pragma unroll
+      for (int pass = 0; pass < DRAIN_PASSES; ++pass)
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) v[pass][e] = scratch[(pass * ROWS_PER_PASS + r) * EPI_LD + c + e];
+      __syncwarp();
+#pragma unroll
+      for (int pass = 0; pass < DRAIN_PASSES; ++pass)
+        emit(warp_m * (BM / WARPS_M) + i * 16 + pass * ROWS_PER_PASS + r, warp_n * (BN / WARPS_N) + j0 * 16 + c, v[pass]);
     }
   }
 }
@@ -309,18 +384,19 @@ namespace {
 constexpr int RSC = R * S * C;  // reduction length
 
 // A = im2col(x): row m is output pixel (n, p, q); column kk = (r*S + s)*C + c.  The
-// pixel decomposition is done once per thread (hoisted out of the reduction loop) when
-// the thread has at most HOIST_LIMIT accesses, else recomputed (the scalar path has
-// many, and registers are worth more there); each k-step only splits kk into (r, s, c),
-// divisions by compile-time constants.
+// pixel decomposition is done once per row a thread owns (hoisted out of the reduction
+// loop) when it owns at most HOIST_LIMIT rows, else recomputed (registers are worth
+// more); each k-step only splits kk into (r, s, c), divisions by compile-time constants
+// that fold away entirely when the whole reduction fits one k-step.
 struct GatherX : ReadAs<half_t, 8> {
   typedef TileMap<BM, BK, V> Map;
   static constexpr int ITERS = Map::ITERS;
   static constexpr bool ASYNC = true;
+  static constexpr bool HOIST = Map::ROW_SLOTS <= HOIST_LIMIT;
   const T* x;
   long long tile_m, m_total;
   struct Origin { int ih0, iw0; long long image; };  // pixel under tap (0, 0), offset of image n
-  Origin hoisted[HOIST_LIMIT >= ITERS ? ITERS : 1];
+  Origin hoisted[HOIST ? Map::ROW_SLOTS : 1];
 
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
@@ -332,19 +408,19 @@ struct GatherX : ReadAs<half_t, 8> {
   }
   __device__ __forceinline__ GatherX(const T* x_, long long tile_m_, long long m_total_)
       : x(x_), tile_m(tile_m_), m_total(m_total_) {
-    if constexpr (HOIST_LIMIT >= ITERS) {
+    if constexpr (HOIST) {
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) hoisted[i] = origin(i);
+      for (int j = 0; j < Map::ROW_SLOTS; ++j) hoisted[j] = origin(Map::row_slot_access(j));
     }
   }
   __device__ __forceinline__ bool slot_valid(int i) const { return Map::valid(i); }
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
-    const int kk = kt * BK + Map::col(i);
+    const int kk = (RSC <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
     const int rs = kk / C, c = kk - rs * C;
     const int r = rs / S, s = rs - r * S;
     Origin o;
-    if constexpr (HOIST_LIMIT >= ITERS) o = hoisted[i]; else o = origin(i);
+    if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
     const int ih = o.ih0 + r * DH, iw = o.iw0 + s * DW;
     ok = kk < RSC && ih >= 0 && ih < H && iw >= 0 && iw < W;
     return ok ? x + o.image + (static_cast<long long>(ih) * W + iw) * C + c : x;
@@ -392,10 +468,7 @@ const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ work
     const long long m = tile_m + row;
     const int n = tile_n + col;
     if (m >= m_total) return;
-#pragma unroll
-    for (int e = 0; e < EPT; ++e) {
-      if (n + e < GEMM_N) v[e] += bias[n + e];
-    }
+    add_run(v, bias + n, n, GEMM_N);
     store_run<half_t>(y + m * GEMM_N + n, v, n, GEMM_N);
   });
 }

@@ -30,7 +30,8 @@ constexpr int PAD = 8;                          // halves of padding per staged 
 constexpr int LDA = BM + PAD;  // A staged as [BK][BM]
 constexpr int LDB = BN + PAD;  // B staged as [BK][BN]
 constexpr int A_STAGE = BK * LDA, B_STAGE = BK * LDB;
-constexpr int EPI_LD = 16 + 4;                      // per-warp fp32 epilogue scratch row
+constexpr int DRAIN_G = 1;                      // fragments drained side by side
+constexpr int EPI_LD = 16 * DRAIN_G + 8;            // per-warp fp32 epilogue scratch row
 constexpr int SMEM_BYTES = 8192;                    // what the launcher allocates
 static_assert(STAGES * (A_STAGE + B_STAGE) * 2 <= SMEM_BYTES, "pipeline stages overflow shared memory");
 static_assert(WARPS_M * WARPS_N * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch overflows shared memory");
@@ -106,10 +107,18 @@ struct Stager {
   }
 
   __device__ __forceinline__ void store(half_t* stage) {
+    if constexpr (Gather::Map::PAIRED) {  // accesses i and i+1 are neighbouring fp16 columns
 #pragma unroll
-    for (int i = 0; i < Gather::ITERS; ++i) {
-      if (!g.slot_valid(i)) continue;
-      *reinterpret_cast<typename HalfVec<Gather::V>::T*>(stage + g.smem_offset(i)) = Gather::to_half(regs[i]);
+      for (int i = 0; i < Gather::ITERS; i += 2) {
+        const unsigned lo = Gather::to_half(regs[i]), hi = Gather::to_half(regs[i + 1]);
+        *reinterpret_cast<unsigned*>(stage + g.smem_offset(i)) = lo | (hi << 16);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Gather::ITERS; ++i) {
+        if (!g.slot_valid(i)) continue;
+        *reinterpret_cast<typename HalfVec<Gather::V>::T*>(stage + g.smem_offset(i)) = Gather::to_half(regs[i]);
+      }
     }
   }
 
@@ -135,6 +144,43 @@ struct TileMap {
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
   __device__ __forceinline__ static int row(int i) { return index(i) / VECS_PER_ROW; }
   __device__ __forceinline__ static int col(int i) { return (index(i) % VECS_PER_ROW) * V; }
+  // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
+  static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
+  __device__ __forceinline__ static int row_slot(int i) { return i; }
+  __device__ __forceinline__ static int col_slot(int i) { return i; }
+  __host__ __device__ static constexpr int row_slot_access(int j) { return j; }  // an access that lies in row slot j
+  __host__ __device__ static constexpr int col_slot_access(int j) { return j; }
+  static constexpr bool PAIRED = false;
+};
+
+// The scalar (V = 1) im2col gathers use this layout instead: a thread owns fixed rows
+// (pixels) and walks a run of RUN columns of each, so a pixel's index math is done once
+// per row instead of once per element, and a column's (r, s, c) is a constant after
+// unrolling.  Lanes of a warp still hold neighbouring pixels, so loads coalesce, and
+// neighbouring columns are paired into one 4-byte shared-memory store.
+template <int ROWS, int COLS>
+struct RowMap {
+  static constexpr int V = 1;
+  static constexpr int ROWS_PER_PASS = THREADS < ROWS ? THREADS : ROWS;
+  static constexpr int LANES_PER_ROW = THREADS / ROWS_PER_PASS;
+  static constexpr int RUN = COLS / LANES_PER_ROW;
+  static constexpr int PASSES = ROWS / ROWS_PER_PASS;
+  static constexpr int ITERS = PASSES * RUN;
+  static_assert(THREADS % ROWS_PER_PASS == 0 && ROWS % ROWS_PER_PASS == 0 && COLS % LANES_PER_ROW == 0,
+                "RowMap needs the threads to tile the rows and the columns evenly");
+  __device__ __forceinline__ static bool valid(int) { return true; }
+  __device__ __forceinline__ static int row(int i) {
+    return static_cast<int>(threadIdx.x) % ROWS_PER_PASS + (i / RUN) * ROWS_PER_PASS;
+  }
+  __device__ __forceinline__ static int col(int i) {
+    return static_cast<int>(threadIdx.x) / ROWS_PER_PASS * RUN + i % RUN;
+  }
+  static constexpr int ROW_SLOTS = PASSES, COL_SLOTS = RUN;
+  __device__ __forceinline__ static int row_slot(int i) { return i / RUN; }
+  __device__ __forceinline__ static int col_slot(int i) { return i % RUN; }
+  __host__ __device__ static constexpr int row_slot_access(int j) { return j * RUN; }
+  __host__ __device__ static constexpr int col_slot_access(int j) { return j; }
+  static constexpr bool PAIRED = RUN % 2 == 0;
 };
 
 // Element-type traits of a gather: what it reads from global memory and how that
@@ -239,10 +285,17 @@ __device__ __forceinline__ void k_range(long long k_total, int& kt0, int& nk) {
   nk = max(0, min(steps, kt0 + per) - kt0);
 }
 
-// ---- epilogue: each warp drains its fragments through a 16 x 16 fp32 scratch so
-//      every lane writes a contiguous run of EPT outputs (one 16-byte store for fp16) ----
+// ---- epilogue: each warp drains its fragments through an fp32 scratch strip of
+//      DRAIN_G fragments side by side (16 x STRIP_W), so a lane writes a run of EPT
+//      outputs and its neighbours continue the row: one store instruction covers rows
+//      of STRIP_W outputs (64 fp16 = one 128-byte line when DRAIN_G is 4) ----
 constexpr int EPT = 256 / WARP_SIZE;          // outputs per lane per fragment
-constexpr int LANES_PER_ROW = 16 / EPT;
+constexpr int STRIP_W = 16 * DRAIN_G;
+constexpr int LANES_PER_ROW = STRIP_W / EPT;
+constexpr int ROWS_PER_PASS = WARP_SIZE / LANES_PER_ROW;
+constexpr int DRAIN_PASSES = 16 / ROWS_PER_PASS;  // = DRAIN_G: each lane emits one run per fragment
+static_assert(FN % DRAIN_G == 0 && WARP_SIZE % LANES_PER_ROW == 0 && 16 % ROWS_PER_PASS == 0,
+              "the drain strip must tile the warp's fragments and lanes evenly");
 
 template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
@@ -273,8 +326,25 @@ __device__ __forceinline__ void store_run(OutT* out, const float (&v)[EPT], int 
   }
 }
 
-// Walks this warp's fragments; `emit(row, col, v)` receives EPT consecutive values of
-// row `row` starting at column `col` (both relative to the block tile).
+// Adds p[0..EPT) (fp32, 16-byte aligned: the launcher guarantees it) to v, the run at
+// columns col.. of an N-wide row; vector loads when runs never straddle the edge.
+__device__ __forceinline__ void add_run(float (&v)[EPT], const float* __restrict__ p, int col, int n_cols) {
+  if ((n_cols % EPT) == 0 && EPT % 4 == 0) {
+    if (col >= n_cols) return;
+#pragma unroll
+    for (int b = 0; b < EPT / 4; ++b) {
+      const float4 f = reinterpret_cast<const float4*>(p)[b];
+      v[4 * b] += f.x; v[4 * b + 1] += f.y; v[4 * b + 2] += f.z; v[4 * b + 3] += f.w;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < EPT; ++e)
+      if (col + e < n_cols) v[e] += p[e];
+  }
+}
+
+// Walks this warp's fragments a strip at a time; `emit(row, col, v)` receives EPT
+// consecutive values of row `row` starting at column `col` (both relative to the block tile).
 template <class Emit>
 __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, Emit emit) {
   const int warp = static_cast<int>(threadIdx.x) / WARP_SIZE;
@@ -285,14 +355,19 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 #pragma unroll
   for (int i = 0; i < FM; ++i) {
 #pragma unroll
-    for (int j = 0; j < FN; ++j) {
-      wmma::store_matrix_sync(scratch, acc[i][j], EPI_LD, wmma::mem_row_major);
-      (__builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"), __builtin_amdgcn_wave_barrier(), __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"));
-      float v[EPT];
+    for (int j0 = 0; j0 < FN; j0 += DRAIN_G) {
 #pragma unroll
-      for (int e = 0; e < EPT; ++e) v[e] = scratch[r * EPI_LD + c + e];
+      for (int g = 0; g < DRAIN_G; ++g) wmma::store_matrix_sync(scratch + g * 16, acc[i][j0 + g], EPI_LD, wmma::mem_row_major);
       (__builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"), __builtin_amdgcn_wave_barrier(), __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"));
-      emit(warp_m * (BM / WARPS_M) + i * 16 + r, warp_n * (BN / WARPS_N) + j * 16 + c, v);
+      float v[DRAIN_PASSES][EPT];
+#pragma unroll
+      for (int pass = 0; pass < DRAIN_PASSES; ++pass)
+#pragma unroll
+        for (int e = 0; e < EPT; ++e) v[pass][e] = scratch[(pass * ROWS_PER_PASS + r) * EPI_LD + c + e];
+      (__builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"), __builtin_amdgcn_wave_barrier(), __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"));
+#pragma unroll
+      for (int pass = 0; pass < DRAIN_PASSES; ++pass)
+        emit(warp_m * (BM / WARPS_M) + i * 16 + pass * ROWS_PER_PASS + r, warp_n * (BN / WARPS_N) + j0 * 16 + c, v[pass]);
     }
   }
 }
@@ -326,17 +401,18 @@ struct GatherDy : ReadAs<half_t, 8> {
 };
 
 // B = im2col(x): row = output pixel (n, p, q), column rsc = (r*S + s)*C + c.  The column
-// decomposition is fixed per thread (hoisted when few, as in GatherX of fprop); each
-// k-step splits the pixel index.
+// decomposition is fixed per thread (hoisted per column the thread owns when few, as in
+// GatherX of fprop); each k-step splits the pixel index, once per row the thread owns.
 struct GatherX : ReadAs<half_t, 1> {
-  typedef TileMap<BK, BN, V> Map;
+  typedef RowMap<BK, BN> Map;
   static constexpr int ITERS = Map::ITERS;
   static constexpr bool ASYNC = false;
+  static constexpr bool HOIST = Map::COL_SLOTS <= HOIST_LIMIT;
   const T* x;
   int tile_n;
   long long npq_total;
   struct Tap { int dh, dw, c; };  // r*DH - PH, s*DW - PW, channel; dh = -2^30 past R*S*C
-  Tap hoisted[HOIST_LIMIT >= ITERS ? ITERS : 1];
+  Tap hoisted[HOIST ? Map::COL_SLOTS : 1];
 
   __device__ __forceinline__ Tap tap(int i) const {
     const int rsc = tile_n + Map::col(i);
@@ -346,9 +422,9 @@ struct GatherX : ReadAs<half_t, 1> {
   }
   __device__ __forceinline__ GatherX(const T* x_, int tile_n_, long long npq_total_)
       : x(x_), tile_n(tile_n_), npq_total(npq_total_) {
-    if constexpr (HOIST_LIMIT >= ITERS) {
+    if constexpr (HOIST) {
 #pragma unroll
-      for (int i = 0; i < ITERS; ++i) hoisted[i] = tap(i);
+      for (int j = 0; j < Map::COL_SLOTS; ++j) hoisted[j] = tap(Map::col_slot_access(j));
     }
   }
   __device__ __forceinline__ bool slot_valid(int i) const { return Map::valid(i); }
@@ -359,7 +435,7 @@ struct GatherX : ReadAs<half_t, 1> {
     const int pq = static_cast<int>(npq - n * (P * Q));
     const int p = pq / Q, q = pq - (pq / Q) * Q;
     Tap t;
-    if constexpr (HOIST_LIMIT >= ITERS) t = hoisted[i]; else t = tap(i);
+    if constexpr (HOIST) t = hoisted[Map::col_slot(i)]; else t = tap(i);
     const int ih = p * SH + t.dh, iw = q * SW + t.dw;
     ok = npq < npq_total && ih >= 0 && ih < H && iw >= 0 && iw < W;
     return ok ? x + ((n * H + ih) * W + iw) * C + t.c : x;
@@ -414,21 +490,56 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_32x32_c3_k16
 }
 
 // Split-K: slice z wrote its partial tile to workspace[z][M][N]; the slices are summed
-// here in a fixed order (so results are bit-identical from run to run), then the
-// epilogue is applied.  db is reduced the same way from db_workspace[z][K].
-extern "C" __global__ void __launch_bounds__(256) convgen_wgrad_32x32_c3_k16_3x3_s11_p11_d11_aeb1e0de_reduce(
+// here.  A block is 32 outputs x RED_WAYS rows: row y sums slices y, y + RED_WAYS, ...
+// into RED_ACCS independent sums (so many loads are in flight, not one chain of
+// `slices` dependent ones), then row 0 adds the rows' partials and applies the epilogue.
+// The order of every sum is fixed, so results are bit-identical from run to run.
+// db is reduced the same way from db_workspace[z][K].
+constexpr int RED_WAYS = 8, RED_ACCS = 4;
+
+// Row threadIdx.y's share of sum_z part[z * stride] (the caller adds the rows).
+__device__ __forceinline__ float slice_sum(const float* __restrict__ part, long long stride, int slices) {
+  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+  int z = static_cast<int>(threadIdx.y);
+  for (; z + 3 * RED_WAYS < slices; z += RED_ACCS * RED_WAYS) {
+    a0 += part[z * stride];
+    a1 += part[(z + RED_WAYS) * stride];
+    a2 += part[(z + 2 * RED_WAYS) * stride];
+    a3 += part[(z + 3 * RED_WAYS) * stride];
+  }
+  if (z < slices) a0 += part[z * stride];
+  if (z + RED_WAYS < slices) a1 += part[(z + RED_WAYS) * stride];
+  if (z + 2 * RED_WAYS < slices) a2 += part[(z + 2 * RED_WAYS) * stride];
+  return (a0 + a1) + (a2 + a3);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * RED_WAYS) convgen_wgrad_32x32_c3_k16_3x3_s11_p11_d11_aeb1e0de_reduce(
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows, int slices) {
+  __shared__ float rows[RED_WAYS][32];
   const long long total = m_rows * GEMM_N;
-  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
-  for (long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total; idx += stride) {
-    float acc = 0.0f;
-    for (int z = 0; z < slices; ++z) acc += workspace[z * total + idx];
-    out[idx] = from_float<half_t>(acc);
+  for (long long base = static_cast<long long>(blockIdx.x) * 32; base < total; base += static_cast<long long>(gridDim.x) * 32) {
+    const long long idx = base + threadIdx.x;
+    rows[threadIdx.y][threadIdx.x] = idx < total ? slice_sum(workspace + idx, total, slices) : 0.0f;
+    __syncthreads();
+    if (threadIdx.y == 0 && idx < total) {
+      float acc = rows[0][threadIdx.x];
+#pragma unroll
+      for (int y = 1; y < RED_WAYS; ++y) acc += rows[y][threadIdx.x];
+      out[idx] = from_float<half_t>(acc);
+    }
+    __syncthreads();
   }
-  for (long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; idx < K; idx += stride) {
-    float acc = 0.0f;
-    for (int z = 0; z < slices; ++z) acc += db_workspace[z * K + idx];
-    db[idx] = from_float<half_t>(acc);
+  for (int base = static_cast<int>(blockIdx.x) * 32; base < K; base += static_cast<int>(gridDim.x) * 32) {
+    const int idx = base + static_cast<int>(threadIdx.x);
+    rows[threadIdx.y][threadIdx.x] = idx < K ? slice_sum(db_workspace + idx, K, slices) : 0.0f;
+    __syncthreads();
+    if (threadIdx.y == 0 && idx < K) {
+      float acc = rows[0][threadIdx.x];
+#pragma unroll
+      for (int y = 1; y < RED_WAYS; ++y) acc += rows[y][threadIdx.x];
+      db[idx] = from_float<half_t>(acc);
+    }
+    __syncthreads();
   }
 }
