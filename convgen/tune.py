@@ -45,6 +45,9 @@ _SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 )
 
 
+MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
+
+
 def _fit(extent: int) -> int:
     t = FRAG
     while t < extent:
@@ -77,9 +80,9 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
         tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
         steps = math.ceil(gemm.k / bk)
         splits = {1}
-        if tiles < target.sm_count and steps >= 8:
-            splits.add(max(1, min(math.ceil(target.sm_count / tiles), steps // 4, 128)))
-            splits.add(max(1, min(math.ceil(2 * target.sm_count / tiles), steps // 4, 128)))
+        if tiles < 2 * target.sm_count and steps >= 8:  # one, two and four waves of slices
+            for waves in (1, 2, 4):
+                splits.add(max(1, min(math.ceil(waves * target.sm_count / tiles), steps // 4, MAX_SPLIT)))
         if not target.info.cp_async:
             stages = 2
         for split in sorted(splits):
