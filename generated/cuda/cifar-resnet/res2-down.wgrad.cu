@@ -47,6 +47,17 @@ template <> struct HalfVec<8> { typedef uint4 T; };
 // V fp32 values read by a gather that casts on the fly.
 template <int V> struct FloatVec { float v[V]; };
 
+// Index math on values known to be non-negative divides as unsigned: a division by a
+// compile-time constant then needs no sign fix-ups, and the compiler can prove that
+// (t + i*THREADS) % VECS is the same column for every access i of a thread.
+// (D = 0 is an empty stride class, which has no rows: never called.)
+template <int D> __device__ __forceinline__ int udiv(int a) {
+  if constexpr (D == 0) return 0; else return static_cast<int>(static_cast<unsigned>(a) / D);
+}
+template <long long D> __device__ __forceinline__ long long udiv64(long long a) {
+  if constexpr (D == 0) return 0; else return static_cast<long long>(static_cast<unsigned long long>(a) / D);
+}
+
 __device__ __forceinline__ unsigned short f2h_bits(float f) {
   half_t h = __float2half_rn(f);  // round to nearest even: the same as numpy's astype(float16)
   return *reinterpret_cast<unsigned short*>(&h);
@@ -145,10 +156,10 @@ struct TileMap {
   static constexpr int VECS_PER_ROW = COLS / V;
   static constexpr int TOTAL = ROWS * VECS_PER_ROW;
   static constexpr int ITERS = (TOTAL + THREADS - 1) / THREADS;
-  __device__ __forceinline__ static int index(int i) { return static_cast<int>(threadIdx.x) + i * THREADS; }
+  __device__ __forceinline__ static unsigned index(int i) { return threadIdx.x + static_cast<unsigned>(i) * THREADS; }
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
-  __device__ __forceinline__ static int row(int i) { return index(i) / VECS_PER_ROW; }
-  __device__ __forceinline__ static int col(int i) { return (index(i) % VECS_PER_ROW) * V; }
+  __device__ __forceinline__ static int row(int i) { return static_cast<int>(index(i) / VECS_PER_ROW); }
+  __device__ __forceinline__ static int col(int i) { return static_cast<int>(index(i) % VECS_PER_ROW) * V; }
   // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
   static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
   __device__ __forceinline__ static int row_slot(int i) { return i; }
@@ -175,10 +186,10 @@ struct RowMap {
                 "RowMap needs the threads to tile the rows and the columns evenly");
   __device__ __forceinline__ static bool valid(int) { return true; }
   __device__ __forceinline__ static int row(int i) {
-    return static_cast<int>(threadIdx.x) % ROWS_PER_PASS + (i / RUN) * ROWS_PER_PASS;
+    return static_cast<int>(threadIdx.x % ROWS_PER_PASS) + (i / RUN) * ROWS_PER_PASS;
   }
   __device__ __forceinline__ static int col(int i) {
-    return static_cast<int>(threadIdx.x) / ROWS_PER_PASS * RUN + i % RUN;
+    return static_cast<int>(threadIdx.x / ROWS_PER_PASS) * RUN + i % RUN;
   }
   static constexpr int ROW_SLOTS = PASSES, COL_SLOTS = RUN;
   __device__ __forceinline__ static int row_slot(int i) { return i / RUN; }
@@ -422,7 +433,7 @@ struct GatherX : ReadAs<half_t, 8> {
   __device__ __forceinline__ Tap tap(int i) const {
     const int rsc = tile_n + Map::col(i);
     if (rsc >= RSC) return Tap{-(1 << 30), 0, 0};
-    const int rs = rsc / C, r = rs / S;
+    const int rs = udiv<C>(rsc), r = udiv<S>(rs);
     return Tap{r * DH - PH, (rs - r * S) * DW - PW, rsc - rs * C};
   }
   __device__ __forceinline__ GatherX(const T* x_, int tile_n_, long long npq_total_)
@@ -436,9 +447,9 @@ struct GatherX : ReadAs<half_t, 8> {
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDB + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const long long npq = static_cast<long long>(kt) * BK + Map::row(i);
-    const long long n = npq / (P * Q);
+    const long long n = udiv64<P * Q>(npq);
     const int pq = static_cast<int>(npq - n * (P * Q));
-    const int p = pq / Q, q = pq - (pq / Q) * Q;
+    const int p = udiv<Q>(pq), q = pq - p * Q;
     Tap t;
     if constexpr (HOIST) t = hoisted[Map::col_slot(i)]; else t = tap(i);
     const int ih = p * SH + t.dh, iw = q * SW + t.dw;

@@ -48,6 +48,17 @@ template <> struct HalfVec<8> { typedef uint4 T; };
 // V fp32 values read by a gather that casts on the fly.
 template <int V> struct FloatVec { float v[V]; };
 
+// Index math on values known to be non-negative divides as unsigned: a division by a
+// compile-time constant then needs no sign fix-ups, and the compiler can prove that
+// (t + i*THREADS) % VECS is the same column for every access i of a thread.
+// (D = 0 is an empty stride class, which has no rows: never called.)
+template <int D> __device__ __forceinline__ int udiv(int a) {
+  if constexpr (D == 0) return 0; else return static_cast<int>(static_cast<unsigned>(a) / D);
+}
+template <long long D> __device__ __forceinline__ long long udiv64(long long a) {
+  if constexpr (D == 0) return 0; else return static_cast<long long>(static_cast<unsigned long long>(a) / D);
+}
+
 __device__ __forceinline__ unsigned short f2h_bits(float f) {
   half_t h = __float2half_rn(f);  // round to nearest even: the same as numpy's astype(float16)
   return *reinterpret_cast<unsigned short*>(&h);
@@ -140,10 +151,10 @@ struct TileMap {
   static constexpr int VECS_PER_ROW = COLS / V;
   static constexpr int TOTAL = ROWS * VECS_PER_ROW;
   static constexpr int ITERS = (TOTAL + THREADS - 1) / THREADS;
-  __device__ __forceinline__ static int index(int i) { return static_cast<int>(threadIdx.x) + i * THREADS; }
+  __device__ __forceinline__ static unsigned index(int i) { return threadIdx.x + static_cast<unsigned>(i) * THREADS; }
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
-  __device__ __forceinline__ static int row(int i) { return index(i) / VECS_PER_ROW; }
-  __device__ __forceinline__ static int col(int i) { return (index(i) % VECS_PER_ROW) * V; }
+  __device__ __forceinline__ static int row(int i) { return static_cast<int>(index(i) / VECS_PER_ROW); }
+  __device__ __forceinline__ static int col(int i) { return static_cast<int>(index(i) % VECS_PER_ROW) * V; }
   // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
   static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
   __device__ __forceinline__ static int row_slot(int i) { return i; }
@@ -170,10 +181,10 @@ struct RowMap {
                 "RowMap needs the threads to tile the rows and the columns evenly");
   __device__ __forceinline__ static bool valid(int) { return true; }
   __device__ __forceinline__ static int row(int i) {
-    return static_cast<int>(threadIdx.x) % ROWS_PER_PASS + (i / RUN) * ROWS_PER_PASS;
+    return static_cast<int>(threadIdx.x % ROWS_PER_PASS) + (i / RUN) * ROWS_PER_PASS;
   }
   __device__ __forceinline__ static int col(int i) {
-    return static_cast<int>(threadIdx.x) / ROWS_PER_PASS * RUN + i % RUN;
+    return static_cast<int>(threadIdx.x / ROWS_PER_PASS) * RUN + i % RUN;
   }
   static constexpr int ROW_SLOTS = PASSES, COL_SLOTS = RUN;
   __device__ __forceinline__ static int row_slot(int i) { return i / RUN; }
@@ -404,9 +415,9 @@ struct Class {
   static constexpr int RED = TR.count * TS.count * K;  // this class's reduction length
   // Global input pixel (n, h, w) of the class-local row m.
   __device__ __forceinline__ static long long pixel(long long m) {
-    const long long n = m / (HC * WC);
+    const long long n = udiv64<HC * WC>(m);
     const int rem = static_cast<int>(m - n * (HC * WC));
-    const int hh = rem / WC, ww = rem - (rem / WC) * WC;
+    const int hh = udiv<WC>(rem), ww = rem - hh * WC;
     return (n * H + (hh * SH + CH)) * W + (ww * SW + CW);
   }
 };
@@ -428,9 +439,9 @@ struct GatherDy : ReadAs<half_t, 8> {
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
     if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past the class: every tap is out of bounds
-    const long long n = m / (Cls::HC * Cls::WC);
+    const long long n = udiv64<Cls::HC * Cls::WC>(m);
     const int rem = static_cast<int>(m - n * (Cls::HC * Cls::WC));
-    const int hh = rem / Cls::WC, ww = rem - (rem / Cls::WC) * Cls::WC;
+    const int hh = udiv<Cls::WC>(rem), ww = rem - hh * Cls::WC;
     return Origin{hh * SH + Cls::CH + PH, ww * SW + Cls::CW + PW, n * (static_cast<long long>(P) * Q * K)};
   }
   __device__ __forceinline__ GatherDy(const T* dy_, long long tile_m_, long long m_total_)
@@ -444,13 +455,13 @@ struct GatherDy : ReadAs<half_t, 8> {
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = (Cls::RED <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
-    const int tap = kk / K, kc = kk - tap * K;
-    const int ri = tap / Cls::NS, si = tap - ri * Cls::NS;
+    const int tap = udiv<K>(kk), kc = kk - tap * K;
+    const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
     const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
     const int th = o.th0 - r * DH, tw = o.tw0 - s * DW;  // multiples of SH, SW by the class
-    const int p = th / SH, q = tw / SW;
+    const int p = udiv<SH>(th), q = udiv<SW>(tw);  // used only where th, tw >= 0
     ok = kk < Cls::RED && th >= 0 && tw >= 0 && p < P && q < Q;
     return ok ? dy + o.image + (static_cast<long long>(p) * Q + q) * K + kc : dy;
   }
@@ -472,8 +483,8 @@ struct GatherW : ReadAs<half_t, 8> {
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = kt * BK + Map::row(i);
     const int c = tile_n + Map::col(i);
-    const int tap = kk / K, kc = kk - tap * K;
-    const int ri = tap / Cls::NS, si = tap - ri * Cls::NS;
+    const int tap = udiv<K>(kk), kc = kk - tap * K;
+    const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
     const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
     ok = kk < Cls::RED && c < C;
     return ok ? w + (static_cast<long long>(kc) * (R * S) + r * S + s) * C + c : w;
