@@ -2,6 +2,8 @@
 
 CI runs the derandomized ``ci`` profile (fixed examples, no deadline) so a run is
 repeatable; ``HYPOTHESIS_PROFILE=gpu-wide`` is the wide random profile for the GPU.
+``HYPOTHESIS_MAX_EXAMPLES`` sets the wide profile's example count (default 400), so a
+run can be fitted to the GPU time at hand.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "gpu-wide", derandomize=False, deadline=None, max_examples=400, print_blob=True,
+    "gpu-wide", derandomize=False, deadline=None, max_examples=int(os.environ.get("HYPOTHESIS_MAX_EXAMPLES", "400")),
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
