@@ -296,6 +296,41 @@ def test_cuda_with_cp_async_uses_it_for_vector_fp16_gathers(sources):
         assert "nvcuda::wmma" in code and "rocwmma" not in code, name
 
 
+def test_scalar_im2col_gathers_own_whole_rows(sources):
+    """A scalar gather of im2col (fprop/dgrad A, wgrad B) uses RowMap whenever its threads tile
+    the rows evenly; vector gathers, and w's gathers, keep the per-vector TileMap."""
+    seen = 0
+    for name, spec in CASES:
+        code = code_only(sources[name].source)
+        p, plan_ = spec.pass_, spec.plan
+        threads = plan_.warps * spec.target.warp_size
+        vec, rows, cols, rowmap = (
+            (plan_.vec_b, plan_.block_k, plan_.block_n, "RowMap<BK, BN>") if p is Pass.WGRAD
+            else (plan_.vec_a, plan_.block_m, plan_.block_k, "RowMap<BM, BK>"))
+        fits = threads % rows == 0 and cols % (threads // rows) == 0 if threads >= rows else rows % threads == 0
+        assert (rowmap in code) == (vec == 1 and fits), name
+        assert code.count("RowMap<") == (rowmap in code), name  # used by at most one gather
+        seen += rowmap in code
+    assert seen >= 8  # the C=3 layers and the forced-scalar variants
+
+
+@pytest.mark.parametrize("name, spec", CASES[::2], ids=IDS[::2])
+def test_epilogue_strip_fits_the_warp_and_the_scratch(name, spec, sources):
+    """DRAIN_G fragments drained side by side: a divisor of the warp's fragment columns, at most
+    4 (one 128-byte fp16 row), and its scratch counted in the shared memory the launch asks for."""
+    from convgen.planner import EPI_PAD, FRAG, drain_group
+
+    code = sources[name].source
+    g = constant(code, "DRAIN_G")
+    fn = spec.plan.block_n // spec.plan.warps_n // FRAG
+    assert g == drain_group(spec.plan, spec.target.warp_size)
+    assert fn % g == 0 and 1 <= g <= 4
+    if fn % 4 == 0 and spec.target.warp_size == 32:
+        assert g == 4, "a warp 4+ fragments wide drains 128-byte rows"
+    scratch = spec.plan.warps * FRAG * (FRAG * g + EPI_PAD) * 4
+    assert sources[name].main.shared_mem >= scratch
+
+
 # --------------------------------------------------------------------------- manifest
 
 

@@ -41,6 +41,23 @@ def test_candidates_cover_an_exact_fit_for_awkward_n():
     assert any(c.block_n == 144 for c in cands)
 
 
+def test_split_k_candidates_reach_four_waves_and_many_slices():
+    """With one output tile and a long reduction (CIFAR-ResNet shortcut wgrad: 32 x 16 outputs,
+    N*P*Q = 65536), the candidates offer one, two and four waves of slices, up to MAX_SPLIT."""
+    problem = SUITES["cifar-resnet"][0].problem  # conv1 wgrad: 16 x 27 outputs, 262144 pixels
+    cands = tune.candidates(problem, Pass.WGRAD, Target("sm_90"), limit=100)
+    splits = {c.split_k for c in cands}
+    assert {132, 264, tune.MAX_SPLIT} <= splits, splits
+    assert max(splits) <= tune.MAX_SPLIT
+
+
+def test_split_k_candidates_for_fprop_when_tiles_fill_under_two_waves():
+    # CIFAR-VGG conv3 dgrad: 256 tiles of 64 x 64 (under 2 x 132) and 18 K-steps of 64.
+    problem = SUITES["cifar-vgg"][2].problem
+    cands = tune.candidates(problem, Pass.DGRAD, Target("sm_90"), limit=100)
+    assert any(c.split_k > 1 and (c.block_m, c.block_n) == (64, 64) for c in cands)
+
+
 def _db_entry(problem: ConvProblem, pass_: Pass, p: Plan) -> tuple[str, dict]:
     key = tune.tune_key(problem.geometry, pass_, "float16", "sm_90")
     return key, {"plan": p.as_dict(), "us": 10.0, "default_us": 12.0, "shape": problem.as_dict(), "pass": pass_.value}
