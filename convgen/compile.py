@@ -98,7 +98,7 @@ __all__ = [
 
 #: Bumped whenever the entry layout or the key recipe changes: old entries then
 #: simply miss (their key differs) and are never misread.
-FORMAT_TAG = 1
+FORMAT_TAG = 2  # 2: binaries are whole ELF files (see _whole_elf); 1-entries are rebuilt
 _MAGIC = b"CVGNBIN\0"
 # magic, format tag, arch length, payload sha256, payload length; then arch bytes, payload.
 _HEADER = struct.Struct("<8sIH32sQ")
@@ -365,6 +365,25 @@ def _dump_failed(source: str, name: str, log: str) -> Path:
     return Path(tempfile.gettempdir()) / f"{digest}-{safe}"  # pragma: no cover - no writable dir
 
 
+def _whole_elf(binary: bytes) -> bytes:
+    """`binary` with the byte CuPy's ``getCUBIN`` drops restored.
+
+    CuPy returns the binary less its last byte, as if it were NUL-terminated text like
+    PTX.  The driver still loads it, because it reads one byte past the end and finds
+    the NUL that follows every Python bytes object.  But the file is not a valid ELF,
+    and tools such as ``cuobjdump`` reject it.  When the ELF header proves the file is
+    exactly one byte longer than what we got, the byte is put back.  It is the last
+    byte of the program- or section-header table, the top byte of an alignment or
+    entry size, so it is zero, the same byte the driver was reading.
+    """
+    if len(binary) < 64 or binary[:4] != b"\x7fELF" or binary[4] != 2 or binary[5] != 1:
+        return binary  # not a 64-bit little-endian ELF: leave it alone
+    phoff, shoff = struct.unpack_from("<QQ", binary, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", binary, 0x36)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    return binary + b"\0" if end == len(binary) + 1 else binary
+
+
 def _nvrtc_compile(source: str, name: str, options: list[str]) -> tuple[bytes | None, str]:
     """One NVRTC (or hiprtc) run: (binary or None on failure, log)."""
     nvrtc = _nvrtc()
@@ -374,7 +393,7 @@ def _nvrtc_compile(source: str, name: str, options: list[str]) -> tuple[bytes | 
             nvrtc.compileProgram(prog, options)
         except nvrtc.NVRTCError:
             return None, nvrtc.getProgramLog(prog)
-        return nvrtc.getCUBIN(prog), nvrtc.getProgramLog(prog)
+        return _whole_elf(nvrtc.getCUBIN(prog)), nvrtc.getProgramLog(prog)
     finally:
         nvrtc.destroyProgram(prog)
 
