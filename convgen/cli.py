@@ -1,4 +1,4 @@
-"""The `convgen` command: emit, plan and list suites (bench and tune live in their own modules).
+"""The `convgen` command: emit, plan and list suites (bench, tune and sass live in their own modules).
 
 Bad user input ends in one line on stderr and exit status 2, never a traceback.
 """
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("suites", help="list the built-in suites and their layers")
     p.set_defaults(func=cmd_suites)
 
-    for module in ("convgen.bench", "convgen.tune"):  # commands that live in their own modules
+    for module in ("convgen.bench", "convgen.tune", "convgen.sass"):  # commands that live in their own modules
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
