@@ -365,6 +365,16 @@ def _dump_failed(source: str, name: str, log: str) -> Path:
     return Path(tempfile.gettempdir()) / f"{digest}-{safe}"  # pragma: no cover - no writable dir
 
 
+def _elf_extent(binary: bytes) -> int | None:
+    """Where a 64-bit little-endian ELF's header says the file ends (past its program- or
+    section-header table), or None for anything else."""
+    if len(binary) < 64 or binary[:4] != b"\x7fELF" or binary[4] != 2 or binary[5] != 1:
+        return None
+    phoff, shoff = struct.unpack_from("<QQ", binary, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", binary, 0x36)
+    return max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+
+
 def _whole_elf(binary: bytes) -> bytes:
     """`binary` with the byte CuPy's ``getCUBIN`` drops restored.
 
@@ -376,11 +386,7 @@ def _whole_elf(binary: bytes) -> bytes:
     byte of the program- or section-header table, the top byte of an alignment or
     entry size, so it is zero, the same byte the driver was reading.
     """
-    if len(binary) < 64 or binary[:4] != b"\x7fELF" or binary[4] != 2 or binary[5] != 1:
-        return binary  # not a 64-bit little-endian ELF: leave it alone
-    phoff, shoff = struct.unpack_from("<QQ", binary, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", binary, 0x36)
-    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    end = _elf_extent(binary)  # None (not an ELF we know): left alone
     return binary + b"\0" if end == len(binary) + 1 else binary
 
 

@@ -97,21 +97,12 @@ def test_wmma_compiles_to_cubin_without_gpu(arch):
     assert b"wmma16" in binary
 
 
-def _elf_extent(binary: bytes) -> int:
-    """Where the ELF header says the file ends: past its program- or section-header table."""
-    import struct
-
-    phoff, shoff = struct.unpack_from("<QQ", binary, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", binary, 0x36)
-    return max(phoff + phentsize * phnum, shoff + shentsize * shnum)
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cubin_is_a_whole_elf_file(arch):
     """CuPy's getCUBIN drops the binary's last byte; compile_binary must return every byte the
     ELF header accounts for (cuobjdump and nvdisasm refuse a file one byte short)."""
     binary = cc.compile_binary(WMMA_SRC, arch=arch)
-    assert _elf_extent(binary) == len(binary)
+    assert cc._elf_extent(binary) == len(binary)
 
 
 def test_whole_elf_restores_exactly_one_missing_byte():
