@@ -22,6 +22,7 @@ class Backend:
     warp_size: int
     cp_async: bool  # asynchronous global->shared copies (sm_80+)
     warp_sync: str  # orders a warp's shared-memory writes before its lanes read them
+    ptx_store16: bool  # 16-byte global stores written in PTX (NVVM splits some uint4 stores)
 
     @property
     def extern_shared(self) -> str:
@@ -39,6 +40,7 @@ def backend_for(target: Target) -> Backend:
             warp_size=target.warp_size,
             cp_async=target.info.cp_async,
             warp_sync="__syncwarp()",
+            ptx_store16=True,
         )
     return Backend(
         name="hip",
@@ -58,4 +60,5 @@ def backend_for(target: Target) -> Backend:
             "__builtin_amdgcn_wave_barrier(), "
             '__builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"))'
         ),
+        ptx_store16=False,
     )

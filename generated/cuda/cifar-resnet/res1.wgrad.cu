@@ -317,23 +317,31 @@ template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ half_t from_float<half_t>(float v) { return __float2half_rn(v); }
 
+// One 16-byte global store.
+__device__ __forceinline__ void store16(void* p, const uint4& w) {
+  // In PTX: NVVM splits a uint4 store whose words come from fp16 conversions into four
+  // 4-byte stores (seen with NVRTC 13 for sm_90), which quadruples the epilogue's stores.
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+}
+
 // Stores EPT values at out[0..EPT) (columns col..col+EPT of an N-wide row).
 template <typename OutT>
 __device__ __forceinline__ void store_run(OutT* out, const float (&v)[EPT], int col, int n_cols) {
   if ((n_cols % EPT) == 0) {  // whole run in or out; aligned: one wide store
     if (col >= n_cols) return;
-    OutT tmp[EPT];
-#pragma unroll
-    for (int e = 0; e < EPT; ++e) tmp[e] = from_float<OutT>(v[e]);
     constexpr int BYTES = EPT * static_cast<int>(sizeof(OutT));
+    union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[EPT]; };  // the run as vector words
+    Words tmp;
+#pragma unroll
+    for (int e = 0; e < EPT; ++e) tmp.e[e] = from_float<OutT>(v[e]);
     if constexpr (BYTES % 16 == 0) {
 #pragma unroll
-      for (int b = 0; b < BYTES / 16; ++b) reinterpret_cast<uint4*>(out)[b] = reinterpret_cast<const uint4*>(tmp)[b];
+      for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
     } else if constexpr (BYTES == 8) {
-      *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(tmp);
+      *reinterpret_cast<uint2*>(out) = tmp.w8;
     } else {
 #pragma unroll
-      for (int e = 0; e < EPT; ++e) out[e] = tmp[e];
+      for (int e = 0; e < EPT; ++e) out[e] = tmp.e[e];
     }
   } else {
 #pragma unroll
