@@ -150,7 +150,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "bias_add": spec.epilogue.bias and p is Pass.FPROP,
         "relu": spec.epilogue.relu,
         "db": spec.epilogue.bias and p is Pass.WGRAD,
-        "reduce_ways": REDUCE_WAYS,
+        "reduce_rows": REDUCE_ROWS,
     }
 
 
@@ -174,8 +174,8 @@ def _args(spec: KernelSpec, k: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
     return main, reduce
 
 
-REDUCE_WAYS = 8  # rows of a reduction block, each summing every RED_WAYS-th slice
-REDUCE_BLOCK = (32, REDUCE_WAYS, 1)  # 32 outputs (one coalesced 128-byte row) per block
+REDUCE_ROWS = 8  # rows of a reduction block; an output gets up to this many, one per slice residue
+REDUCE_BLOCK = (32, REDUCE_ROWS, 1)  # 32 outputs (one coalesced 128-byte row) per block
 
 
 def emit(spec: KernelSpec) -> KernelSource:

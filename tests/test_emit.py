@@ -199,8 +199,8 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     if ks.reduce:
         assert ks.reduce.kernel == spec.name + "_reduce"
         bounds, params = sigs[ks.reduce.kernel]
-        assert ks.reduce.block == REDUCE_BLOCK and bounds == "32 * RED_WAYS"
-        assert constant(src, "RED_WAYS") == REDUCE_BLOCK[1] and REDUCE_BLOCK[0] == 32
+        assert ks.reduce.block == REDUCE_BLOCK and bounds == "32 * RED_ROWS"
+        assert constant(src, "RED_ROWS") == REDUCE_BLOCK[1] and REDUCE_BLOCK[0] == 32
         assert ks.reduce.shared_mem == 0 and ks.reduce.grid_fixed > 0
         _check_params(spec, ks.reduce.args, params, reduce=True)
 

@@ -507,56 +507,64 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_32x32_c3_k16
 }
 
 // Split-K: slice z wrote its partial tile to workspace[z][M][N]; the slices are summed
-// here.  A block is 32 outputs x RED_WAYS rows: row y sums slices y, y + RED_WAYS, ...
-// into RED_ACCS independent sums (so many loads are in flight, not one chain of
-// `slices` dependent ones), then row 0 adds the rows' partials and applies the epilogue.
-// The order of every sum is fixed, so results are bit-identical from run to run.
+// here.  A block is RED_ROWS rows of 32 lanes; each output gets `ways` rows (as many as
+// there are slices, up to RED_ROWS), so with few slices a block covers more outputs.
+// Row y of an output sums slices y, y + ways, ... into RED_ACCS independent sums (many
+// loads in flight, not one chain of `slices` dependent ones); the output's first row then
+// adds its rows' partials in order and applies the epilogue.  The order of every sum
+// depends only on `slices`, so results are bit-identical from run to run.
 // db is reduced the same way from db_workspace[z][K].
-constexpr int RED_WAYS = 8, RED_ACCS = 4;
+constexpr int RED_ROWS = 8, RED_ACCS = 4;
 
-// Row threadIdx.y's share of sum_z part[z * stride] (the caller adds the rows).
-__device__ __forceinline__ float slice_sum(const float* __restrict__ part, long long stride, int slices) {
+// Rows per output: the largest power of two that is at most `slices` and RED_ROWS.
+__device__ __forceinline__ int red_ways(int slices) {
+  int ways = 1;
+  while (ways * 2 <= slices && ways * 2 <= RED_ROWS) ways *= 2;
+  return ways;
+}
+
+// Row y's share of sum_z part[z * stride] when each output has `ways` rows.
+__device__ __forceinline__ float slice_sum(const float* __restrict__ part, long long stride, int slices, int y, int ways) {
   float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-  int z = static_cast<int>(threadIdx.y);
-  for (; z + 3 * RED_WAYS < slices; z += RED_ACCS * RED_WAYS) {
+  int z = y;
+  for (; z + 3 * ways < slices; z += RED_ACCS * ways) {
     a0 += part[z * stride];
-    a1 += part[(z + RED_WAYS) * stride];
-    a2 += part[(z + 2 * RED_WAYS) * stride];
-    a3 += part[(z + 3 * RED_WAYS) * stride];
+    a1 += part[(z + ways) * stride];
+    a2 += part[(z + 2 * ways) * stride];
+    a3 += part[(z + 3 * ways) * stride];
   }
   if (z < slices) a0 += part[z * stride];
-  if (z + RED_WAYS < slices) a1 += part[(z + RED_WAYS) * stride];
-  if (z + 2 * RED_WAYS < slices) a2 += part[(z + 2 * RED_WAYS) * stride];
+  if (z + ways < slices) a1 += part[(z + ways) * stride];
+  if (z + 2 * ways < slices) a2 += part[(z + 2 * ways) * stride];
   return (a0 + a1) + (a2 + a3);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * RED_WAYS) convgen_wgrad_32x32_c3_k16_3x3_s11_p11_d11_aeb1e0de_reduce(
+// Sums `total` outputs of `part` over its slices, handing each sum to `finish(idx, acc)`.
+template <typename Index, class Finish>
+__device__ __forceinline__ void reduce_slices(const float* __restrict__ part, Index total, int slices,
+                                              float (&rows)[RED_ROWS][32], Finish finish) {
+  const int ways = red_ways(slices);
+  const int group = static_cast<int>(threadIdx.y) / ways, y = static_cast<int>(threadIdx.y) % ways;
+  const Index per_block = static_cast<Index>(32 * (RED_ROWS / ways));
+  for (Index base = static_cast<Index>(blockIdx.x) * per_block; base < total; base += static_cast<Index>(gridDim.x) * per_block) {
+    const Index idx = base + group * 32 + static_cast<Index>(threadIdx.x);
+    rows[threadIdx.y][threadIdx.x] = idx < total ? slice_sum(part + idx, total, slices, y, ways) : 0.0f;
+    __syncthreads();
+    if (y == 0 && idx < total) {
+      float acc = rows[threadIdx.y][threadIdx.x];
+      for (int j = 1; j < ways; ++j) acc += rows[threadIdx.y + j][threadIdx.x];
+      finish(idx, acc);
+    }
+    __syncthreads();
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_32x32_c3_k16_3x3_s11_p11_d11_aeb1e0de_reduce(
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows, int slices) {
-  __shared__ float rows[RED_WAYS][32];
-  const long long total = m_rows * GEMM_N;
-  for (long long base = static_cast<long long>(blockIdx.x) * 32; base < total; base += static_cast<long long>(gridDim.x) * 32) {
-    const long long idx = base + threadIdx.x;
-    rows[threadIdx.y][threadIdx.x] = idx < total ? slice_sum(workspace + idx, total, slices) : 0.0f;
-    __syncthreads();
-    if (threadIdx.y == 0 && idx < total) {
-      float acc = rows[0][threadIdx.x];
-#pragma unroll
-      for (int y = 1; y < RED_WAYS; ++y) acc += rows[y][threadIdx.x];
-      out[idx] = from_float<half_t>(acc);
-    }
-    __syncthreads();
-  }
-  for (int base = static_cast<int>(blockIdx.x) * 32; base < K; base += static_cast<int>(gridDim.x) * 32) {
-    const int idx = base + static_cast<int>(threadIdx.x);
-    rows[threadIdx.y][threadIdx.x] = idx < K ? slice_sum(db_workspace + idx, K, slices) : 0.0f;
-    __syncthreads();
-    if (threadIdx.y == 0 && idx < K) {
-      float acc = rows[0][threadIdx.x];
-#pragma unroll
-      for (int y = 1; y < RED_WAYS; ++y) acc += rows[y][threadIdx.x];
-      db[idx] = from_float<half_t>(acc);
-    }
-    __syncthreads();
-  }
+  __shared__ float rows[RED_ROWS][32];
+  reduce_slices(workspace, m_rows * GEMM_N, slices, rows, [&](long long idx, float acc) {
+    out[idx] = from_float<half_t>(acc);
+  });
+  reduce_slices(db_workspace, K, slices, rows, [&](int idx, float acc) { db[idx] = from_float<half_t>(acc); });
 }
