@@ -446,7 +446,12 @@ struct GatherDy : ReadAs<half_t, 8> {
   static constexpr bool HOIST = Map::ROW_SLOTS <= HOIST_LIMIT;
   const T* dy;
   long long tile_m, m_total;
-  struct Origin { int th0, tw0; long long image; };  // h + PH, w + PW, offset of image n in dy
+  // The taps of a class step by TR.step rows and TS.step columns, which moves the dy pixel
+  // read by PSTEP rows and QSTEP columns.
+  static constexpr int PSTEP = Cls::TR.step * DH / SH, QSTEP = Cls::TS.step * DW / SW;
+  // dy's pixel (p0, q0) under the class's first tap, and its element offset in dy.  It may
+  // lie outside dy; it is only ever used with a tap that brings it back inside.
+  struct Origin { int p0, q0; long long off; };
   Origin hoisted[HOIST ? Map::ROW_SLOTS : 1];
 
   __device__ __forceinline__ Origin origin(int i) const {
@@ -455,7 +460,10 @@ struct GatherDy : ReadAs<half_t, 8> {
     const long long n = udiv64<Cls::HC * Cls::WC>(m);
     const int rem = static_cast<int>(m - n * (Cls::HC * Cls::WC));
     const int hh = udiv<Cls::WC>(rem), ww = rem - hh * Cls::WC;
-    return Origin{hh * SH + Cls::CH + PH, ww * SW + Cls::CW + PW, n * (static_cast<long long>(P) * Q * K)};
+    // Exact divisions: the class makes h + PH - first*DH a multiple of SH (likewise for w).
+    const int p0 = (hh * SH + Cls::CH + PH - Cls::TR.first * DH) / SH;
+    const int q0 = (ww * SW + Cls::CW + PW - Cls::TS.first * DW) / SW;
+    return Origin{p0, q0, n * (static_cast<long long>(P) * Q * K) + (static_cast<long long>(p0) * Q + q0) * K};
   }
   __device__ __forceinline__ GatherDy(const T* dy_, long long tile_m_, long long m_total_)
       : dy(dy_), tile_m(tile_m_), m_total(m_total_) {
@@ -470,13 +478,14 @@ struct GatherDy : ReadAs<half_t, 8> {
     const int kk = (Cls::RED <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
     const int tap = udiv<K>(kk), kc = kk - tap * K;
     const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
-    const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
-    const int th = o.th0 - r * DH, tw = o.tw0 - s * DW;  // multiples of SH, SW by the class
-    const int p = udiv<SH>(th), q = udiv<SW>(tw);  // used only where th, tw >= 0
-    ok = kk < Cls::RED && th >= 0 && tw >= 0 && p < P && q < Q;
-    return ok ? dy + o.image + (static_cast<long long>(p) * Q + q) * K + kc : dy;
+    const int dp = ri * PSTEP, dq = si * QSTEP;
+    // Unsigned compares: a negative row or column wraps to a huge one and fails too.
+    ok = kk < Cls::RED && static_cast<unsigned>(o.p0 - dp) < static_cast<unsigned>(P) &&
+         static_cast<unsigned>(o.q0 - dq) < static_cast<unsigned>(Q);
+    // The tap's offset depends on the column only: computed once for all of a thread's rows.
+    return ok ? dy + (o.off + (kc - static_cast<long long>(dp * Q + dq) * K)) : dy;
   }
 };
 

@@ -441,7 +441,8 @@ struct GatherX : ReadAs<half_t, 8> {
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
     const int ih = o.ih0 + r * DH, iw = o.iw0 + s * DW;
-    ok = kk < RSC && ih >= 0 && ih < H && iw >= 0 && iw < W;
+    // Unsigned compares: a negative row or column wraps to a huge one and fails too.
+    ok = kk < RSC && static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W);
     return ok ? x + o.image + (static_cast<long long>(ih) * W + iw) * C + c : x;
   }
 };
