@@ -30,19 +30,18 @@ class Launch:
     """One kernel launch of a convolution call, with its grid as a function of the batch."""
 
     kernel: str
-    args: tuple[str, ...]  # argument names, in order; "batch", "m_rows", "slices" are ints
+    args: tuple[str, ...]  # argument names, in order; "batch" and "m_rows" are ints
     block: tuple[int, int, int]
     shared_mem: int
     # grid.x = grid_groups * ceil(rows / grid_m_tile), rows = batch * grid_rows_per_image
     # (or grid_fixed_rows when the GEMM's M does not scale with the batch).  dgrad has one
-    # group per stride residue class.  grid_fixed != 0: a fixed 1-D grid (the reduction).
+    # group per stride residue class.  The split-K reduction's "rows" are its outputs.
     grid_m_tile: int
     grid_n_tiles: int
     grid_z: int
     grid_rows_per_image: int = 0
     grid_fixed_rows: int = 0
     grid_groups: int = 1
-    grid_fixed: int = 0
 
     def grid_x(self, batch: int) -> int:
         rows = batch * self.grid_rows_per_image if self.grid_rows_per_image else self.grid_fixed_rows
@@ -84,14 +83,12 @@ class KernelSource:
                 {
                     "name": l.kernel, "args": list(l.args), "block": list(l.block),
                     "shared_mem": l.shared_mem,
-                    "grid": (
-                        {"fixed": l.grid_fixed} if l.grid_fixed else {
-                            "x": (f"{l.grid_groups} * " if l.grid_groups > 1 else "")
-                            + (f"ceil(batch * {l.grid_rows_per_image} / {l.grid_m_tile})" if l.grid_rows_per_image
-                               else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"),
-                            "y": l.grid_n_tiles, "z": l.grid_z,
-                        }
-                    ),
+                    "grid": {
+                        "x": (f"{l.grid_groups} * " if l.grid_groups > 1 else "")
+                        + (f"ceil(batch * {l.grid_rows_per_image} / {l.grid_m_tile})" if l.grid_rows_per_image
+                           else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"),
+                        "y": l.grid_n_tiles, "z": l.grid_z,
+                    },
                 }
                 for l in launches
             ],
@@ -151,6 +148,9 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "relu": spec.epilogue.relu,
         "db": spec.epilogue.bias and p is Pass.WGRAD,
         "reduce_rows": REDUCE_ROWS,
+        "reduce_ways": reduce_ways(plan.split_k),
+        "reduce_vec": reduce_vec(gemm.n),
+        "reduce_db_vec": reduce_vec(spec.geometry.k),
     }
 
 
@@ -169,13 +169,32 @@ def _args(spec: KernelSpec, k: dict[str, Any]) -> tuple[tuple[str, ...], tuple[s
         return main, None
     reduce = (
         ("workspace",) + (("bias",) if k["bias_add"] else ()) + (out,)
-        + (("db_workspace", "db") if k["db"] else ()) + ("m_rows", "slices")
+        + (("db_workspace", "db") if k["db"] else ()) + ("m_rows",)
     )
     return main, reduce
 
 
 REDUCE_ROWS = 8  # rows of a reduction block; an output gets up to this many, one per slice residue
-REDUCE_BLOCK = (32, REDUCE_ROWS, 1)  # 32 outputs (one coalesced 128-byte row) per block
+REDUCE_BLOCK = (32, REDUCE_ROWS, 1)  # 32 lanes side by side: coalesced rows of the workspace
+
+
+def reduce_ways(slices: int) -> int:
+    """Rows of the reduction block per output: one per slice up to REDUCE_ROWS (powers of
+    two), so that a few slices leave no row idle and many keep 8 x 4 loads in flight."""
+    ways = 1
+    while ways * 2 <= min(slices, REDUCE_ROWS):
+        ways *= 2
+    return ways
+
+
+def reduce_vec(n: int) -> int:
+    """Outputs a reduction thread sums: 4 (one 16-byte load per slice) when runs of 4 never
+    straddle a row of N and every slice stays 16-byte aligned."""
+    return 4 if n % 4 == 0 else 1
+
+
+def reduce_outputs_per_block(split_k: int, n: int) -> int:
+    return REDUCE_BLOCK[0] * reduce_vec(n) * (REDUCE_ROWS // reduce_ways(split_k))
 
 
 def emit(spec: KernelSpec) -> KernelSource:
@@ -210,9 +229,13 @@ def emit(spec: KernelSpec) -> KernelSource:
     )
     reduce = None
     if reduce_args:
+        # One block per run of outputs, so every load of the reduction is issued at once;
+        # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).
+        outputs = g.gemm(spec.pass_, 1).m * gemm_n
+        per_image = dict(grid_fixed_rows=outputs) if spec.pass_ is Pass.WGRAD else dict(grid_rows_per_image=outputs)
         reduce = Launch(
             kernel=k["reduce_name"], args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
-            grid_m_tile=0, grid_n_tiles=1, grid_z=1, grid_fixed=8 * spec.target.sm_count,
+            grid_m_tile=reduce_outputs_per_block(plan.split_k, gemm_n), grid_n_tiles=1, grid_z=1, **per_image,
         )
     return KernelSource(
         spec=spec,

@@ -178,9 +178,7 @@ def _launch(k: _Kernel, batch: int, args: dict[str, Any]) -> None:
     k.main(grid, main.block, tuple(args[a] for a in main.args), shared_mem=main.shared_mem)
     if k.reduce is not None:
         args["m_rows"] = np.int64(m)
-        args["slices"] = np.int32(grid[2])
-        blocks = max(1, min(src.reduce.grid_fixed, -(-(m * k.gemm_n) // src.reduce.block[0])))
-        k.reduce((blocks, 1, 1), src.reduce.block, tuple(args[a] for a in src.reduce.args))
+        k.reduce((src.reduce.grid_x(batch), 1, 1), src.reduce.block, tuple(args[a] for a in src.reduce.args))
 
 
 def _problem(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: PairLike,

@@ -116,10 +116,9 @@ def main(argv=None) -> int:
           + ("  (> 48 KiB: the launcher opts in)" if main_.shared_mem > 48 * 1024 else ""))
     if src.reduce is not None:
         red = src.reduce
-        total = gemm.m * gemm.n
-        blocks = max(1, min(red.grid_fixed, -(-total // red.block[0])))
         print(f"   split-K reduction  {red.kernel}")
-        print(f"           args ({', '.join(red.args)}), grid ({blocks}, 1, 1), block {red.block}")
+        print(f"           args ({', '.join(red.args)}), grid ({red.grid_x(n)}, 1, 1) = "
+              f"ceil({gemm.m * gemm.n} outputs / {red.grid_m_tile} per block), block {red.block}")
         print(f"           fp32 workspace {src.workspace_elems(n)} elements = {src.workspace_elems(n) * 4 / 2**20:.2f} MiB")
     else:
         print("   no split-K: one launch, no workspace")

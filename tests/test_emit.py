@@ -201,7 +201,15 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
         bounds, params = sigs[ks.reduce.kernel]
         assert ks.reduce.block == REDUCE_BLOCK and bounds == "32 * RED_ROWS"
         assert constant(src, "RED_ROWS") == REDUCE_BLOCK[1] and REDUCE_BLOCK[0] == 32
-        assert ks.reduce.shared_mem == 0 and ks.reduce.grid_fixed > 0
+        assert ks.reduce.shared_mem == 0
+        # One block per run of outputs: the grid covers all M x N sums for any batch.
+        for batch in (1, 3):
+            gemm = spec.geometry.gemm(spec.pass_, batch)
+            assert (ks.reduce.grid_x(batch) - 1) * ks.reduce.grid_m_tile < gemm.m * gemm.n <= ks.reduce.grid_x(batch) * ks.reduce.grid_m_tile
+        ways, vec = constant(src, "RED_WAYS"), constant(src, "RED_V")
+        assert ways == min(8, 1 << (spec.plan.split_k.bit_length() - 1)) and vec == (4 if gemm.n % 4 == 0 else 1)
+        assert ks.reduce.grid_m_tile == 32 * vec * (REDUCE_BLOCK[1] // ways)
+        assert constant(src, "SLICES") == spec.plan.split_k
         _check_params(spec, ks.reduce.args, params, reduce=True)
 
 
@@ -215,7 +223,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
     expected = {
         a_name: f"const {ta}*", b_name: f"const {tb}*", "bias": "const float*",
         out_name: f"{out_t}*", "db": f"{out_t}*", "workspace": "float*", "db_workspace": "float*",
-        "batch": "int", "m_rows": "long long", "slices": "int",
+        "batch": "int", "m_rows": "long long",
     }
     if reduce:
         expected["workspace"] = expected["db_workspace"] = "const float*"
@@ -350,7 +358,9 @@ def test_manifest_entry_is_json(name, spec, sources):
     assert main["shared_mem"] == ks.main.shared_mem
     assert main["grid"] == {"x": expected_grid_x(spec), "y": ks.main.grid_n_tiles, "z": spec.plan.split_k}
     if ks.reduce:
-        assert entry["kernels"][1]["grid"] == {"fixed": ks.reduce.grid_fixed}
+        gemm = spec.geometry.gemm(spec.pass_, 1)
+        rows = f"{gemm.m * gemm.n}" if spec.pass_ is Pass.WGRAD else f"batch * {gemm.m * gemm.n}"
+        assert entry["kernels"][1]["grid"] == {"x": f"ceil({rows} / {ks.reduce.grid_m_tile})", "y": 1, "z": 1}
 
 
 # --------------------------------------------------------------------------- the template environment
