@@ -46,6 +46,10 @@ EXACT_SHAPES = [
     ConvProblem(17, 9, 5, 7, 5, 4, 1, (2, 1), 1, n=2),
     ConvProblem(10, 10, 64, 48, 3, 3, 3, 3, 2, n=2),
     ConvProblem(7, 7, 136, 8, 7, 7, 1, 3, 1, n=1),
+    # 1x1, stride 1, no padding: the gathers' plain-GEMM (POINTWISE) path, with tails in
+    # M (189 pixels), in C (40: not a whole K-step) and in K; then a scalar one (C = 5).
+    ConvProblem(7, 9, 40, 24, 1, 1, 1, 0, 1, n=3),
+    ConvProblem(6, 5, 5, 7, 1, 1, 1, 0, 1, n=2),
 ]
 
 
