@@ -18,6 +18,9 @@ constexpr int R = 3, S = 3, P = 16, Q = 16;
 constexpr int SH = 1, SW = 1;
 constexpr int PH = 1, PW = 1;
 constexpr int DH = 1, DW = 1;
+// A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
+// gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
+constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
 
 // ---- plan ----
 constexpr int BM = 128, BN = 32, BK = 32;
@@ -457,6 +460,7 @@ struct GatherDy : ReadAs<half_t, 8> {
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
     if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past the class: every tap is out of bounds
+    if constexpr (POINTWISE) return Origin{0, 0, m * K};  // one class; pixel m reads row m of dy as [M][K]
     const long long n = udiv64<Cls::HC * Cls::WC>(m);
     const int rem = static_cast<int>(m - n * (Cls::HC * Cls::WC));
     const int hh = udiv<Cls::WC>(rem), ww = rem - hh * Cls::WC;
@@ -476,10 +480,14 @@ struct GatherDy : ReadAs<half_t, 8> {
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = (Cls::RED <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
-    const int tap = udiv<K>(kk), kc = kk - tap * K;
-    const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
+    if constexpr (POINTWISE) {  // a row past M has p0 < 0
+      ok = kk < K && o.p0 == 0;
+      return ok ? dy + o.off + kk : dy;
+    }
+    const int tap = udiv<K>(kk), kc = kk - tap * K;
+    const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
     const int dp = ri * PSTEP, dq = si * QSTEP;
     // Unsigned compares: a negative row or column wraps to a huge one and fails too.
     ok = kk < Cls::RED && static_cast<unsigned>(o.p0 - dp) < static_cast<unsigned>(P) &&
@@ -505,6 +513,10 @@ struct GatherW : ReadAs<half_t, 8> {
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = kt * BK + Map::row(i);
     const int c = tile_n + Map::col(i);
+    if constexpr (POINTWISE) {  // w viewed as [K][C]
+      ok = kk < K && c < C;
+      return ok ? w + static_cast<long long>(kk) * C + c : w;
+    }
     const int tap = udiv<K>(kk), kc = kk - tap * K;
     const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
     const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;

@@ -19,6 +19,9 @@ constexpr int R = 3, S = 3, P = 16, Q = 16;
 constexpr int SH = 2, SW = 2;
 constexpr int PH = 1, PW = 1;
 constexpr int DH = 1, DW = 1;
+// A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
+// gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
+constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
 
 // ---- plan ----
 constexpr int BM = 128, BN = 32, BK = 32;
@@ -413,6 +416,7 @@ struct GatherX : ReadAs<half_t, 8> {
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
     if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past M: every tap is out of bounds
+    if constexpr (POINTWISE) return Origin{0, 0, m * C};  // pixel m is row m of x viewed as [M][C]
     const long long n = udiv64<P * Q>(m);
     const int pq = static_cast<int>(m - n * (P * Q));
     const int p = udiv<Q>(pq), q = pq - p * Q;
@@ -429,10 +433,14 @@ struct GatherX : ReadAs<half_t, 8> {
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = (RSC <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
-    const int rs = udiv<C>(kk), c = kk - rs * C;
-    const int r = udiv<S>(rs), s = rs - r * S;
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
+    if constexpr (POINTWISE) {  // a row past M has ih0 < 0
+      ok = kk < C && o.ih0 == 0;
+      return ok ? x + o.image + kk : x;
+    }
+    const int rs = udiv<C>(kk), c = kk - rs * C;
+    const int r = udiv<S>(rs), s = rs - r * S;
     const int ih = o.ih0 + r * DH, iw = o.iw0 + s * DW;
     // Unsigned compares: a negative row or column wraps to a huge one and fails too.
     ok = kk < RSC && static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W);

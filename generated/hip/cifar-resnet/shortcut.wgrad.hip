@@ -19,6 +19,9 @@ constexpr int R = 1, S = 1, P = 16, Q = 16;
 constexpr int SH = 2, SW = 2;
 constexpr int PH = 0, PW = 0;
 constexpr int DH = 1, DW = 1;
+// A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
+// gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
+constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
 
 // ---- plan ----
 constexpr int BM = 32, BN = 16, BK = 64;
@@ -448,11 +451,15 @@ struct GatherX : ReadAs<half_t, 8> {
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDB + Map::col(i); }
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const long long npq = static_cast<long long>(kt) * BK + Map::row(i);
+    Tap t;
+    if constexpr (HOIST) t = hoisted[Map::col_slot(i)]; else t = tap(i);
+    if constexpr (POINTWISE) {  // pixel npq is row npq of x viewed as [N*P*Q][C]; a column past C has dh < 0
+      ok = npq < npq_total && t.dh == 0;
+      return ok ? x + npq * C + t.c : x;
+    }
     const long long n = udiv64<P * Q>(npq);
     const int pq = static_cast<int>(npq - n * (P * Q));
     const int p = udiv<Q>(pq), q = pq - p * Q;
-    Tap t;
-    if constexpr (HOIST) t = hoisted[Map::col_slot(i)]; else t = tap(i);
     const int ih = p * SH + t.dh, iw = q * SW + t.dw;
     ok = npq < npq_total && ih >= 0 && ih < H && iw >= 0 && iw < W;
     return ok ? x + ((n * H + ih) * W + iw) * C + t.c : x;
@@ -507,64 +514,111 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_32x32_c16_k3
 }
 
 // Split-K: slice z wrote its partial tile to workspace[z][M][N]; the slices are summed
-// here.  A block is RED_ROWS rows of 32 lanes; each output gets `ways` rows (as many as
-// there are slices, up to RED_ROWS), so with few slices a block covers more outputs.
-// Row y of an output sums slices y, y + ways, ... into RED_ACCS independent sums (many
-// loads in flight, not one chain of `slices` dependent ones); the output's first row then
-// adds its rows' partials in order and applies the epilogue.  The order of every sum
-// depends only on `slices`, so results are bit-identical from run to run.
-// db is reduced the same way from db_workspace[z][K].
-constexpr int RED_ROWS = 8, RED_ACCS = 4;
+// here, bandwidth-bound, so the launch covers every output at once (no serial walk) and a
+// thread reads RED_V outputs per slice as one vector.  A block is RED_ROWS rows of 32
+// lanes: each output gets RED_WAYS rows (one per slice residue), so with few slices a
+// block holds more outputs side by side.  Row y of an output sums slices y, y + RED_WAYS,
+// ... into RED_ACCS independent sums (many loads in flight, not one chain of SLICES
+// dependent ones); the output's first row then adds its rows' partials in order and
+// applies the epilogue.  Every sum's order depends only on SLICES, so results are
+// bit-identical from run to run.
+// db is reduced the same way from db_workspace[z][K], RED_DB_V outputs per thread.
+constexpr int SLICES = 64;
+constexpr int RED_ROWS = 8, RED_WAYS = 8, RED_ACCS = 4;
+constexpr int RED_V = 4;  // outputs per thread: 4 (one 16-byte load per slice) when N allows
+constexpr int RED_DB_V = 4;
+static_assert(RED_ROWS % RED_WAYS == 0 && GEMM_N % RED_V == 0, "reduction layout");
 
-// Rows per output: the largest power of two that is at most `slices` and RED_ROWS.
-__device__ __forceinline__ int red_ways(int slices) {
-  int ways = 1;
-  while (ways * 2 <= slices && ways * 2 <= RED_ROWS) ways *= 2;
-  return ways;
-}
+template <int V> struct Sum { float v[V]; };
 
-// Row y's share of sum_z part[z * stride] when each output has `ways` rows.
-__device__ __forceinline__ float slice_sum(const float* __restrict__ part, long long stride, int slices, int y, int ways) {
-  float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-  int z = y;
-  for (; z + 3 * ways < slices; z += RED_ACCS * ways) {
-    a0 += part[z * stride];
-    a1 += part[(z + ways) * stride];
-    a2 += part[(z + 2 * ways) * stride];
-    a3 += part[(z + 3 * ways) * stride];
+template <int V> __device__ __forceinline__ void add_slice(Sum<V>& s, const float* __restrict__ p) {
+  if constexpr (V == 4) {  // the launcher keeps every slice 16-byte aligned (N % 4 == 0)
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    s.v[0] += f.x; s.v[1] += f.y; s.v[2] += f.z; s.v[3] += f.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) s.v[e] += p[e];
   }
-  if (z < slices) a0 += part[z * stride];
-  if (z + ways < slices) a1 += part[(z + ways) * stride];
-  if (z + 2 * ways < slices) a2 += part[(z + 2 * ways) * stride];
-  return (a0 + a1) + (a2 + a3);
 }
 
-// Sums `total` outputs of `part` over its slices, handing each sum to `finish(idx, acc)`.
-template <typename Index, class Finish>
-__device__ __forceinline__ void reduce_slices(const float* __restrict__ part, Index total, int slices,
-                                              float (&rows)[RED_ROWS][32], Finish finish) {
-  const int ways = red_ways(slices);
-  const int group = static_cast<int>(threadIdx.y) / ways, y = static_cast<int>(threadIdx.y) % ways;
-  const Index per_block = static_cast<Index>(32 * (RED_ROWS / ways));
-  for (Index base = static_cast<Index>(blockIdx.x) * per_block; base < total; base += static_cast<Index>(gridDim.x) * per_block) {
-    const Index idx = base + group * 32 + static_cast<Index>(threadIdx.x);
-    rows[threadIdx.y][threadIdx.x] = idx < total ? slice_sum(part + idx, total, slices, y, ways) : 0.0f;
-    __syncthreads();
-    if (y == 0 && idx < total) {
-      float acc = rows[threadIdx.y][threadIdx.x];
-      for (int j = 1; j < ways; ++j) acc += rows[threadIdx.y + j][threadIdx.x];
-      finish(idx, acc);
+template <int V> __device__ __forceinline__ void add_sum(Sum<V>& s, const Sum<V>& t) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) s.v[e] += t.v[e];
+}
+
+// Row `way`'s share of sum_z part[z * stride .. + V).
+template <int V>
+__device__ __forceinline__ Sum<V> slice_sum(const float* __restrict__ part, long long stride, int way) {
+  Sum<V> a0{}, a1{}, a2{}, a3{};
+  int z = way;
+#pragma unroll 2
+  for (; z + 3 * RED_WAYS < SLICES; z += RED_ACCS * RED_WAYS) {
+    add_slice(a0, part + z * stride);
+    add_slice(a1, part + (z + RED_WAYS) * stride);
+    add_slice(a2, part + (z + 2 * RED_WAYS) * stride);
+    add_slice(a3, part + (z + 3 * RED_WAYS) * stride);
+  }
+  if (z < SLICES) add_slice(a0, part + z * stride);
+  if (z + RED_WAYS < SLICES) add_slice(a1, part + (z + RED_WAYS) * stride);
+  if (z + 2 * RED_WAYS < SLICES) add_slice(a2, part + (z + 2 * RED_WAYS) * stride);
+  add_sum(a0, a1);
+  add_sum(a2, a3);
+  add_sum(a0, a2);
+  return a0;
+}
+
+// Sums the `total` outputs of `part` (total % V == 0) over the slices, handing each run
+// of V sums to `finish(idx, sum)`.
+template <int V, class Finish>
+__device__ __forceinline__ void reduce_slices(const float* __restrict__ part, long long total,
+                                              float (&rows)[RED_ROWS][32 * 4], Finish finish) {
+  const int way = static_cast<int>(threadIdx.y) % RED_WAYS;
+  const int group = static_cast<int>(threadIdx.y) / RED_WAYS;
+  constexpr long long PER_BLOCK = 32LL * V * (RED_ROWS / RED_WAYS);
+  float* mine = &rows[threadIdx.y][threadIdx.x * V];
+  for (long long base = static_cast<long long>(blockIdx.x) * PER_BLOCK; base < total; base += static_cast<long long>(gridDim.x) * PER_BLOCK) {
+    const long long idx = base + static_cast<long long>(group * 32 + static_cast<int>(threadIdx.x)) * V;
+    const bool in = idx < total;  // a run of V is wholly in or out
+    Sum<V> s = in ? slice_sum<V>(part + idx, total, way) : Sum<V>{};
+    if constexpr (RED_WAYS > 1) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) mine[e] = s.v[e];
+      __syncthreads();
+      if (way == 0) {
+#pragma unroll
+        for (int j = 1; j < RED_WAYS; ++j) {
+          const float* theirs = &rows[threadIdx.y + j][threadIdx.x * V];
+#pragma unroll
+          for (int e = 0; e < V; ++e) s.v[e] += theirs[e];
+        }
+      }
+      __syncthreads();
     }
-    __syncthreads();
+    if (way == 0 && in) finish(idx, s);
+  }
+}
+
+// Stores V outputs at out[0..V) (aligned to V elements): one vector store.
+template <typename OutT, int V>
+__device__ __forceinline__ void store_sum(OutT* __restrict__ out, const Sum<V>& s) {
+  union { OutT e[V]; uint2 w8; uint4 w16; } words;
+#pragma unroll
+  for (int e = 0; e < V; ++e) words.e[e] = from_float<OutT>(s.v[e]);
+  constexpr int BYTES = V * static_cast<int>(sizeof(OutT));
+  if constexpr (BYTES == 16) *reinterpret_cast<uint4*>(out) = words.w16;
+  else if constexpr (BYTES == 8) *reinterpret_cast<uint2*>(out) = words.w8;
+  else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) out[e] = words.e[e];
   }
 }
 
 extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_32x32_c16_k32_1x1_s22_p00_d11_81ddc4ed_reduce(
     const float* __restrict__ workspace, half_t* __restrict__ out,
-const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows, int slices) {
-  __shared__ float rows[RED_ROWS][32];
-  reduce_slices(workspace, m_rows * GEMM_N, slices, rows, [&](long long idx, float acc) {
-    out[idx] = from_float<half_t>(acc);
+const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
+  alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs
+  reduce_slices<RED_V>(workspace, m_rows * GEMM_N, rows, [&](long long idx, Sum<RED_V>& s) {
+    store_sum(out + idx, s);
   });
-  reduce_slices(db_workspace, K, slices, rows, [&](int idx, float acc) { db[idx] = from_float<half_t>(acc); });
+  reduce_slices<RED_DB_V>(db_workspace, K, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_sum(db + idx, s); });
 }
