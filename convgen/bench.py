@@ -688,7 +688,8 @@ def computes(pass_: Pass, bias: bool) -> dict[str, str]:
     }
 
 
-def new_row(item: Item, *, bias: bool, target: Optional[Target], with_cudnn: bool) -> dict[str, Any]:
+def new_row(item: Item, *, bias: bool, target: Optional[Target], with_cudnn: bool,
+            gpu_name: Optional[str] = None) -> dict[str, Any]:
     """A row with the static facts filled in and every measurement null."""
     prob = item.layer.problem
     g = prob.gemm(item.pass_)
@@ -711,9 +712,12 @@ def new_row(item: Item, *, bias: bool, target: Optional[Target], with_cudnn: boo
     if target is not None:
         try:
             from .planner import make_spec
+            from .tune import tuned_plan
 
+            # The plan convgen.conv2d will run: the tuned one for this GPU when there is one.
+            tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
             spec = make_spec(prob, item.pass_, target=target, epilogue=epilogue_for(item.pass_, bias),
-                             in_dtype="float16")
+                             in_dtype="float16", plan_=tuned)
             row["convgen"]["key"] = spec.key
             row["convgen"]["plan"] = spec.plan.as_dict()
         except Exception as exc:  # a shape the planner refuses: the run says so in the row
@@ -1233,7 +1237,10 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
     git = git_info(override=args.commit)
     tmp_root = None if args.no_compile_time else Path(tempfile.mkdtemp(prefix="convgen-bench-cache-"))
     grad = torch.no_grad() if torch is not None else contextlib.nullcontext()
-    rows = [new_row(it, bias=bias, target=target, with_cudnn=torch is not None) for it in items]
+    from .runtime import _gpu_name
+
+    gpu_name = _gpu_name(cupy.cuda.Device().id)
+    rows = [new_row(it, bias=bias, target=target, with_cudnn=torch is not None, gpu_name=gpu_name) for it in items]
     try:
         with stream, grad:
             dev = CudaDevice(cupy, stream)

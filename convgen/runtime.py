@@ -127,10 +127,10 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             from .compile import load_kernels, set_max_dynamic_shared_memory
 
             target = _target(device_id)
-            if plan is None and not scalar and os.environ.get("CONVGEN_TUNED", "1") != "0":
-                from .tune import lookup
+            if plan is None and not scalar:
+                from .tune import tuned_plan
 
-                plan = lookup(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
+                plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
             spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,
                              plan_=plan, scalar=scalar)
             src = emit(spec)

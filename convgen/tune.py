@@ -142,6 +142,15 @@ def _write_db(path: Path, data: dict[str, Any]) -> None:
 _loaded: dict[str, dict[str, Any]] = {}
 
 
+def tuned_plan(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
+    """The plan ``convgen.conv2d`` and friends run when not given one: the tuned plan for
+    this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's.  `convgen bench`
+    records its rows' plans through here, so a row names the plan that was timed."""
+    if os.environ.get("CONVGEN_TUNED", "1") == "0":
+        return None
+    return lookup(gpu_name, geometry, pass_, in_dtype, arch)
+
+
 def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
     """The tuned plan for this shape on this GPU: the user's database first, then the shipped one."""
     slug = gpu_slug(gpu_name)

@@ -462,3 +462,23 @@ def test_argparse_namespace_untouched_by_resolve():
     bench.resolve_items(a)
     assert vars(a) == before
     assert isinstance(a, argparse.Namespace)
+
+
+def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
+    """A row names the plan convgen.conv2d runs on that GPU: the shipped tuned plan where
+    there is one (the bench once recorded the planner's plan next to a tuned plan's time)."""
+    from convgen import tune
+    from convgen.planner import plan as default_plan
+
+    layer = SUITES["resnet50"][-2]  # l4-3x3: tuned on the H200, differently from the planner
+    target = Target("sm_90", 132)
+    tuned = tune.lookup("NVIDIA H200", layer.problem.geometry, Pass.DGRAD, "float16", "sm_90")
+    assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.DGRAD, target).as_dict()
+    item = bench.Item("resnet50", layer, Pass.DGRAD)
+    row = bench.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
+    assert row["convgen"]["plan"] == tuned.as_dict()
+    assert bench.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
+        == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
+    monkeypatch.setenv("CONVGEN_TUNED", "0")
+    assert bench.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
+        == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
