@@ -11,7 +11,6 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
