@@ -327,25 +327,32 @@ __device__ __forceinline__ void store16(void* p, const uint4& w) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
 }
 
+// Stores v[0..N) at out[0..N), converted to OutT, in the widest stores the run's size
+// allows (out aligned to the run): 16-byte words, one 8-byte word, or element by element.
+template <typename OutT, int N>
+__device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
+  constexpr int BYTES = N * static_cast<int>(sizeof(OutT));
+  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[N]; };  // the run as vector words
+  Words tmp;
+#pragma unroll
+  for (int e = 0; e < N; ++e) tmp.e[e] = from_float<OutT>(v[e]);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2*>(out) = tmp.w8;
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = tmp.e[e];
+  }
+}
+
 // Stores EPT values at out[0..EPT) (columns col..col+EPT of an N-wide row).
 template <typename OutT>
 __device__ __forceinline__ void store_run(OutT* out, const float (&v)[EPT], int col, int n_cols) {
   if ((n_cols % EPT) == 0) {  // whole run in or out; aligned: one wide store
     if (col >= n_cols) return;
-    constexpr int BYTES = EPT * static_cast<int>(sizeof(OutT));
-    union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[EPT]; };  // the run as vector words
-    Words tmp;
-#pragma unroll
-    for (int e = 0; e < EPT; ++e) tmp.e[e] = from_float<OutT>(v[e]);
-    if constexpr (BYTES % 16 == 0) {
-#pragma unroll
-      for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
-    } else if constexpr (BYTES == 8) {
-      *reinterpret_cast<uint2*>(out) = tmp.w8;
-    } else {
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) out[e] = tmp.e[e];
-    }
+    store_vec(out, v);
   } else {
 #pragma unroll
     for (int e = 0; e < EPT; ++e)
@@ -605,27 +612,12 @@ __device__ __forceinline__ void reduce_slices(const float* __restrict__ part, lo
   }
 }
 
-// Stores V outputs at out[0..V) (aligned to V elements): one vector store.
-template <typename OutT, int V>
-__device__ __forceinline__ void store_sum(OutT* __restrict__ out, const Sum<V>& s) {
-  union { OutT e[V]; uint2 w8; uint4 w16; } words;
-#pragma unroll
-  for (int e = 0; e < V; ++e) words.e[e] = from_float<OutT>(s.v[e]);
-  constexpr int BYTES = V * static_cast<int>(sizeof(OutT));
-  if constexpr (BYTES == 16) *reinterpret_cast<uint4*>(out) = words.w16;
-  else if constexpr (BYTES == 8) *reinterpret_cast<uint2*>(out) = words.w8;
-  else {
-#pragma unroll
-    for (int e = 0; e < V; ++e) out[e] = words.e[e];
-  }
-}
-
 extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_16x16_c32_k64_3x3_s22_p11_d11_9737b776_reduce(
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
   alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs
   reduce_slices<RED_V>(workspace, m_rows * GEMM_N, rows, [&](long long idx, Sum<RED_V>& s) {
-    store_sum(out + idx, s);
+    store_vec(out + idx, s.v);  // idx is a multiple of RED_V: aligned
   });
-  reduce_slices<RED_DB_V>(db_workspace, K, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_sum(db + idx, s); });
+  reduce_slices<RED_DB_V>(db_workspace, K, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
 }

@@ -320,25 +320,32 @@ __device__ __forceinline__ void store16(void* p, const uint4& w) {
   *reinterpret_cast<uint4*>(p) = w;
 }
 
+// Stores v[0..N) at out[0..N), converted to OutT, in the widest stores the run's size
+// allows (out aligned to the run): 16-byte words, one 8-byte word, or element by element.
+template <typename OutT, int N>
+__device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
+  constexpr int BYTES = N * static_cast<int>(sizeof(OutT));
+  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[N]; };  // the run as vector words
+  Words tmp;
+#pragma unroll
+  for (int e = 0; e < N; ++e) tmp.e[e] = from_float<OutT>(v[e]);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2*>(out) = tmp.w8;
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = tmp.e[e];
+  }
+}
+
 // Stores EPT values at out[0..EPT) (columns col..col+EPT of an N-wide row).
 template <typename OutT>
 __device__ __forceinline__ void store_run(OutT* out, const float (&v)[EPT], int col, int n_cols) {
   if ((n_cols % EPT) == 0) {  // whole run in or out; aligned: one wide store
     if (col >= n_cols) return;
-    constexpr int BYTES = EPT * static_cast<int>(sizeof(OutT));
-    union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[EPT]; };  // the run as vector words
-    Words tmp;
-#pragma unroll
-    for (int e = 0; e < EPT; ++e) tmp.e[e] = from_float<OutT>(v[e]);
-    if constexpr (BYTES % 16 == 0) {
-#pragma unroll
-      for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
-    } else if constexpr (BYTES == 8) {
-      *reinterpret_cast<uint2*>(out) = tmp.w8;
-    } else {
-#pragma unroll
-      for (int e = 0; e < EPT; ++e) out[e] = tmp.e[e];
-    }
+    store_vec(out, v);
   } else {
 #pragma unroll
     for (int e = 0; e < EPT; ++e)
