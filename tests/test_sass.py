@@ -65,24 +65,10 @@ def test_epilogue_stores_are_16_bytes_wide():
 @needs_cuobjdump
 def test_read_cubin_counts_mmas_registers_and_stack():
     from convgen.compile import compile_binary
+    from test_compile import WMMA_SRC  # one warp, one 16x16x16 WMMA
 
-    src = r"""
-#include <mma.h>
-#include <cuda_fp16.h>
-using namespace nvcuda;
-extern "C" __global__ void one_mma(const half* a, const half* b, float* c) {
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> fa;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> fb;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> fc;
-  wmma::fill_fragment(fc, 0.0f);
-  wmma::load_matrix_sync(fa, a, 16);
-  wmma::load_matrix_sync(fb, b, 16);
-  wmma::mma_sync(fc, fa, fb, fc);
-  wmma::store_matrix_sync(c, fc, 16, wmma::mem_row_major);
-}
-"""
-    kernels = read_cubin(compile_binary(src, arch="sm_90"), CUOBJDUMP)
-    k = kernels["one_mma"]
+    kernels = read_cubin(compile_binary(WMMA_SRC, arch="sm_90"), CUOBJDUMP)
+    k = kernels["wmma16"]
     assert k.count("HMMA") == 2  # m16n16k16 = two m16n8k16 MMAs
     assert k.registers > 0 and k.stack == 0 and k.local == 0
     assert k.total > k.count("HMMA")
