@@ -367,6 +367,11 @@ class Plan:
     (block_m/warps_m) x (block_n/warps_n), i.e. several 16x16 fragments.
     vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
     read_a/read_b the dtype the gather reads (float32 is cast in the gather).
+
+    tile_w > 0 selects the halo path (stride-1 fprop and dgrad): a block computes a
+    (block_m / tile_w) x tile_w tile of output pixels of one image, stages the input
+    pixels those reach once per reduction step (a halo tile), and reads each tap's
+    fragments straight out of it instead of staging an im2col copy per tap.
     """
 
     block_m: int
@@ -380,6 +385,7 @@ class Plan:
     read_a: DType = "float16"
     read_b: DType = "float16"
     split_k: int = 1
+    tile_w: int = 0
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -406,6 +412,13 @@ class Plan:
         for name in ("read_a", "read_b"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"plan.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        tile_w = _int("tile_w", self.tile_w)
+        object.__setattr__(self, "tile_w", tile_w)
+        if tile_w < 0 or tile_w % 16 or (tile_w and self.block_m % tile_w):
+            raise ValueError(
+                f"plan.tile_w={tile_w} must be 0 (im2col) or a multiple of 16 that divides block_m={self.block_m}: "
+                "a fragment is 16 neighbouring pixels of one row of the tile"
+            )
         if not 2 <= self.stages <= 8:
             raise ValueError(
                 f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
@@ -425,9 +438,15 @@ class Plan:
         wm, wn = self.warp_tile
         return (wm // 16, wn // 16)
 
+    @property
+    def halo(self) -> bool:
+        return self.tile_w > 0
+
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("reasons")
+        if not self.tile_w:  # im2col plans keep the keys they had before the halo path existed
+            d.pop("tile_w")
         return d
 
     def explain(self) -> str:
@@ -436,6 +455,7 @@ class Plan:
             f"({self.warps_m}x{self.warps_n}, warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
             f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
             f"split-K {self.split_k}"
+            + (f", halo tile {self.block_m // self.tile_w}x{self.tile_w} pixels" if self.tile_w else "")
         )
         return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
 

@@ -68,11 +68,36 @@ def b_is_col(pass_: Pass) -> bool:
     return pass_ is Pass.FPROP
 
 
-def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32) -> int:
-    """Dynamic shared memory of one block: the staged pipeline, or the epilogue scratch if larger."""
+def halo_shape(plan: Plan, geometry: ConvGeometry) -> tuple[int, int, int, int]:
+    """(tile rows, tile columns, halo rows, halo columns) of a halo plan: the output-pixel
+    tile and the input pixels its taps reach (stride 1, so taps only widen it)."""
+    th, tw = plan.block_m // plan.tile_w, plan.tile_w
+    return th, tw, th + (geometry.r - 1) * geometry.dilation[0], tw + (geometry.s - 1) * geometry.dilation[1]
+
+
+def halo_stage_halves(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
+    """Halves of one stage of the halo path: the halo tile, stored as BK/16 slabs of
+    [pixels][16 channels] (any 16 neighbouring pixels are then one 32-byte-aligned WMMA
+    fragment, whatever the pixel it starts at, with no padding); and every tap's weights,
+    fprop [taps][BN][BK + pad], dgrad [taps][BK][BN + pad]."""
+    _, _, hh, hw = halo_shape(plan, geometry)
+    taps = geometry.r * geometry.s
+    a = hh * hw * plan.block_k
+    b = taps * plan.block_n * (plan.block_k + SMEM_PAD) if pass_ is Pass.FPROP else taps * plan.block_k * (plan.block_n + SMEM_PAD)
+    return a, b
+
+
+def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeometry | None = None) -> int:
+    """Dynamic shared memory of one block: the staged pipeline, or the epilogue scratch if larger.
+    A halo plan's stages depend on the filter, so it needs the geometry."""
     bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
-    a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
-    b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
+    if plan.halo:
+        if geometry is None:
+            raise ValueError("a halo plan's shared memory depends on the filter: pass the geometry")
+        a, b = halo_stage_halves(plan, geometry, pass_)
+    else:
+        a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
+        b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
     pipeline = plan.stages * (a + b) * 2
     epilogue = plan.warps * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
     return max(pipeline, epilogue)
@@ -247,7 +272,9 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     for name, tile in (("block_m", plan.block_m), ("block_n", plan.block_n), ("block_k", plan.block_k)):
         if tile > 256:
             raise ValueError(f"plan.{name}={tile} is larger than convgen's largest tile (256)")
-    smem = smem_bytes(plan, pass_, target.warp_size)
+    if plan.halo:
+        _check_halo(plan, geometry, pass_, target, in_dtype)
+    smem = smem_bytes(plan, pass_, target.warp_size, geometry)
     if smem > target.smem_limit:
         raise ValueError(
             f"plan needs {smem} bytes of shared memory but {target.arch} allows {target.smem_limit}; "
@@ -255,6 +282,28 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         )
     if plan.split_k > 65535:
         raise ValueError(f"plan.split_k={plan.split_k} exceeds the grid's z limit (65535)")
+
+
+def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float16") -> str | None:
+    """Why the halo path cannot run this pass (None when it can)."""
+    if pass_ is Pass.WGRAD:
+        return "the halo path computes fprop and dgrad only (wgrad reduces over pixels)"
+    if geometry.stride != (1, 1):
+        return f"the halo path needs stride 1, got {geometry.stride}"
+    ca, cb = gathered_channels(geometry, pass_)
+    if ca % 8 or geometry.c % 8:
+        return "the halo path stages 16-byte channel runs: the channel counts must be multiples of 8"
+    if in_dtype != "float16":
+        return "the halo path reads fp16 inputs"
+    return None
+
+
+def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType) -> None:
+    why = halo_eligible(geometry, pass_, in_dtype)
+    if why:
+        raise ValueError(f"plan.tile_w={plan.tile_w}: {why}")
+    if (plan.vec_a, plan.vec_b) != (8, 8) or (plan.read_a, plan.read_b) != ("float16", "float16"):
+        raise ValueError("a halo plan (tile_w > 0) moves 16-byte fp16 runs: vec_a = vec_b = 8, fp16 reads")
 
 
 def make_spec(

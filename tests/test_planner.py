@@ -305,6 +305,17 @@ C64 = ConvProblem(16, 16, 64, 64, 3, 3, 1, 1, n=8)
          r"plan\.read_b='float32' needs float32 inputs, but in_dtype is float16"),
         (C64, "fprop", Plan(512, 64, 32, 4, 1, 2, 8, 8), "sm_90", "float16",
          r"plan\.block_m=512 is larger than convgen's largest tile \(256\)"),
+        # the halo path: stride-1 fprop/dgrad with 16-byte fp16 runs only
+        (C64, "wgrad", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90", "float16",
+         r"plan\.tile_w=16: the halo path computes fprop and dgrad only"),
+        (ConvProblem(16, 16, 64, 64, 3, 3, 2, 1, n=8), "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90",
+         "float16", r"plan\.tile_w=16: the halo path needs stride 1, got \(2, 2\)"),
+        (ConvProblem(16, 16, 12, 64, 3, 3, 1, 1, n=8), "fprop", Plan(128, 64, 32, 4, 1, 2, 4, 4, tile_w=16), "sm_90",
+         "float16", r"plan\.tile_w=16: the halo path stages 16-byte channel runs"),
+        (C64, "dgrad", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90", "float32",
+         r"plan\.tile_w=16: the halo path reads fp16 inputs"),
+        (C64, "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=32, split_k=1), "sm_75", "float16",
+         r"plan needs \d+ bytes of shared memory but sm_75 allows 65536"),
     ],
 )
 def test_infeasible_hand_plans_are_rejected(prob, pass_, hand, target, in_dtype, msg):
@@ -326,3 +337,34 @@ def test_feasible_hand_plans_are_used_as_given():
 def test_hand_plan_goes_through_the_epilogue_check():
     with pytest.raises(ValueError, match="relu is an fprop epilogue"):
         make_spec(C64, "dgrad", epilogue=Epilogue(relu=True), plan_=Plan(64, 64, 32, 2, 2, 2, 8, 8))
+
+
+def test_plan_rejects_a_halo_tile_that_splits_a_fragment():
+    with pytest.raises(ValueError, match=r"plan\.tile_w=24 must be 0 \(im2col\) or a multiple of 16 that divides block_m=128"):
+        Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=24)
+    with pytest.raises(ValueError, match=r"plan\.tile_w=48 must be 0"):
+        Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=48)
+
+
+def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
+    """4 x 32 output pixels of a 3x3, dilation-2 filter reach 8 x 36 input pixels; fprop stages
+    them (BK channels each) and 9 taps of [BN][BK + 8] weights per stage."""
+    from convgen.planner import halo_shape
+
+    prob = ConvProblem(40, 40, 32, 32, 3, 3, 1, 2, 2, n=2)
+    p = Plan(128, 32, 32, 4, 1, 2, 8, 8, tile_w=32)
+    assert halo_shape(p, prob) == (4, 32, 8, 36)
+    assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2 * (8 * 36 * 32 + 9 * 32 * 40) * 2
+    assert smem_bytes(p, Pass.DGRAD, geometry=prob) == 2 * (8 * 36 * 32 + 9 * 32 * 40) * 2
+    with pytest.raises(ValueError, match="halo plan's shared memory depends on the filter"):
+        smem_bytes(p, Pass.FPROP)
+
+
+def test_im2col_plans_keep_their_keys():
+    """tile_w = 0 is left out of a plan's dict, so specs, caches and tuning entries made
+    before the halo path existed still match."""
+    p = Plan(128, 64, 32, 4, 1, 3, 8, 8)
+    assert "tile_w" not in p.as_dict() and Plan(**p.as_dict()) == p
+    h = Plan(128, 64, 32, 4, 1, 3, 8, 8, tile_w=16)
+    assert h.as_dict()["tile_w"] == 16 and Plan(**h.as_dict()) == h
+    assert "halo tile 8x16 pixels" in h.explain()
