@@ -19,7 +19,7 @@ import jinja2
 from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
-from .planner import EPI_PAD, SMEM_PAD, a_is_col, b_is_col, drain_group, smem_bytes
+from .planner import EPI_PAD, SMEM_PAD, a_is_col, b_is_col, drain_group, halo_shape, smem_bytes
 from .resources import templates_dir
 
 _C_TYPES = {"float16": "half_t", "float32": "float"}
@@ -131,7 +131,12 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "smem_pad": SMEM_PAD,
         "epi_pad": EPI_PAD,
         "drain_group": drain_group(plan, be.warp_size),
-        "smem_bytes": smem_bytes(plan, p, be.warp_size),
+        "smem_bytes": smem_bytes(plan, p, be.warp_size, spec.geometry),
+        "halo": plan.halo,
+        # (tile rows, tile columns, halo rows, halo columns), and whether the taps walk the
+        # halo flipped (dgrad reads dy at h + PH - r*DH).
+        "halo_tile": halo_shape(plan, spec.geometry) if plan.halo else (0, 0, 0, 0),
+        "halo_flip": p is Pass.DGRAD,
         "gemm_n": gemm.n,
         "gemm_n_axis": gemm.n_axis,
         "ta": reads["a"],
@@ -210,7 +215,11 @@ def emit(spec: KernelSpec) -> KernelSource:
     gemm_n = k["gemm_n"]
     main_args, reduce_args = _args(spec, k)
     g = spec.geometry
-    if spec.pass_ is Pass.FPROP:
+    if plan.halo:  # one block per pixel tile of one image
+        th, tw, _, _ = halo_shape(plan, g)
+        out_h, out_w = (g.p, g.q) if spec.pass_ is Pass.FPROP else (g.h, g.w)
+        rows = dict(grid_rows_per_image=math.ceil(out_h / th) * math.ceil(out_w / tw))
+    elif spec.pass_ is Pass.FPROP:
         rows = dict(grid_rows_per_image=g.p * g.q)
     elif spec.pass_ is Pass.DGRAD:  # one group of tiles per stride residue class
         sh, sw = g.stride
@@ -221,8 +230,8 @@ def emit(spec: KernelSpec) -> KernelSource:
         kernel=k["name"],
         args=main_args,
         block=(plan.warps * be.warp_size, 1, 1),
-        shared_mem=smem_bytes(plan, spec.pass_, be.warp_size),
-        grid_m_tile=plan.block_m,
+        shared_mem=smem_bytes(plan, spec.pass_, be.warp_size, g),
+        grid_m_tile=1 if plan.halo else plan.block_m,
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
         **rows,

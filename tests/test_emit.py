@@ -66,6 +66,18 @@ def cases():
         for epi in ({"relu": True, "bias": True}, {}) if pass_ is Pass.FPROP else ({},):
             out.append((f"split/{pass_.value}/{'-'.join(epi) or 'plain'}",
                         make_spec(big, pass_, epilogue=Epilogue(**epi), plan_=hand)))
+    # the halo path (stride-1 fprop and dgrad; tuning candidates, never the planner's default):
+    # an image narrower than the tile, dilation, asymmetric padding, split-K, fp32 output, HIP
+    for prob, hand, arch in (
+        (ConvProblem(8, 8, 64, 32, 3, 3, 1, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 8, 8, tile_w=16), "sm_90"),
+        (ConvProblem(20, 36, 16, 24, 3, 2, 1, (2, 0), (2, 1), n=2), Plan(128, 32, 16, 2, 2, 2, 8, 8, split_k=2, tile_w=32), "sm_90"),
+        (ConvProblem(16, 16, 32, 64, 5, 5, 1, 2, n=2), Plan(64, 32, 16, 2, 2, 2, 8, 8, tile_w=16), "sm_90"),
+        (ConvProblem(16, 16, 16, 16, 3, 3, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=16), "gfx1201"),
+    ):
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            for epi in ({"bias": True, "relu": True}, {"out_dtype": "float32"}) if pass_ is Pass.FPROP else ({},):
+                out.append((f"halo/{prob.describe()}/{pass_.value}/{arch}/{'-'.join(epi) or 'plain'}",
+                            make_spec(prob, pass_, target=Target(arch), epilogue=Epilogue(**epi), plan_=hand)))
     return out
 
 
@@ -194,7 +206,7 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     bounds, params = sigs[ks.main.kernel]
     assert bounds in ("THREADS", str(threads))
     _check_params(spec, ks.main.args, params, reduce=False)
-    assert ks.main.shared_mem == smem_bytes(spec.plan, spec.pass_, spec.target.warp_size) <= spec.target.smem_limit
+    assert ks.main.shared_mem == smem_bytes(spec.plan, spec.pass_, spec.target.warp_size, spec.geometry) <= spec.target.smem_limit
     assert (ks.reduce is not None) == (spec.plan.split_k > 1) == (ks.main.grid_z > 1)
     if ks.reduce:
         assert ks.reduce.kernel == spec.name + "_reduce"
@@ -249,7 +261,11 @@ def test_grid_and_workspace_follow_the_batch(sources):
         for batch in (0, 1, 5, 300):
             g = spec.geometry.gemm(spec.pass_, batch)
             geo = spec.geometry
-            if spec.pass_ is Pass.DGRAD:  # one run of M tiles per stride residue class
+            if spec.plan.tile_w:  # halo path: one block per pixel tile of each image
+                th, tw = spec.plan.block_m // spec.plan.tile_w, spec.plan.tile_w
+                out_h, out_w = (geo.p, geo.q) if spec.pass_ is Pass.FPROP else (geo.h, geo.w)
+                grid_x = max(1, batch * math.ceil(out_h / th) * math.ceil(out_w / tw))
+            elif spec.pass_ is Pass.DGRAD:  # one run of M tiles per stride residue class
                 sh, sw = geo.stride
                 rows = batch * math.ceil(geo.h / sh) * math.ceil(geo.w / sw)
                 grid_x = sh * sw * max(1, math.ceil(rows / spec.plan.block_m))
@@ -383,3 +399,23 @@ def test_real_templates_refuse_an_incomplete_context(template):
     spec = make_spec(SUITES["cifar-resnet"][1].problem, template[:5])
     with pytest.raises(jinja2.UndefinedError):
         _environment().get_template(template).render(spec=spec, version="0", plan_text="")  # no be, no k
+
+
+HALO = [(name, spec) for name, spec in CASES if spec.plan.tile_w]
+
+
+@pytest.mark.parametrize("name, spec", HALO, ids=[n for n, _ in HALO])
+def test_halo_kernels_carry_the_tile_and_only_the_halo_gathers(name, spec, sources):
+    """The halo constants are the plan's tile and the pixels the filter reaches from it
+    (worked out here from the geometry); the im2col gathers are not emitted at all."""
+    src = sources[name].source
+    g, p = spec.geometry, spec.plan
+    th, tw = p.block_m // p.tile_w, p.tile_w
+    assert constant(src, "TILE_W") == tw and constant(src, "TILE_H") == th
+    assert constant(src, "HALO_W") == tw + (g.s - 1) * g.dilation[1]
+    assert constant(src, "HALO_H") == th + (g.r - 1) * g.dilation[0]
+    code = code_only(src)
+    assert "mma_halo(As, Bs" in code and "mma_tile(" not in code
+    assert "GatherHalo<" in code and "struct GatherX" not in code and "struct GatherDy" not in code
+    # dgrad walks the filter flipped: dy pixel h + PH - r*DH for tap r
+    assert ("(R - 1 - r) * DH" in code) == (spec.pass_ is Pass.DGRAD)

@@ -85,7 +85,7 @@ if TOOLS is None:
 
 # Imported after the skip so a plain `pytest` run pays nothing for this module.
 from convgen.emit import KernelSource, emit  # noqa: E402
-from convgen.ir import Epilogue, Pass, Target  # noqa: E402
+from convgen.ir import Epilogue, Pass, Plan, Target  # noqa: E402
 from convgen.planner import make_spec  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
 
@@ -100,7 +100,7 @@ class Case:
     layer: str
     pass_: Pass
     arch: str
-    variant: str = "default"  # "scalar", "in-fp32", "out-fp32"
+    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "halo"
 
 
 VARIANT_LAYERS = (("cifar-resnet", "conv1"), ("resnet50", "l1-3x3"), ("resnet50", "l4-1x1"))
@@ -121,9 +121,15 @@ def _cases() -> list[Case]:
                     cases.append(
                         Case(f"{variant}/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch, variant)
                     )
+    for suite, name in HALO_LAYERS:  # the halo path (a tuning candidate, never the default plan)
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            for arch in ARCHES:
+                cases.append(Case(f"halo/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch, "halo"))
     return cases
 
 
+HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
+HALO_PLAN = Plan(64, 32, 32, 4, 1, 2, 8, 8, tile_w=16)  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()
 
 
@@ -141,6 +147,7 @@ def _emit(case: Case) -> KernelSource:
         ),
         in_dtype="float32" if case.variant == "in-fp32" else "float16",
         scalar=case.variant == "scalar",
+        plan_=HALO_PLAN if case.variant == "halo" else None,
     )
     return emit(spec)
 

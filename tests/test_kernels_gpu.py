@@ -367,3 +367,53 @@ def test_full_batch_wgrad_matches_the_reference(layer, target):
     problem = next(l.problem for l in SUITES["cifar-vgg"] if l.name == layer)
     res = run_pass(problem, Pass.WGRAD, _seed("full-wgrad", layer), bias=True)
     check(res, "float16", what=f"full-batch wgrad {problem.describe()}")
+
+
+# ------------------------------------------------------------------ the halo path (tuning candidates)
+HALO_EXACT = [
+    # (problem, block_m, block_n, block_k, warps_m, warps_n, stages, tile_w): an image narrower
+    # than the tile, channels not a multiple of BK (zero tails), dilation and asymmetric
+    # padding, a 5x5 filter, a tile row that straddles the right edge, 8 warps.
+    (ConvProblem(8, 8, 40, 24, 3, 3, 1, 1, 1, n=3), 128, 32, 32, 4, 1, 3, 16),
+    (ConvProblem(13, 37, 16, 24, 3, 2, 1, (2, 0), (2, 1), n=2), 128, 32, 16, 2, 2, 2, 32),
+    (ConvProblem(11, 18, 32, 48, 5, 5, 1, 2, 1, n=2), 64, 32, 16, 2, 2, 2, 16),
+    (ConvProblem(9, 20, 64, 64, 3, 3, 1, 1, 1, n=2), 256, 64, 32, 4, 2, 3, 32),
+]
+
+
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("case", HALO_EXACT, ids=lambda c: c[0].describe().replace(" ", "_"))
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_halo_exact_tier(case, pass_, split, target):
+    """The halo path with integer data: bit for bit, whatever the split-K."""
+    from convgen.ir import Plan
+
+    problem, bm, bn, bk, wm, wn, stages, tile_w = case
+    plan = Plan(bm, bn, bk, wm, wn, stages, 8, 8, split_k=split, tile_w=tile_w)
+    res = run_pass(problem, pass_, _seed("halo-exact", problem, pass_, split), out_dtype="float32",
+                   bias=pass_ is Pass.FPROP, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"halo {pass_.value} split {split}")
+
+
+def _halo_candidates():
+    from convgen import tune
+    from convgen.ir import Target
+
+    out = []
+    for suite in ("cifar-resnet", "cifar-vgg", "resnet50"):
+        for layer in SUITES[suite]:
+            for pass_ in (Pass.FPROP, Pass.DGRAD):
+                for plan in tune.candidates(layer.problem, pass_, Target("sm_90")):
+                    if plan.tile_w:
+                        out.append(pytest.param(suite, layer, pass_, plan,
+                                                id=f"{suite}/{layer.name}/{pass_.value}/{plan.explain().splitlines()[0]}"))
+    return out
+
+
+@pytest.mark.parametrize("suite,layer,pass_,plan", _halo_candidates())
+def test_every_halo_candidate_matches_the_reference(suite, layer, pass_, plan, target):
+    """Every halo plan `convgen tune` may pick for the suites, at a small batch."""
+    small = layer.problem.with_batch(2)
+    res = run_pass(small, pass_, _seed("halo-cand", suite, layer.name, pass_, plan), plan=plan,
+                   bias=pass_ is Pass.FPROP, relu=pass_ is Pass.FPROP)
+    check(res, "float16", what=f"halo {suite}/{layer.name} {pass_.value}")

@@ -47,6 +47,33 @@ def test_shipped_plans_use_tensor_cores_16_byte_copies_and_no_spills(suite, laye
         assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 
+def _halo_plans():
+    out = []
+    for suite in ("cifar-resnet", "cifar-vgg"):
+        for layer in SUITES[suite]:
+            for pass_ in (Pass.FPROP, Pass.DGRAD):
+                out += [(layer, pass_, p) for p in tune.candidates(layer.problem, pass_, Target("sm_90")) if p.tile_w]
+    return out
+
+
+HALO = _halo_plans()
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("layer, pass_, plan", HALO,
+                         ids=[f"{l.name}/{p.value}/{pl.explain().splitlines()[0]}" for l, p, pl in HALO])
+def test_halo_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pass_, plan):
+    """The halo path's tuning candidates: every tap's MMAs read the staged halo, both operands
+    arrive by 16-byte cp.async, and nothing spills."""
+    spec = make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
+    src = emit(spec)
+    k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    g = spec.geometry
+    assert k.count("HMMA") >= 2 * g.r * g.s, "fewer MMAs than taps"
+    assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
+    assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+
+
 FPROP_DGRAD = [(s, l, p) for s, l, p in SHIPPED if p is not Pass.WGRAD]
 
 
