@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .ir import ConvGeometry, ConvProblem, Pass, Plan, Target
-from .planner import FRAG, check_plan, plan as default_plan
+from .planner import FRAG, check_plan, halo_eligible, plan as default_plan
 
 DB_FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
@@ -49,6 +49,14 @@ _SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 
 MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
 
+# Halo-path shapes (block_m, block_n, warps_m, warps_n): tried with tiles 16 and 32 pixels
+# wide, for stride-1 fprop and dgrad with channel counts in multiples of 8.
+_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (128, 32, 4, 1), (128, 64, 4, 1), (128, 64, 2, 2), (256, 32, 8, 1), (128, 128, 2, 4), (64, 64, 2, 2),
+    (128, 16, 4, 1),
+)
+MAX_HALO = 8  # halo candidates per layer, placed right after the default plan
+
 
 def _fit(extent: int) -> int:
     t = FRAG
@@ -58,13 +66,19 @@ def _fit(extent: int) -> int:
 
 
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
-               limit: int = 40) -> list[Plan]:
-    """The default plan first, then feasible variations of tile, warps, K-step, stages and split-K."""
+               limit: int = 48) -> list[Plan]:
+    """The default plan first, then halo-path plans where they apply, then feasible
+    variations of tile, warps, K-step, stages and split-K."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     gemm = problem.gemm(pass_)
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
+    for p in _halo_candidates(problem, pass_, target, in_dtype)[:MAX_HALO]:
+        bare = dataclasses.replace(p, reasons=())
+        if bare not in seen:
+            seen.add(bare)
+            out.append(p)
     shapes = list(_SHAPES)
     exact_n = math.ceil(gemm.n / FRAG) * FRAG
     if exact_n <= 256 and exact_n & (exact_n - 1):  # not a power of two: a tile that fits N exactly
@@ -99,6 +113,33 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                 seen.add(bare)
                 out.append(p)
     return out[:limit]
+
+
+def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
+    g = problem.geometry
+    if halo_eligible(g, pass_, in_dtype) is not None or g.r * g.s == 1:  # type: ignore[arg-type]
+        return []  # (a 1x1 filter's halo is its tile: nothing to share between taps)
+    out_w = g.q if pass_ is Pass.FPROP else g.w
+    red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
+    n = problem.gemm(pass_).n
+    bk = 16 if red <= 16 else 32
+    stages = 2 if red <= bk or not target.info.cp_async else 3  # one step needs no deeper ring
+    out = []
+    for tile_w in (16, 32):
+        if tile_w > max(16, _fit(out_w)):
+            continue  # a tile wider than the image computes padding
+        for bm, bn, wm, wn in _HALO_SHAPES:
+            if bn > max(_fit(n), FRAG) or bm % tile_w:
+                continue
+            try:
+                p = Plan(bm, bn, bk, wm, wn, stages, 8, 8, "float16", "float16", 1, tile_w,
+                         reasons=(f"tuning candidate: halo tile {bm // tile_w}x{tile_w}, {bm}x{bn}x{bk}, "
+                                  f"{wm}x{wn} warps, {stages} stages",))
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            out.append(p)
+    return out
 
 
 # ---------------------------------------------------------------------- the database

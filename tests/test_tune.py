@@ -28,7 +28,7 @@ def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
         assert cands[0] == plan(layer.problem, pass_, target)
         bare = [dataclasses.replace(c, reasons=()) for c in cands]
         assert len(set(bare)) == len(bare), "duplicate candidates"
-        assert 1 <= len(cands) <= 40
+        assert 1 <= len(cands) <= 48
         for c in cands:
             check_plan(c, layer.problem, pass_, target, "float16")  # raises if infeasible
             assert c.reasons, "every candidate says what it is"
@@ -129,3 +129,19 @@ def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
     monkeypatch.setattr(cc, "detect_target", no_gpu)
     assert main(["tune", "--suite", "cifar-vgg", "--pass", "fprop"]) == 1
     assert "no usable CUDA GPU" in capsys.readouterr().err
+
+
+def test_halo_candidates_only_where_the_halo_path_applies():
+    """Stride-1 3x3 fprop/dgrad with channels in multiples of 8 get halo-path candidates (right
+    after the default plan, so the candidate limit never drops them); strided, wgrad, 1x1 and
+    3-channel layers get none."""
+    target = Target("sm_90")
+    by_name = {l.name: l.problem for l in SUITES["cifar-vgg"] + SUITES["resnet50"]}
+    for name, pass_ in (("conv32", Pass.FPROP), ("conv32", Pass.DGRAD), ("l4-3x3", Pass.DGRAD)):
+        cands = tune.candidates(by_name[name], pass_, target)
+        halo = [c for c in cands if c.tile_w]
+        assert halo and cands[1:1 + len(halo)] == halo, name
+        assert all(c.vec_a == c.vec_b == 8 and c.block_m % c.tile_w == 0 for c in halo)
+    for name, pass_ in (("conv32", Pass.WGRAD), ("conv1", Pass.FPROP), ("l2-3x3-down", Pass.FPROP),
+                        ("l4-1x1", Pass.DGRAD)):
+        assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.tile_w], (name, pass_)
