@@ -417,3 +417,38 @@ def test_every_halo_candidate_matches_the_reference(suite, layer, pass_, plan, t
     res = run_pass(small, pass_, _seed("halo-cand", suite, layer.name, pass_, plan), plan=plan,
                    bias=pass_ is Pass.FPROP, relu=pass_ is Pass.FPROP)
     check(res, "float16", what=f"halo {suite}/{layer.name} {pass_.value}")
+
+
+@st.composite
+def halo_cases(draw):
+    """A stride-1 shape with 16-byte channel runs, and one of the halo plans tune offers it."""
+    from convgen import tune
+
+    n = draw(st.integers(1, 4))
+    r, s = draw(st.integers(2, 5)), draw(st.integers(1, 5))
+    pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    h = draw(st.integers(max(1, dil[0] * (r - 1) + 1 - 2 * pad[0]), 40))
+    w = draw(st.integers(max(1, dil[1] * (s - 1) + 1 - 2 * pad[1]), 40))
+    c, k = 8 * draw(st.integers(1, 10)), 8 * draw(st.integers(1, 10))
+    problem = ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
+    pass_ = draw(st.sampled_from([Pass.FPROP, Pass.DGRAD]))
+    from convgen.compile import detect_target
+
+    plans = tune._halo_candidates(problem, pass_, detect_target(), "float16")
+    plan = draw(st.sampled_from(plans)) if plans else None
+    if plan is not None:
+        plan = dataclasses.replace(plan, split_k=draw(st.sampled_from([1, 1, 2, 3])))
+    return problem, pass_, plan
+
+
+@given(case=halo_cases(), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_halo_plans(case, seed):
+    """The halo path on shapes the suites never reach: tile edges, dilation, tails in C and K."""
+    from hypothesis import assume
+
+    problem, pass_, plan = case
+    assume(plan is not None)
+    res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan,
+                   bias=pass_ is Pass.FPROP, relu=pass_ is Pass.FPROP)
+    check(res, "float16", what=f"halo {pass_.value} {problem.describe()} {plan.explain().splitlines()[0]}")
