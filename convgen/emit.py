@@ -19,7 +19,7 @@ import jinja2
 from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
-from .planner import EPI_PAD, SMEM_PAD, a_is_col, b_is_col, drain_group, halo_shape, smem_bytes
+from .planner import EPI_PAD, HALO_LD, SMEM_PAD, a_is_col, b_is_col, drain_group, halo_shape, ring_stages, smem_bytes
 from .resources import templates_dir
 
 _C_TYPES = {"float16": "half_t", "float32": "float"}
@@ -132,6 +132,8 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "epi_pad": EPI_PAD,
         "drain_group": drain_group(plan, be.warp_size),
         "smem_bytes": smem_bytes(plan, p, be.warp_size, spec.geometry),
+        "ring": ring_stages(plan, p, spec.geometry),
+        "halo_ld": HALO_LD,
         "halo": plan.halo,
         # (tile rows, tile columns, halo rows, halo columns), and whether the taps walk the
         # halo flipped (dgrad reads dy at h + PH - r*DH).

@@ -23,6 +23,10 @@ from .ir import (
 
 FRAG = 16  # WMMA fragment edge (m16n16k16)
 SMEM_PAD = 8  # halves added to each staged row: 16 bytes, so ldmatrix rows fall in distinct banks
+# The halo path stores each pixel's 16 channels of a slab in 24 halves (48 bytes): the 8 rows
+# of an ldmatrix phase then start at distinct 16-byte bank groups whatever pixel a tap's
+# fragment starts at (at 32 bytes, rows i and i + 4 shared banks: 2-way conflicts).
+HALO_LD = FRAG + SMEM_PAD
 EPI_PAD = 8  # floats added to each scratch row: rows 0-3 of a fragment store land in distinct banks
 MAX_DRAIN_FRAGS = 4  # a strip of 4 fragments is 64 outputs: one 128-byte line of fp16 per row
 
@@ -77,19 +81,41 @@ def halo_shape(plan: Plan, geometry: ConvGeometry) -> tuple[int, int, int, int]:
 
 def halo_stage_halves(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
     """Halves of one stage of the halo path: the halo tile, stored as BK/16 slabs of
-    [pixels][16 channels] (any 16 neighbouring pixels are then one 32-byte-aligned WMMA
-    fragment, whatever the pixel it starts at, with no padding); and every tap's weights,
-    fprop [taps][BN][BK + pad], dgrad [taps][BK][BN + pad]."""
+    [pixels][HALO_LD] (16 channels and 8 of padding: any 16 neighbouring pixels are one WMMA
+    fragment, whatever the pixel it starts at, read without bank conflicts); and every tap's
+    weights, fprop [taps][BN][BK + pad], dgrad [taps][BK][BN + pad]."""
     _, _, hh, hw = halo_shape(plan, geometry)
     taps = geometry.r * geometry.s
-    a = hh * hw * plan.block_k
+    a = hh * hw * (plan.block_k // FRAG) * HALO_LD
     b = taps * plan.block_n * (plan.block_k + SMEM_PAD) if pass_ is Pass.FPROP else taps * plan.block_k * (plan.block_n + SMEM_PAD)
     return a, b
 
 
+def reduction_steps(plan: Plan, pass_: Pass, geometry: ConvGeometry) -> int | None:
+    """The most K-steps one block can run, when the shape fixes it: fprop and dgrad reduce
+    over the filter and channels (a halo step covers every tap), wgrad over the batch's
+    pixels, which only the launch knows (None)."""
+    g = geometry
+    if pass_ is Pass.WGRAD:
+        return None
+    red = g.c if pass_ is Pass.FPROP else g.k
+    if not plan.halo:
+        red *= g.r * g.s
+    return max(1, math.ceil(red / plan.block_k))
+
+
+def ring_stages(plan: Plan, pass_: Pass, geometry: ConvGeometry | None) -> int:
+    """Shared-memory stages the main loop's ring can touch: a block that runs n < stages
+    K-steps only ever fills stages 0..n-1, so a one-step reduction needs one stage (more
+    blocks then fit on an SM) and the plan's depth pays only where there is a loop."""
+    steps = reduction_steps(plan, pass_, geometry) if geometry is not None else None
+    return plan.stages if steps is None else min(plan.stages, steps)
+
+
 def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeometry | None = None) -> int:
     """Dynamic shared memory of one block: the staged pipeline, or the epilogue scratch if larger.
-    A halo plan's stages depend on the filter, so it needs the geometry."""
+    A halo plan's stages depend on the filter, so it needs the geometry; without one, an
+    im2col plan is sized for all its stages (an upper bound)."""
     bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
     if plan.halo:
         if geometry is None:
@@ -98,7 +124,7 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     else:
         a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
         b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
-    pipeline = plan.stages * (a + b) * 2
+    pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
     epilogue = plan.warps * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
     return max(pipeline, epilogue)
 
@@ -239,7 +265,7 @@ def plan(
         f"strided dgrad: {problem.stride[0] * problem.stride[1]} residue classes of input pixels, each "
         "reducing over only the filter taps that reach it (no MMAs on zero-inserted positions)"
         if pass_ is Pass.DGRAD and problem.stride != (1, 1)
-        else f"shared memory {smem_bytes(candidate, pass_, target.warp_size)} bytes"
+        else f"shared memory {smem_bytes(candidate, pass_, target.warp_size, problem)} bytes"
     )
     final = _replace(candidate, reasons=tuple(reasons))
     check_plan(final, problem, pass_, target, in_dtype)

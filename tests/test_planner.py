@@ -348,16 +348,47 @@ def test_plan_rejects_a_halo_tile_that_splits_a_fragment():
 
 def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
     """4 x 32 output pixels of a 3x3, dilation-2 filter reach 8 x 36 input pixels; fprop stages
-    them (BK channels each) and 9 taps of [BN][BK + 8] weights per stage."""
+    them (2 slabs of 16 channels, each pixel padded to 24 halves) and 9 taps of [BN][BK + 8]
+    weights per stage; 64 channels (C in fprop, K in dgrad) are two K-steps: two stages."""
     from convgen.planner import halo_shape
 
-    prob = ConvProblem(40, 40, 32, 32, 3, 3, 1, 2, 2, n=2)
+    prob = ConvProblem(40, 40, 64, 64, 3, 3, 1, 2, 2, n=2)
     p = Plan(128, 32, 32, 4, 1, 2, 8, 8, tile_w=32)
     assert halo_shape(p, prob) == (4, 32, 8, 36)
-    assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2 * (8 * 36 * 32 + 9 * 32 * 40) * 2
-    assert smem_bytes(p, Pass.DGRAD, geometry=prob) == 2 * (8 * 36 * 32 + 9 * 32 * 40) * 2
+    assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2 * (8 * 36 * 2 * 24 + 9 * 32 * 40) * 2
+    assert smem_bytes(p, Pass.DGRAD, geometry=prob) == 2 * (8 * 36 * 2 * 24 + 9 * 32 * 40) * 2
     with pytest.raises(ValueError, match="halo plan's shared memory depends on the filter"):
         smem_bytes(p, Pass.FPROP)
+
+
+def test_halo_fragments_read_shared_memory_without_bank_conflicts():
+    """Whatever pixel a tap's fragment starts at, the 8 rows of each ldmatrix phase (16 bytes
+    each, HALO_LD halves apart) cover 8 distinct 16-byte groups of the 32 banks."""
+    from convgen.planner import HALO_LD
+
+    for start in range(64):
+        for half in (0, 8):  # the k 0-7 and k 8-15 phases of one 16 x 16 fragment
+            for rows in (range(0, 8), range(8, 16)):
+                groups = {((start + r) * HALO_LD + half) * 2 // 16 % 8 for r in rows}
+                assert len(groups) == 8, (start, half, sorted(groups))
+    assert HALO_LD * 2 % 16 == 0, "ldmatrix rows must stay 16-byte aligned"
+
+
+@pytest.mark.parametrize("pass_, c, k, halo, want", [
+    (Pass.FPROP, 3, 32, 0, 1),     # R*S*C = 27: one K-step of 32, whatever the plan's depth
+    (Pass.FPROP, 32, 32, 0, 4),    # 288: nine steps, the plan's 4 stages
+    (Pass.DGRAD, 32, 16, 0, 4),    # R*S*K = 144: five steps
+    (Pass.FPROP, 32, 32, 16, 1),   # a halo step is every tap of 32 channels: one step
+    (Pass.DGRAD, 32, 64, 16, 2),   # 64 dy channels: two steps
+    (Pass.WGRAD, 3, 32, 0, 4),     # wgrad reduces over the batch: only the launch knows
+])
+def test_one_step_reductions_allocate_one_stage(pass_, c, k, halo, want):
+    from convgen.planner import ring_stages
+
+    prob = ConvProblem(32, 32, c, k, 3, 3, 1, 1, 1, n=8)
+    p = Plan(256, 32, 32, 4, 1, 4, 8, 8, tile_w=halo)
+    assert ring_stages(p, pass_, prob) == want
+    assert ring_stages(p, pass_, None) == 4
 
 
 def test_im2col_plans_keep_their_keys():

@@ -28,6 +28,7 @@ constexpr int BM = 32, BN = 128, BK = 64;
 constexpr int WARPS_M = 1, WARPS_N = 4, WARP_SIZE = 32;
 constexpr int THREADS = WARPS_M * WARPS_N * WARP_SIZE;
 constexpr int STAGES = 2;
+constexpr int RING = 2;  // stages allocated: a block never runs more K-steps than this many
 constexpr int FM = BM / WARPS_M / 16, FN = BN / WARPS_N / 16;  // fragments per warp tile
 constexpr int PAD = 8;                          // halves of padding per staged row
 constexpr int LDA = BM + PAD;  // A staged as [BK][BM]
@@ -36,7 +37,7 @@ constexpr int A_STAGE = BK * LDA, B_STAGE = BK * LDB;
 constexpr int DRAIN_G = 2;                      // fragments drained side by side
 constexpr int EPI_LD = 16 * DRAIN_G + 8;            // per-warp fp32 epilogue scratch row
 constexpr int SMEM_BYTES = 45056;                    // what the launcher allocates
-static_assert(STAGES * (A_STAGE + B_STAGE) * 2 <= SMEM_BYTES, "pipeline stages overflow shared memory");
+static_assert(RING <= STAGES && RING * (A_STAGE + B_STAGE) * 2 <= SMEM_BYTES, "pipeline stages overflow shared memory");
 static_assert(WARPS_M * WARPS_N * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch overflows shared memory");
 constexpr int GEMM_N = 144;                           // R*S*C
 constexpr int HOIST_LIMIT = 8;  // a gather keeps per-access index state in registers up to this many accesses
@@ -245,13 +246,14 @@ __device__ __forceinline__ void mma_tile(const half_t* As, const half_t* Bs, int
 // The pipelined main loop over k-steps [kt0, kt0 + nk): STAGES shared-memory
 // buffers in a ring, one barrier per k-step.  At step i the barrier proves every
 // warp has left step i-1, so buffer (i-1) % STAGES is free for tile i+STAGES-1.
+// Only buffers below min(STAGES, nk) are ever touched, so RING of them are allocated.
 // `on_tile` sees each staged tile once (wgrad sums db there).
 template <class SA, class SB, class OnTile>
 __device__ __forceinline__ void mainloop(SA& sa, SB& sb, half_t* smem, int kt0, int nk, Acc (&acc)[FM][FN], OnTile on_tile) {
   const int warp = static_cast<int>(threadIdx.x) / WARP_SIZE;
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
   half_t* a_stages = smem;
-  half_t* b_stages = smem + STAGES * A_STAGE;
+  half_t* b_stages = smem + RING * A_STAGE;
 #pragma unroll
   for (int i = 0; i < FM; ++i)
 #pragma unroll
