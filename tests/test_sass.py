@@ -121,3 +121,17 @@ def test_cli_without_cuobjdump_says_what_to_install(monkeypatch, capsys, tmp_pat
     monkeypatch.setenv("CONVGEN_CUOBJDUMP", str(tmp_path / "missing"))
     assert main(["sass", "--suite", "cifar-resnet", "--pass", "fprop"]) == 1
     assert "dev extra" in capsys.readouterr().err
+
+
+@needs_cuobjdump
+def test_wgmma_probe_compiles_to_hgmma():
+    """benchmarks/probes/wgmma_probe.py (run on the GPU before wgmma enters the templates)
+    still compiles for sm_90a, and its MMA is a warpgroup HGMMA, not HMMA."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = Path(__file__).resolve().parent.parent / "benchmarks" / "probes" / "wgmma_probe.py"
+    out = subprocess.run([sys.executable, str(probe), "--compile"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "HGMMA x1" in out.stdout
