@@ -127,11 +127,14 @@ def test_cli_without_cuobjdump_says_what_to_install(monkeypatch, capsys, tmp_pat
 def test_wgmma_probe_compiles_to_hgmma():
     """benchmarks/probes/wgmma_probe.py (run on the GPU before wgmma enters the templates)
     still compiles for sm_90a, and its MMA is a warpgroup HGMMA, not HMMA."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
-    probe = Path(__file__).resolve().parent.parent / "benchmarks" / "probes" / "wgmma_probe.py"
-    out = subprocess.run([sys.executable, str(probe), "--compile"], capture_output=True, text=True, timeout=300)
+    root = Path(__file__).resolve().parent.parent
+    probe = root / "benchmarks" / "probes" / "wgmma_probe.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, str(probe), "--compile"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "HGMMA x1" in out.stdout

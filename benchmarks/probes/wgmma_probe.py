@@ -35,6 +35,7 @@ def source() -> str:
     d_ops = ", ".join(f'"+f"(d[{i}])' for i in range(REGS))
     return r"""
 #include <cuda_fp16.h>
+constexpr int SPAN = 64 * 16 + 4096;  // halves
 // Core matrix (r / 8, k / 8) of a rows x 16 K-major tile, element (r % 8, k % 8) inside it.
 __device__ __forceinline__ int core_offset(int r, int k, int rows, int order_mk) {
   const int core = order_mk ? (r / 8) * 2 + k / 8 : (k / 8) * (rows / 8) + r / 8;
@@ -48,9 +49,13 @@ __device__ __forceinline__ unsigned long long desc(const void* smem, int lbo, in
 }
 extern "C" __global__ void __launch_bounds__(128) probe(const __half* A, const __half* Bt, float* D,
                                                           int order_mk, int lbo_a, int sbo_a, int lbo_b, int sbo_b) {
-  __shared__ alignas(128) __half sA[64 * 16];
-  __shared__ alignas(128) __half sB[64 * 16];
+  // 8 KB more than the data, zeroed: the readings with the wrong stride reach past the tile
+  // (SBO = 1024 bytes along M) and must read zeros, not fault and take the context with them.
+  __shared__ alignas(128) __half sA[SPAN];
+  __shared__ alignas(128) __half sB[SPAN];
   const int t = threadIdx.x;
+  for (int i = t; i < SPAN; i += 128) sA[i] = sB[i] = __float2half(0.0f);
+  __syncthreads();
   for (int i = t; i < 64 * 16; i += 128) {
     sA[core_offset(i / 16, i % 16, 64, order_mk)] = A[i];   // A is M x K, row-major (K-major)
     sB[core_offset(i / 16, i % 16, 64, order_mk)] = Bt[i];  // B^T is N x K, row-major (B K-major)
