@@ -129,7 +129,7 @@ def _cases() -> list[Case]:
 
 
 HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
-HALO_PLAN = Plan(64, 32, 32, 4, 1, 2, 8, 8, tile_w=16)  # fits the 64 KiB of shared memory AMD targets have
+HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, tile_w=16)  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()
 
 
