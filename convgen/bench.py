@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 
 from .cli import UsageError, _add_shape_args, _layers
 from .compile import gpu_unavailable_reason  # noqa: F401  (bench.gpu_unavailable_reason is patched in tests)
-from .ir import ConvProblem, Epilogue, Pass, Target
+from .ir import ConvProblem, Epilogue, Pass, Plan, Target
 from .suites import SUITES, Layer, get_suite
 
 RESULT_FORMAT = 1
@@ -755,8 +755,7 @@ def dry_run(items: Sequence[Item], bias: bool) -> int:
         body = []
         for r in group:
             pl = r["convgen"]["plan"]
-            plan_s = (f"{pl['block_m']}x{pl['block_n']}x{pl['block_k']} w{pl['warps_m']}x{pl['warps_n']} "
-                      f"st{pl['stages']} sk{pl['split_k']}") if pl else (r["convgen"]["error"] or "-")
+            plan_s = Plan(**pl).brief() if pl else (r["convgen"]["error"] or "-")
             g = r["gemm"]
             body.append((r["layer"], r["pass"], f"{r['flops'] / 1e9:.2f}", f"{r['bytes'] / 1e6:.1f}",
                          f"{g['m']} x {g['n']} x {g['k']}", plan_s, r["convgen"]["key"] or "-"))

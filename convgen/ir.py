@@ -449,6 +449,11 @@ class Plan:
             d.pop("tile_w")
         return d
 
+    def brief(self) -> str:
+        """One table cell: tile, warps, stages, split-K, and the halo tile width if any."""
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} "
+                f"s{self.stages} k{self.split_k}" + (f" halo{self.tile_w}" if self.tile_w else ""))
+
     def explain(self) -> str:
         head = (
             f"block {self.block_m}x{self.block_n}x{self.block_k}, {self.warps} warps "

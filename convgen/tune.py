@@ -335,10 +335,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
                         "shape": layer.problem.as_dict(), "pass": pass_.value}
         log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(), "rows": rows})
-        bp = best["plan"]
         print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
-              f"{bp['block_m']}x{bp['block_n']}x{bp['block_k']} w{bp['warps_m']}x{bp['warps_n']} s{bp['stages']} k{bp['split_k']}",
-              flush=True)
+              f"{Plan(**best['plan']).brief()}", flush=True)
     path = Path(args.db) if args.db else user_db_path()
     record(path, gpu_name, entries)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")

@@ -302,7 +302,11 @@ def test_dry_run(capsys, monkeypatch):
     assert main(["bench", "--suite", "cifar-resnet", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "21 rows" in out and "res3-down" in out and "wgrad" in out
-    assert "sk" in out  # plans are shown
+    from convgen.planner import plan
+    from convgen.suites import SUITES
+
+    res3 = next(l for l in SUITES["cifar-resnet"] if l.name == "res3")
+    assert plan(res3.problem, Pass.DGRAD, Target("sm_90")).brief() in out  # plans are shown
 
 
 def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):

@@ -497,3 +497,11 @@ def test_epilogue_flags_must_be_bools():
         Epilogue(bias="yes")
     with pytest.raises(ValueError, match="relu"):
         Epilogue(relu=1)
+
+
+def test_plan_brief_names_the_halo_tile():
+    """tune's and bench's tables print plans this way; a halo plan must not read as im2col."""
+    from convgen.ir import Plan
+
+    assert Plan(256, 32, 32, 4, 1, 2, 8, 8).brief() == "256x32x32 w4x1 s2 k1"
+    assert Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=3, tile_w=16).brief() == "256x32x32 w4x1 s2 k3 halo16"
