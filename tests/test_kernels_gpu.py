@@ -76,6 +76,13 @@ def test_exact_tier_scalar_and_fp32_inputs(problem, pass_):
     check(res, "float32", exact=True, what=f"{pass_.value} scalar fp32-in")
 
 
+def _image(draw, r, s, pad, dil, largest=40):
+    """An image height and width (up to `largest`) that the padded, dilated filter fits."""
+    h_min = max(1, dil[0] * (r - 1) + 1 - 2 * pad[0])
+    w_min = max(1, dil[1] * (s - 1) + 1 - 2 * pad[1])
+    return draw(st.integers(h_min, max(h_min, largest))), draw(st.integers(w_min, max(w_min, largest)))
+
+
 @st.composite
 def problems(draw):
     n = draw(st.integers(1, 8))
@@ -83,10 +90,7 @@ def problems(draw):
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
     pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    h_min = max(1, dil[0] * (r - 1) + 1 - 2 * pad[0])
-    w_min = max(1, dil[1] * (s - 1) + 1 - 2 * pad[1])
-    h = draw(st.integers(h_min, max(h_min, 40)))
-    w = draw(st.integers(w_min, max(w_min, 40)))
+    h, w = _image(draw, r, s, pad, dil)
     c, k = draw(st.integers(1, 80)), draw(st.integers(1, 80))
     return ConvProblem(h, w, c, k, r, s, stride, pad, dil, n=n)
 
@@ -428,8 +432,7 @@ def halo_cases(draw):
     r, s = draw(st.integers(2, 5)), draw(st.integers(1, 5))
     pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    h = draw(st.integers(max(1, dil[0] * (r - 1) + 1 - 2 * pad[0]), 40))
-    w = draw(st.integers(max(1, dil[1] * (s - 1) + 1 - 2 * pad[1]), 40))
+    h, w = _image(draw, r, s, pad, dil)
     c, k = 8 * draw(st.integers(1, 10)), 8 * draw(st.integers(1, 10))
     problem = ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
     pass_ = draw(st.sampled_from([Pass.FPROP, Pass.DGRAD]))
