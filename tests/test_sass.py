@@ -138,3 +138,13 @@ def test_wgmma_probe_compiles_to_hgmma():
     out = subprocess.run([sys.executable, str(probe), "--compile"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "HGMMA x1" in out.stdout
+
+
+@needs_cuobjdump
+def test_cli_names_the_tuned_halo_plans(capsys):
+    """CIFAR-VGG conv32 dgrad ships a halo plan for the H200; the table must say so."""
+    assert main(["sass", "--suite", "cifar-vgg", "--pass", "dgrad", "--tuned", "NVIDIA H200"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("conv32"))
+    tuned = tune.lookup(H200, next(l for l in SUITES["cifar-vgg"] if l.name == "conv32").problem.geometry,
+                        Pass.DGRAD, "float16", "sm_90")
+    assert tuned.tile_w and f"halo{tuned.tile_w} tuned" in row
