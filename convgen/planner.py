@@ -129,11 +129,13 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     return max(pipeline, epilogue)
 
 
-def _vec(channels: int) -> int:
+def vector_width(channels: int) -> int:
+    """The widest access (elements of 8, 4, 2 or 1) that a run of this many channels allows."""
     for v in (8, 4, 2):
         if channels % v == 0:
             return v
     return 1
+
 
 
 def _fit(extent: int, cap: int) -> int:
@@ -195,7 +197,7 @@ def plan(
     if scalar:
         va = vb = 1
     else:
-        va, vb = _vec(ca), _vec(cb)
+        va, vb = vector_width(ca), vector_width(cb)
     big_k = gemm.k >= 1024 and min(va, vb) > 1
     bk = 64 if big_k else 32
     reasons.append(
@@ -285,7 +287,7 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     for name, vec, run in (("vec_a", plan.vec_a, ca), ("vec_b", plan.vec_b, cb)):
         if run % vec:
             raise ValueError(
-                f"plan.{name}={vec} does not divide the operand's contiguous run of {run} channels; use {_vec(run)} or less"
+                f"plan.{name}={vec} does not divide the operand's contiguous run of {run} channels; use {vector_width(run)} or less"
             )
     for name, read in (("read_a", plan.read_a), ("read_b", plan.read_b)):
         if read == "float32" and in_dtype != "float32":
@@ -316,9 +318,10 @@ def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float1
         return "the halo path computes fprop and dgrad only (wgrad reduces over pixels)"
     if geometry.stride != (1, 1):
         return f"the halo path needs stride 1, got {geometry.stride}"
-    ca, cb = gathered_channels(geometry, pass_)
-    if ca % 8 or geometry.c % 8:
-        return "the halo path stages 16-byte channel runs: the channel counts must be multiples of 8"
+    ca, _ = gathered_channels(geometry, pass_)
+    if ca % 8:
+        return (f"the halo path stages 16-byte runs of the reduced channels: "
+                f"{'C' if pass_ is Pass.FPROP else 'K'}={ca} is not a multiple of 8")
     if in_dtype != "float16":
         return "the halo path reads fp16 inputs"
     return None
@@ -328,8 +331,15 @@ def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target,
     why = halo_eligible(geometry, pass_, in_dtype)
     if why:
         raise ValueError(f"plan.tile_w={plan.tile_w}: {why}")
-    if (plan.vec_a, plan.vec_b) != (8, 8) or (plan.read_a, plan.read_b) != ("float16", "float16"):
-        raise ValueError("a halo plan (tile_w > 0) moves 16-byte fp16 runs: vec_a = vec_b = 8, fp16 reads")
+    vec_b = halo_vec_b(geometry, pass_)
+    if (plan.vec_a, plan.vec_b) != (8, vec_b) or (plan.read_a, plan.read_b) != ("float16", "float16"):
+        raise ValueError(f"a halo plan (tile_w > 0) reads fp16 with vec_a = 8 and vec_b = {vec_b} for this shape")
+
+
+def halo_vec_b(geometry: ConvGeometry, pass_: Pass) -> int:
+    """The halo path's weight access width: fprop's weight rows run over C (a multiple of 8
+    there); dgrad's over the C dx channels, which may be any count (C = 3 first layers)."""
+    return 8 if pass_ is Pass.FPROP else vector_width(geometry.c)
 
 
 def make_spec(

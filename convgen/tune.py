@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .ir import ConvGeometry, ConvProblem, Pass, Plan, Target
-from .planner import FRAG, check_plan, halo_eligible, plan as default_plan
+from .planner import FRAG, check_plan, halo_eligible, halo_vec_b, plan as default_plan
 
 DB_FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
@@ -55,7 +55,7 @@ MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-st
 # halo kernels are bound by shared-memory reads (ncu: L1 82% busy on CIFAR-VGG conv32 fprop).
 _HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
     (256, 32, 4, 1), (256, 64, 4, 2), (128, 32, 2, 1), (256, 32, 8, 1), (128, 32, 4, 1), (128, 64, 4, 1),
-    (128, 64, 2, 2), (128, 128, 2, 4), (64, 64, 2, 2), (128, 16, 4, 1),
+    (128, 64, 2, 2), (128, 128, 2, 4), (64, 64, 2, 2), (128, 16, 4, 1), (256, 16, 4, 1), (256, 16, 8, 1),
 )
 MAX_HALO = 10  # halo candidates per layer, placed right after the default plan
 
@@ -134,7 +134,7 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
             if bn > max(_fit(n), FRAG) or bm % tile_w:
                 continue
             try:
-                p = Plan(bm, bn, bk, wm, wn, stages, 8, 8, "float16", "float16", 1, tile_w,
+                p = Plan(bm, bn, bk, wm, wn, stages, 8, halo_vec_b(g, pass_), "float16", "float16", 1, tile_w,
                          reasons=(f"tuning candidate: halo tile {bm // tile_w}x{tile_w}, {bm}x{bn}x{bk}, "
                                   f"{wm}x{wn} warps, {stages} stages",))
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]

@@ -78,6 +78,11 @@ def cases():
             for epi in ({"bias": True, "relu": True}, {"out_dtype": "float32"}) if pass_ is Pass.FPROP else ({},):
                 out.append((f"halo/{prob.describe()}/{pass_.value}/{arch}/{'-'.join(epi) or 'plain'}",
                             make_spec(prob, pass_, target=Target(arch), epilogue=Epilogue(**epi), plan_=hand)))
+    # dgrad of a 3-channel first layer: halo over K = 32 dy channels, weights one channel per access
+    prob = ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2)
+    for arch in ("sm_90", "gfx1201"):
+        out.append((f"halo/{prob.describe()}/dgrad/{arch}/narrow-weights",
+                    make_spec(prob, Pass.DGRAD, target=Target(arch), plan_=Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16))))
     return out
 
 

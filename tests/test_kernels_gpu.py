@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 import convgen
 import convgen.runtime
 from convgen import reference
-from convgen.ir import ConvProblem, Pass
+from convgen.ir import ConvProblem, Pass, Plan
 from convgen.suites import SUITES
 
 from gpu_helpers import check, rel_err, run_pass, tolerance
@@ -349,7 +349,6 @@ def test_shipped_tuned_plans_match_the_reference(gpu, entry, target):
     """Every plan a shipped tuning database can hand the runtime is checked like the planner's."""
     import cupy as cp
 
-    from convgen.ir import Plan
     from convgen.tune import gpu_slug
 
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
@@ -390,13 +389,30 @@ HALO_EXACT = [
 @pytest.mark.parametrize("split", [1, 2, 3])
 def test_halo_exact_tier(case, pass_, split, target):
     """The halo path with integer data: bit for bit, whatever the split-K."""
-    from convgen.ir import Plan
-
     problem, bm, bn, bk, wm, wn, stages, tile_w = case
     plan = Plan(bm, bn, bk, wm, wn, stages, 8, 8, split_k=split, tile_w=tile_w)
     res = run_pass(problem, pass_, _seed("halo-exact", problem, pass_, split), out_dtype="float32",
                    bias=pass_ is Pass.FPROP, plan=plan, exact=True)
     check(res, "float32", exact=True, what=f"halo {pass_.value} split {split}")
+
+
+# dgrad with dx channels that are not a multiple of 8: the weights move 1, 2 or 4 channels
+# per access (C = 3 is the CIFAR first layers' case); split-K over the dy channels too.
+HALO_NARROW = [
+    (ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16)),
+    (ConvProblem(9, 17, 6, 24, 3, 3, 1, (1, 2), (1, 2), n=2), Plan(64, 16, 16, 2, 1, 2, 8, 2, tile_w=16)),
+    (ConvProblem(16, 33, 20, 48, 5, 3, 1, 2, 1, n=1), Plan(256, 32, 16, 4, 2, 3, 8, 4, tile_w=32)),
+]
+
+
+@pytest.mark.parametrize("case", HALO_NARROW, ids=lambda c: c[0].describe().replace(" ", "_"))
+@pytest.mark.parametrize("split", [1, 2])
+def test_halo_dgrad_with_narrow_weights_exact(case, split):
+    problem, plan = case
+    plan = dataclasses.replace(plan, split_k=split)
+    res = run_pass(problem, Pass.DGRAD, _seed("halo-narrow", problem, split), out_dtype="float32",
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"halo dgrad C={problem.c} vec_b {plan.vec_b} split {split}")
 
 
 def _halo_candidates():
@@ -433,9 +449,11 @@ def halo_cases(draw):
     pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     h, w = _image(draw, r, s, pad, dil)
-    c, k = 8 * draw(st.integers(1, 10)), 8 * draw(st.integers(1, 10))
-    problem = ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
     pass_ = draw(st.sampled_from([Pass.FPROP, Pass.DGRAD]))
+    # the reduced channels (C in fprop, K in dgrad) come in 16-byte runs; dgrad's C is free
+    c = 8 * draw(st.integers(1, 10)) if pass_ is Pass.FPROP else draw(st.integers(1, 80))
+    k = 8 * draw(st.integers(1, 10))
+    problem = ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
     from convgen.compile import detect_target
 
     plans = tune._halo_candidates(problem, pass_, detect_target(), "float16")

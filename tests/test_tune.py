@@ -133,8 +133,9 @@ def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
 
 def test_halo_candidates_only_where_the_halo_path_applies():
     """Stride-1 3x3 fprop/dgrad with channels in multiples of 8 get halo-path candidates (right
-    after the default plan, so the candidate limit never drops them); strided, wgrad, 1x1 and
-    3-channel layers get none."""
+    after the default plan, so the candidate limit never drops them); so does a 3-channel
+    layer's dgrad (it reduces over K = 32; its narrow weights go through registers). Strided,
+    wgrad, 1x1 layers and a 3-channel fprop get none."""
     target = Target("sm_90")
     by_name = {l.name: l.problem for l in SUITES["cifar-vgg"] + SUITES["resnet50"]}
     for name, pass_ in (("conv32", Pass.FPROP), ("conv32", Pass.DGRAD), ("l4-3x3", Pass.DGRAD)):
@@ -142,6 +143,11 @@ def test_halo_candidates_only_where_the_halo_path_applies():
         halo = [c for c in cands if c.tile_w]
         assert halo and cands[1:1 + len(halo)] == halo, name
         assert all(c.vec_a == c.vec_b == 8 and c.block_m % c.tile_w == 0 for c in halo)
+    vgg_conv1 = next(l.problem for l in SUITES["cifar-vgg"] if l.name == "conv1")
+    conv1 = tune.candidates(vgg_conv1, Pass.DGRAD, target)
+    halo = [c for c in conv1 if c.tile_w]
+    assert halo and conv1[1:1 + len(halo)] == halo
+    assert all((c.vec_a, c.vec_b, c.block_n) == (8, 1, 16) for c in halo)
     for name, pass_ in (("conv32", Pass.WGRAD), ("conv1", Pass.FPROP), ("l2-3x3-down", Pass.FPROP),
                         ("l4-1x1", Pass.DGRAD)):
         assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.tile_w], (name, pass_)
