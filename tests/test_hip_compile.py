@@ -36,6 +36,7 @@ Runs only when the toolchain is named (otherwise the whole module is skipped):
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import os
 import re
 import shutil
@@ -86,7 +87,7 @@ if TOOLS is None:
 # Imported after the skip so a plain `pytest` run pays nothing for this module.
 from convgen.emit import KernelSource, emit  # noqa: E402
 from convgen.ir import Epilogue, Pass, Plan, Target  # noqa: E402
-from convgen.planner import make_spec  # noqa: E402
+from convgen.planner import halo_vec_b, make_spec  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
 
 
@@ -125,6 +126,8 @@ def _cases() -> list[Case]:
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             for arch in ARCHES:
                 cases.append(Case(f"halo/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch, "halo"))
+    for arch in ARCHES:  # dgrad of a 3-channel layer: weights one channel per access, through registers
+        cases.append(Case(f"halo/cifar-vgg/conv1-dgrad-{arch}", "cifar-vgg", "conv1", Pass.DGRAD, arch, "halo"))
     return cases
 
 
@@ -147,7 +150,8 @@ def _emit(case: Case) -> KernelSource:
         ),
         in_dtype="float32" if case.variant == "in-fp32" else "float16",
         scalar=case.variant == "scalar",
-        plan_=HALO_PLAN if case.variant == "halo" else None,
+        plan_=(dataclasses.replace(HALO_PLAN, vec_b=halo_vec_b(layer.problem.geometry, p))
+               if case.variant == "halo" else None),
     )
     return emit(spec)
 
