@@ -19,7 +19,10 @@ import jinja2
 from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
-from .planner import EPI_PAD, HALO_LD, SMEM_PAD, a_is_col, b_is_col, drain_group, halo_shape, ring_stages, smem_bytes
+from .planner import (
+    EPI_PAD, HALO_LD, SMEM_PAD, a_is_col, b_is_col, drain_group, halo_path, halo_shape, ring_stages, smem_bytes,
+    staged_halo_halves,
+)
 from .resources import templates_dir
 
 _C_TYPES = {"float16": "half_t", "float32": "float"}
@@ -135,6 +138,8 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "ring": ring_stages(plan, p, spec.geometry),
         "halo_ld": HALO_LD,
         "halo": plan.halo,
+        "halo_path": halo_path(plan, spec.geometry, p),
+        "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo else 0,
         # (tile rows, tile columns, halo rows, halo columns), and whether the taps walk the
         # halo flipped (dgrad reads dy at h + PH - r*DH).
         "halo_tile": halo_shape(plan, spec.geometry) if plan.halo else (0, 0, 0, 0),

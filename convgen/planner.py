@@ -74,9 +74,29 @@ def b_is_col(pass_: Pass) -> bool:
 
 def halo_shape(plan: Plan, geometry: ConvGeometry) -> tuple[int, int, int, int]:
     """(tile rows, tile columns, halo rows, halo columns) of a halo plan: the output-pixel
-    tile and the input pixels its taps reach (stride 1, so taps only widen it)."""
+    tile and the input pixels its taps reach."""
     th, tw = plan.block_m // plan.tile_w, plan.tile_w
-    return th, tw, th + (geometry.r - 1) * geometry.dilation[0], tw + (geometry.s - 1) * geometry.dilation[1]
+    (sh, sw), (dh, dw) = geometry.stride, geometry.dilation
+    return th, tw, (th - 1) * sh + (geometry.r - 1) * dh + 1, (tw - 1) * sw + (geometry.s - 1) * dw + 1
+
+
+def halo_path(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> str:
+    """Which main loop a plan runs: "" (im2col from global memory), "taps" (the halo of BK
+    channels staged per step, each tap's fragments read in place: stride 1, reduced channels
+    in 16-byte runs), or "im2col" (fprop with C not a multiple of 8, as in a 3-channel first
+    layer: the block stages its whole input halo once, every channel, and the im2col gather
+    then reads that instead of global memory, so each input pixel leaves DRAM/L2 once instead
+    of once per tap)."""
+    if not plan.halo:
+        return ""
+    return "im2col" if pass_ is Pass.FPROP and geometry.c % 8 else "taps"
+
+
+def staged_halo_halves(plan: Plan, geometry: ConvGeometry) -> int:
+    """The "im2col" halo path's input halo, every channel of every pixel, in halves; rounded
+    up to 64 halves (128 bytes) so the pipeline stages after it stay aligned."""
+    _, _, hh, hw = halo_shape(plan, geometry)
+    return -(-hh * hw * geometry.c // 64) * 64
 
 
 def halo_stage_halves(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
@@ -99,7 +119,7 @@ def reduction_steps(plan: Plan, pass_: Pass, geometry: ConvGeometry) -> int | No
     if pass_ is Pass.WGRAD:
         return None
     red = g.c if pass_ is Pass.FPROP else g.k
-    if not plan.halo:
+    if halo_path(plan, g, pass_) != "taps":
         red *= g.r * g.s
     return max(1, math.ceil(red / plan.block_k))
 
@@ -117,14 +137,17 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     A halo plan's stages depend on the filter, so it needs the geometry; without one, an
     im2col plan is sized for all its stages (an upper bound)."""
     bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
-    if plan.halo:
-        if geometry is None:
-            raise ValueError("a halo plan's shared memory depends on the filter: pass the geometry")
-        a, b = halo_stage_halves(plan, geometry, pass_)
+    if plan.halo and geometry is None:
+        raise ValueError("a halo plan's shared memory depends on the filter: pass the geometry")
+    path = halo_path(plan, geometry, pass_) if geometry is not None else ""
+    if path == "taps":
+        a, b = halo_stage_halves(plan, geometry, pass_)  # type: ignore[arg-type]
     else:
         a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
         b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
     pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
+    if path == "im2col":
+        pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     epilogue = plan.warps * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
     return max(pipeline, epilogue)
 
@@ -312,18 +335,24 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         raise ValueError(f"plan.split_k={plan.split_k} exceeds the grid's z limit (65535)")
 
 
+# The "im2col" halo path keeps its whole input halo in shared memory next to the pipeline.
+MAX_STAGED_HALO_BYTES = 48 * 1024
+
+
 def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float16") -> str | None:
-    """Why the halo path cannot run this pass (None when it can)."""
+    """Why no halo path can run this pass (None when one can; `halo_path` says which)."""
     if pass_ is Pass.WGRAD:
         return "the halo path computes fprop and dgrad only (wgrad reduces over pixels)"
+    if in_dtype != "float16":
+        return "the halo path reads fp16 inputs"
+    if pass_ is Pass.FPROP and geometry.c % 8:
+        return None  # the "im2col" halo path: any stride
     if geometry.stride != (1, 1):
         return f"the halo path needs stride 1, got {geometry.stride}"
     ca, _ = gathered_channels(geometry, pass_)
     if ca % 8:
         return (f"the halo path stages 16-byte runs of the reduced channels: "
                 f"{'C' if pass_ is Pass.FPROP else 'K'}={ca} is not a multiple of 8")
-    if in_dtype != "float16":
-        return "the halo path reads fp16 inputs"
     return None
 
 
@@ -331,14 +360,22 @@ def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target,
     why = halo_eligible(geometry, pass_, in_dtype)
     if why:
         raise ValueError(f"plan.tile_w={plan.tile_w}: {why}")
+    if (plan.read_a, plan.read_b) != ("float16", "float16"):
+        raise ValueError("a halo plan (tile_w > 0) reads fp16 inputs as they are: read_a = read_b = 'float16'")
+    if halo_path(plan, geometry, pass_) == "im2col":
+        staged = staged_halo_halves(plan, geometry) * 2
+        if staged > MAX_STAGED_HALO_BYTES:
+            raise ValueError(f"plan.tile_w={plan.tile_w}: the block's input halo takes {staged} bytes of shared "
+                             f"memory (at most {MAX_STAGED_HALO_BYTES}); use a smaller tile")
+        return
     vec_b = halo_vec_b(geometry, pass_)
-    if (plan.vec_a, plan.vec_b) != (8, vec_b) or (plan.read_a, plan.read_b) != ("float16", "float16"):
+    if (plan.vec_a, plan.vec_b) != (8, vec_b):
         raise ValueError(f"a halo plan (tile_w > 0) reads fp16 with vec_a = 8 and vec_b = {vec_b} for this shape")
 
 
 def halo_vec_b(geometry: ConvGeometry, pass_: Pass) -> int:
-    """The halo path's weight access width: fprop's weight rows run over C (a multiple of 8
-    there); dgrad's over the C dx channels, which may be any count (C = 3 first layers)."""
+    """The "taps" halo path's weight access width: fprop's weight rows run over C (a multiple
+    of 8 there); dgrad's over the C dx channels, which may be any count (C = 3 first layers)."""
     return 8 if pass_ is Pass.FPROP else vector_width(geometry.c)
 
 

@@ -124,10 +124,15 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     if halo_eligible(g, pass_, in_dtype) is not None or g.r * g.s == 1:  # type: ignore[arg-type]
         return []  # (a 1x1 filter's halo is its tile: nothing to share between taps)
     out_w = g.q if pass_ is Pass.FPROP else g.w
-    red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
     n = problem.gemm(pass_).n
-    bk = 16 if red <= 16 else 32
-    stages = 2 if red <= bk or not target.info.cp_async else 3  # one step needs no deeper ring
+    if pass_ is Pass.FPROP and g.c % 8:  # the "im2col" halo path: the default plan's gathers, halo-fed
+        base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+        va, vb, bk, stages = base.vec_a, base.vec_b, 32, base.stages
+    else:  # the "taps" halo path
+        red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
+        va, vb = 8, halo_vec_b(g, pass_)
+        bk = 16 if red <= 16 else 32
+        stages = 2 if red <= bk or not target.info.cp_async else 3  # one step needs no deeper ring
     out = []
     for tile_w in (16, 32):
         if tile_w > max(16, _fit(out_w)):
@@ -136,7 +141,7 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
             if bn > max(_fit(n), FRAG) or bm % tile_w:
                 continue
             try:
-                p = Plan(bm, bn, bk, wm, wn, stages, 8, halo_vec_b(g, pass_), "float16", "float16", 1, tile_w,
+                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, tile_w,
                          reasons=(f"tuning candidate: halo tile {bm // tile_w}x{tile_w}, {bm}x{bn}x{bk}, "
                                   f"{wm}x{wn} warps, {stages} stages",))
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]

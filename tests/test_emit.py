@@ -78,6 +78,12 @@ def cases():
             for epi in ({"bias": True, "relu": True}, {"out_dtype": "float32"}) if pass_ is Pass.FPROP else ({},):
                 out.append((f"halo/{prob.describe()}/{pass_.value}/{arch}/{'-'.join(epi) or 'plain'}",
                             make_spec(prob, pass_, target=Target(arch), epilogue=Epilogue(**epi), plan_=hand)))
+    # fprop of narrow-channel layers: the staged-halo im2col path, stride 1 and 2, 1 and 4 channels per access
+    for prob, hand in ((ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
+                       (ConvProblem(40, 44, 4, 16, 7, 7, 2, 3, n=1), Plan(128, 16, 32, 4, 1, 3, 4, 4, split_k=2, tile_w=16))):
+        for arch in ("sm_90", "gfx1201"):
+            out.append((f"halo/{prob.describe()}/fprop/{arch}/staged-im2col",
+                        make_spec(prob, Pass.FPROP, target=Target(arch), epilogue=Epilogue(bias=True, relu=True), plan_=hand)))
     # dgrad of a 3-channel first layer: halo over K = 32 dy channels, weights one channel per access
     prob = ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2)
     for arch in ("sm_90", "gfx1201"):
@@ -417,9 +423,15 @@ def test_halo_kernels_carry_the_tile_and_only_the_halo_gathers(name, spec, sourc
     g, p = spec.geometry, spec.plan
     th, tw = p.block_m // p.tile_w, p.tile_w
     assert constant(src, "TILE_W") == tw and constant(src, "TILE_H") == th
-    assert constant(src, "HALO_W") == tw + (g.s - 1) * g.dilation[1]
-    assert constant(src, "HALO_H") == th + (g.r - 1) * g.dilation[0]
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    assert constant(src, "HALO_W") == (tw - 1) * sw + (g.s - 1) * dw + 1
+    assert constant(src, "HALO_H") == (th - 1) * sh + (g.r - 1) * dh + 1
     code = code_only(src)
+    if spec.pass_ is Pass.FPROP and g.c % 8:  # the staged-halo im2col path: the whole input halo, then im2col
+        assert "stage_input_halo(x, tile, halo)" in code and "GatherStagedX" in code
+        assert "mma_tile(" in code and "mma_halo(" not in code and "struct GatherX " not in code
+        assert constant(src, "HALO_HALVES") >= constant(src, "HALO_H") * constant(src, "HALO_W") * g.c
+        return
     assert "mma_halo(As, Bs" in code and "mma_tile(" not in code
     assert "GatherHalo<" in code and "struct GatherX" not in code and "struct GatherDy" not in code
     # dgrad walks the filter flipped: dy pixel h + PH - r*DH for tap r

@@ -415,6 +415,26 @@ def test_halo_dgrad_with_narrow_weights_exact(case, split):
     check(res, "float32", exact=True, what=f"halo dgrad C={problem.c} vec_b {plan.vec_b} split {split}")
 
 
+# fprop with C not a multiple of 8: the staged-halo im2col path, at strides 1 to 3, with
+# dilation, asymmetric padding, 1/2/4 channels per access, tiles past the image edge, split-K.
+HALO_STAGED = [
+    (ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
+    (ConvProblem(30, 34, 3, 24, 7, 7, 2, 3, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
+    (ConvProblem(17, 23, 6, 16, 5, 3, (1, 3), (2, 0), (2, 1), n=2), Plan(128, 16, 32, 4, 1, 2, 2, 2, tile_w=32)),
+    (ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, tile_w=16)),
+]
+
+
+@pytest.mark.parametrize("case", HALO_STAGED, ids=lambda c: c[0].describe().replace(" ", "_"))
+@pytest.mark.parametrize("split", [1, 2])
+def test_halo_staged_im2col_fprop_exact(case, split):
+    problem, plan = case
+    plan = dataclasses.replace(plan, split_k=split)
+    res = run_pass(problem, Pass.FPROP, _seed("halo-staged", problem, split), out_dtype="float32",
+                   bias=True, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"staged-halo fprop C={problem.c} split {split}")
+
+
 def _halo_candidates():
     from convgen import tune
     from convgen.ir import Target
@@ -441,7 +461,7 @@ def test_every_halo_candidate_matches_the_reference(suite, layer, pass_, plan, t
 
 @st.composite
 def halo_cases(draw):
-    """A stride-1 shape with 16-byte channel runs, and one of the halo plans tune offers it."""
+    """A shape one of the halo paths accepts, and one of the halo plans tune offers it."""
     from convgen import tune
 
     n = draw(st.integers(1, 4))
@@ -450,10 +470,15 @@ def halo_cases(draw):
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     h, w = _image(draw, r, s, pad, dil)
     pass_ = draw(st.sampled_from([Pass.FPROP, Pass.DGRAD]))
-    # the reduced channels (C in fprop, K in dgrad) come in 16-byte runs; dgrad's C is free
-    c = 8 * draw(st.integers(1, 10)) if pass_ is Pass.FPROP else draw(st.integers(1, 80))
-    k = 8 * draw(st.integers(1, 10))
-    problem = ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
+    # dgrad reduces over K in 16-byte runs ("taps" path), its C is free.  fprop with C in
+    # multiples of 8 is the "taps" path (stride 1); any other C is the staged-halo im2col
+    # path, at any stride.
+    c = draw(st.integers(1, 80))
+    k = 8 * draw(st.integers(1, 10)) if pass_ is Pass.DGRAD else draw(st.integers(1, 80))
+    stride = (1, 1)
+    if pass_ is Pass.FPROP and c % 8:
+        stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    problem = ConvProblem(h, w, c, k, r, s, stride, pad, dil, n=n)
     from convgen.compile import detect_target
 
     plans = tune._halo_candidates(problem, pass_, detect_target(), "float16")

@@ -310,8 +310,8 @@ C64 = ConvProblem(16, 16, 64, 64, 3, 3, 1, 1, n=8)
          r"plan\.tile_w=16: the halo path computes fprop and dgrad only"),
         (ConvProblem(16, 16, 64, 64, 3, 3, 2, 1, n=8), "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90",
          "float16", r"plan\.tile_w=16: the halo path needs stride 1, got \(2, 2\)"),
-        (ConvProblem(16, 16, 12, 64, 3, 3, 1, 1, n=8), "fprop", Plan(128, 64, 32, 4, 1, 2, 4, 4, tile_w=16), "sm_90",
-         "float16", r"plan\.tile_w=16: the halo path stages 16-byte runs of the reduced channels: C=12 is not"),
+        (ConvProblem(200, 200, 7, 16, 7, 7, 3, 9, 3, n=1), "fprop", Plan(256, 16, 16, 4, 1, 2, 1, 1, tile_w=16),
+         "sm_90", "float16", r"plan\.tile_w=16: the block's input halo takes 57344 bytes of shared memory \(at most 49152\)"),
         (ConvProblem(16, 16, 16, 12, 3, 3, 1, 1, n=8), "dgrad", Plan(128, 16, 16, 4, 1, 2, 4, 8, tile_w=16), "sm_90",
          "float16", r"plan\.tile_w=16: the halo path stages 16-byte runs of the reduced channels: K=12 is not"),
         (ConvProblem(16, 16, 3, 32, 3, 3, 1, 1, n=8), "dgrad", Plan(128, 16, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90",
@@ -403,3 +403,19 @@ def test_im2col_plans_keep_their_keys():
     h = Plan(128, 64, 32, 4, 1, 3, 8, 8, tile_w=16)
     assert h.as_dict()["tile_w"] == 16 and Plan(**h.as_dict()) == h
     assert "halo tile 8x16 pixels" in h.explain()
+
+
+def test_narrow_fprop_takes_the_staged_halo_path_at_any_stride():
+    """A 3-channel fprop (ResNet-50's 7x7 stride-2 first layer here) stages its block's whole
+    input halo, every channel, next to the pipeline: 8 x 16 output pixels at stride 2 reach
+    21 x 37 input pixels.  Its reduction (R*S*C = 147) is five K-steps, so all 3 stages stay."""
+    from convgen.planner import halo_path, halo_shape, staged_halo_halves
+
+    prob = ConvProblem(224, 224, 3, 64, 7, 7, 2, 3, n=1)
+    p = Plan(128, 64, 32, 4, 1, 3, 1, 1, tile_w=16)
+    check_plan(p, prob, Pass.FPROP, Target("sm_90"), "float16")
+    assert halo_path(p, prob, Pass.FPROP) == "im2col" and halo_path(p, prob, Pass.DGRAD) == "taps"
+    assert halo_shape(p, prob) == (8, 16, 21, 37)
+    assert staged_halo_halves(p, prob) == 2368  # 21 * 37 * 3 = 2331, rounded up to 128 bytes
+    assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2368 * 2 + 3 * (128 * 40 + 64 * 40) * 2
+    assert halo_path(Plan(128, 64, 32, 4, 1, 3, 1, 1), prob, Pass.FPROP) == ""

@@ -11,7 +11,7 @@ import pytest
 from convgen import tune
 from convgen.cli import main
 from convgen.ir import ARCHES, ConvProblem, Pass, Plan, Target
-from convgen.planner import check_plan, plan
+from convgen.planner import check_plan, halo_path, plan
 from convgen.suites import SUITES
 
 from test_bench import FakeDevice
@@ -148,6 +148,8 @@ def test_halo_candidates_only_where_the_halo_path_applies():
     halo = [c for c in conv1 if c.tile_w]
     assert halo and conv1[1:1 + len(halo)] == halo
     assert all((c.vec_a, c.vec_b, c.block_n) == (8, 1, 16) for c in halo)
-    for name, pass_ in (("conv32", Pass.WGRAD), ("conv1", Pass.FPROP), ("l2-3x3-down", Pass.FPROP),
-                        ("l4-1x1", Pass.DGRAD)):
+    for problem in (vgg_conv1, by_name["conv1"]):  # 3 channels, stride 1 and 2: the "im2col" halo path
+        halo = [c for c in tune.candidates(problem, Pass.FPROP, target) if c.tile_w]
+        assert halo and all(halo_path(c, problem.geometry, Pass.FPROP) == "im2col" and c.vec_a == 1 for c in halo)
+    for name, pass_ in (("conv32", Pass.WGRAD), ("l2-3x3-down", Pass.FPROP), ("l4-1x1", Pass.DGRAD)):
         assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.tile_w], (name, pass_)
