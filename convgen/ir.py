@@ -368,10 +368,12 @@ class Plan:
     vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
     read_a/read_b the dtype the gather reads (float32 is cast in the gather).
 
-    tile_w > 0 selects the halo path (stride-1 fprop and dgrad): a block computes a
-    (block_m / tile_w) x tile_w tile of output pixels of one image, stages the input
-    pixels those reach once per reduction step (a halo tile), and reads each tap's
-    fragments straight out of it instead of staging an im2col copy per tap.
+    tile_w > 0 selects a halo path (fprop and dgrad): a block computes a
+    (block_m / tile_w) x tile_w tile of output pixels of one image and stages the input
+    pixels those reach (a halo tile) once.  With 16-byte channel runs and stride 1, it reads
+    each tap's fragments straight out of the halo ("taps"); an fprop whose C is not a
+    multiple of 8 stages its whole halo first and runs the im2col gather on that copy
+    ("im2col", any stride).  `planner.halo_path` says which.
     """
 
     block_m: int
