@@ -396,43 +396,32 @@ def test_halo_exact_tier(case, pass_, split, target):
     check(res, "float32", exact=True, what=f"halo {pass_.value} split {split}")
 
 
-# dgrad with dx channels that are not a multiple of 8: the weights move 1, 2 or 4 channels
-# per access (C = 3 is the CIFAR first layers' case); split-K over the dy channels too.
-HALO_NARROW = [
-    (ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16)),
-    (ConvProblem(9, 17, 6, 24, 3, 3, 1, (1, 2), (1, 2), n=2), Plan(64, 16, 16, 2, 1, 2, 8, 2, tile_w=16)),
-    (ConvProblem(16, 33, 20, 48, 5, 3, 1, 2, 1, n=1), Plan(256, 32, 16, 4, 2, 3, 8, 4, tile_w=32)),
+# Hand plans for the halo paths' least-covered cases.  "narrow": dgrad whose dx channels are
+# not a multiple of 8, so the weights move 1, 2 or 4 channels per access (C = 3 is the CIFAR
+# first layers' case).  "staged": fprop with C not a multiple of 8, the staged-halo im2col
+# path, at strides 1 to 3, with dilation, asymmetric padding, tiles past the image edge.
+HALO_HAND = [
+    ("narrow", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16)),
+    ("narrow", Pass.DGRAD, ConvProblem(9, 17, 6, 24, 3, 3, 1, (1, 2), (1, 2), n=2),
+     Plan(64, 16, 16, 2, 1, 2, 8, 2, tile_w=16)),
+    ("narrow", Pass.DGRAD, ConvProblem(16, 33, 20, 48, 5, 3, 1, 2, 1, n=1), Plan(256, 32, 16, 4, 2, 3, 8, 4, tile_w=32)),
+    ("staged", Pass.FPROP, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
+    ("staged", Pass.FPROP, ConvProblem(30, 34, 3, 24, 7, 7, 2, 3, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
+    ("staged", Pass.FPROP, ConvProblem(17, 23, 6, 16, 5, 3, (1, 3), (2, 0), (2, 1), n=2),
+     Plan(128, 16, 32, 4, 1, 2, 2, 2, tile_w=32)),
+    ("staged", Pass.FPROP, ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, tile_w=16)),
 ]
 
 
-@pytest.mark.parametrize("case", HALO_NARROW, ids=lambda c: c[0].describe().replace(" ", "_"))
+@pytest.mark.parametrize("case", HALO_HAND, ids=lambda c: f"{c[0]}-{c[1].value}-" + c[2].describe().replace(" ", "_"))
 @pytest.mark.parametrize("split", [1, 2])
-def test_halo_dgrad_with_narrow_weights_exact(case, split):
-    problem, plan = case
+def test_halo_hand_plans_exact(case, split):
+    """Integer data, bit for bit, with split-K 1 and 2 (a one-step reduction's second slice is empty)."""
+    kind, pass_, problem, plan = case
     plan = dataclasses.replace(plan, split_k=split)
-    res = run_pass(problem, Pass.DGRAD, _seed("halo-narrow", problem, split), out_dtype="float32",
-                   plan=plan, exact=True)
-    check(res, "float32", exact=True, what=f"halo dgrad C={problem.c} vec_b {plan.vec_b} split {split}")
-
-
-# fprop with C not a multiple of 8: the staged-halo im2col path, at strides 1 to 3, with
-# dilation, asymmetric padding, 1/2/4 channels per access, tiles past the image edge, split-K.
-HALO_STAGED = [
-    (ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
-    (ConvProblem(30, 34, 3, 24, 7, 7, 2, 3, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
-    (ConvProblem(17, 23, 6, 16, 5, 3, (1, 3), (2, 0), (2, 1), n=2), Plan(128, 16, 32, 4, 1, 2, 2, 2, tile_w=32)),
-    (ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, tile_w=16)),
-]
-
-
-@pytest.mark.parametrize("case", HALO_STAGED, ids=lambda c: c[0].describe().replace(" ", "_"))
-@pytest.mark.parametrize("split", [1, 2])
-def test_halo_staged_im2col_fprop_exact(case, split):
-    problem, plan = case
-    plan = dataclasses.replace(plan, split_k=split)
-    res = run_pass(problem, Pass.FPROP, _seed("halo-staged", problem, split), out_dtype="float32",
-                   bias=True, plan=plan, exact=True)
-    check(res, "float32", exact=True, what=f"staged-halo fprop C={problem.c} split {split}")
+    res = run_pass(problem, pass_, _seed("halo-hand", kind, problem, split), out_dtype="float32",
+                   bias=pass_ is Pass.FPROP, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"{kind} halo {pass_.value} C={problem.c} vec {plan.vec_a}/{plan.vec_b} split {split}")
 
 
 def _halo_candidates():
