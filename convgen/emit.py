@@ -140,6 +140,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "halo": plan.halo,
         "halo_path": halo_path(plan, spec.geometry, p),
         "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo else 0,
+        "halo_tiles": plan.tiles,
         # (tile rows, tile columns, halo rows, halo columns), and whether the taps walk the
         # halo flipped (dgrad reads dy at h + PH - r*DH).
         "halo_tile": halo_shape(plan, spec.geometry) if plan.halo else (0, 0, 0, 0),
@@ -238,7 +239,7 @@ def emit(spec: KernelSpec) -> KernelSource:
         args=main_args,
         block=(plan.warps * be.warp_size, 1, 1),
         shared_mem=smem_bytes(plan, spec.pass_, be.warp_size, g),
-        grid_m_tile=1 if plan.halo else plan.block_m,
+        grid_m_tile=plan.tiles if plan.halo else plan.block_m,  # a halo block computes `tiles` pixel tiles
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
         **rows,

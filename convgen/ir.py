@@ -373,7 +373,9 @@ class Plan:
     pixels those reach (a halo tile) once.  With 16-byte channel runs and stride 1, it reads
     each tap's fragments straight out of the halo ("taps"); an fprop whose C is not a
     multiple of 8 stages its whole halo first and runs the im2col gather on that copy
-    ("im2col", any stride).  `planner.halo_path` says which.
+    ("im2col", any stride).  `planner.halo_path` says which.  tiles > 1 (the "taps" path
+    with a one-step reduction) has a block compute that many tiles in turn, staging every
+    tap's weights once and the next tile's halo while it computes and drains the current one.
     """
 
     block_m: int
@@ -388,6 +390,7 @@ class Plan:
     read_b: DType = "float16"
     split_k: int = 1
     tile_w: int = 0
+    tiles: int = 1
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -421,6 +424,13 @@ class Plan:
                 f"plan.tile_w={tile_w} must be 0 (im2col) or a multiple of 16 that divides block_m={self.block_m}: "
                 "a fragment is 16 neighbouring pixels of one row of the tile"
             )
+        tiles = _int("tiles", self.tiles)
+        object.__setattr__(self, "tiles", tiles)
+        if tiles < 1 or (tiles > 1 and (not tile_w or self.split_k > 1)):
+            raise ValueError(
+                f"plan.tiles={tiles} must be 1, or more only on the halo path (tile_w > 0) without split-K: "
+                "a block then computes that many pixel tiles in turn"
+            )
         if not 2 <= self.stages <= 8:
             raise ValueError(
                 f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
@@ -449,12 +459,15 @@ class Plan:
         d.pop("reasons")
         if not self.tile_w:  # im2col plans keep the keys they had before the halo path existed
             d.pop("tile_w")
+        if self.tiles == 1:  # likewise for plans from before multi-tile halo blocks
+            d.pop("tiles")
         return d
 
     def brief(self) -> str:
         """One table cell: tile, warps, stages, split-K, and the halo tile width if any."""
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} "
-                f"s{self.stages} k{self.split_k}" + (f" halo{self.tile_w}" if self.tile_w else ""))
+                f"s{self.stages} k{self.split_k}" + (f" halo{self.tile_w}" if self.tile_w else "")
+                + (f"x{self.tiles}" if self.tiles > 1 else ""))
 
     def explain(self) -> str:
         head = (
@@ -463,6 +476,7 @@ class Plan:
             f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
             f"split-K {self.split_k}"
             + (f", halo tile {self.block_m // self.tile_w}x{self.tile_w} pixels" if self.tile_w else "")
+            + (f", {self.tiles} tiles per block" if self.tiles > 1 else "")
         )
         return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
 

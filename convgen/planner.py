@@ -149,6 +149,8 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     if path == "im2col":
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     epilogue = plan.warps * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
+    if plan.tiles > 1:  # [weights][halo slot 0][halo slot 1][epilogue scratch]: all live at once
+        return (b + 2 * a) * 2 + epilogue
     return max(pipeline, epilogue)
 
 
@@ -325,6 +327,11 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
             raise ValueError(f"plan.{name}={tile} is larger than convgen's largest tile (256)")
     if plan.halo:
         _check_halo(plan, geometry, pass_, target, in_dtype)
+    if plan.tiles > 1 and (halo_path(plan, geometry, pass_) != "taps" or reduction_steps(plan, pass_, geometry) != 1):
+        raise ValueError(
+            f"plan.tiles={plan.tiles}: several tiles per block need the halo path's one-step reductions "
+            f"(stride 1, {'C' if pass_ is Pass.FPROP else 'K'} <= block_k = {plan.block_k}, channels in 16-byte runs)"
+        )
     smem = smem_bytes(plan, pass_, target.warp_size, geometry)
     if smem > target.smem_limit:
         raise ValueError(

@@ -59,7 +59,8 @@ _HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
     (256, 32, 4, 1), (256, 64, 4, 2), (128, 32, 2, 1), (256, 32, 8, 1), (128, 32, 4, 1), (128, 64, 4, 1),
     (128, 64, 2, 2), (128, 128, 2, 4), (64, 64, 2, 2), (128, 16, 4, 1), (256, 16, 4, 1),
 )
-MAX_HALO = 10  # halo candidates per layer, placed right after the default plan
+MAX_HALO = 14
+MULTI_TILE_SHAPES = 2  # halo shapes also offered with several tiles per block  # halo candidates per layer, placed right after the default plan
 
 
 def _fit(extent: int) -> int:
@@ -78,7 +79,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     gemm = problem.gemm(pass_)
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
-    for p in _halo_candidates(problem, pass_, target, in_dtype)[:MAX_HALO]:
+    for p in _halo_candidates(problem, pass_, target, in_dtype):
         bare = dataclasses.replace(p, reasons=())
         if bare not in seen:
             seen.add(bare)
@@ -148,7 +149,18 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
             except ValueError:
                 continue
             out.append(p)
-    return out
+    # A one-step reduction's block loads every tap's weights for a single tile: offer blocks
+    # of 2 and 4 tiles (weights staged once, the next halo in flight) for the first shapes.
+    multi = []
+    for p in out[:MULTI_TILE_SHAPES]:
+        for tiles in (2, 4):
+            q = dataclasses.replace(p, tiles=tiles, reasons=(p.reasons[0] + f", {tiles} tiles per block",))
+            try:
+                check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            multi.append(q)
+    return out[:MAX_HALO - len(multi)] + multi
 
 
 # ---------------------------------------------------------------------- the database

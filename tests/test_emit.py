@@ -84,6 +84,11 @@ def cases():
         for arch in ("sm_90", "gfx1201"):
             out.append((f"halo/{prob.describe()}/fprop/{arch}/staged-im2col",
                         make_spec(prob, Pass.FPROP, target=Target(arch), epilogue=Epilogue(bias=True, relu=True), plan_=hand)))
+    # several pixel tiles per block (one-step reductions): fprop with its epilogue, dgrad
+    prob = ConvProblem(20, 36, 32, 24, 3, 3, 1, 1, n=3)
+    for pass_, epi in ((Pass.FPROP, Epilogue(bias=True, relu=True)), (Pass.DGRAD, Epilogue())):
+        out.append((f"halo-tiles/{prob.describe()}/{pass_.value}/sm_90",
+                    make_spec(prob, pass_, epilogue=epi, plan_=Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4))))
     # dgrad of a 3-channel first layer: halo over K = 32 dy channels, weights one channel per access
     prob = ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2)
     for arch in ("sm_90", "gfx1201"):
@@ -275,7 +280,7 @@ def test_grid_and_workspace_follow_the_batch(sources):
             if spec.plan.tile_w:  # halo path: one block per pixel tile of each image
                 th, tw = spec.plan.block_m // spec.plan.tile_w, spec.plan.tile_w
                 out_h, out_w = (geo.p, geo.q) if spec.pass_ is Pass.FPROP else (geo.h, geo.w)
-                grid_x = max(1, batch * math.ceil(out_h / th) * math.ceil(out_w / tw))
+                grid_x = max(1, math.ceil(batch * math.ceil(out_h / th) * math.ceil(out_w / tw) / spec.plan.tiles))
             elif spec.pass_ is Pass.DGRAD:  # one run of M tiles per stride residue class
                 sh, sw = geo.stride
                 rows = batch * math.ceil(geo.h / sh) * math.ceil(geo.w / sw)
@@ -436,3 +441,13 @@ def test_halo_kernels_carry_the_tile_and_only_the_halo_gathers(name, spec, sourc
     assert "GatherHalo<" in code and "struct GatherX" not in code and "struct GatherDy" not in code
     # dgrad walks the filter flipped: dy pixel h + PH - r*DH for tap r
     assert ("(R - 1 - r) * DH" in code) == (spec.pass_ is Pass.DGRAD)
+
+
+def test_multi_tile_halo_blocks_cover_every_tile_once():
+    """A block of a tiles=4 plan computes 4 consecutive pixel tiles: the grid is the tiles
+    (2 x 3 per 20x36 image at 16x16) over 4, rounded up, and the kernel loops over them."""
+    name, spec = next((n, s) for n, s in CASES if n.startswith("halo-tiles/") and s.pass_ is Pass.FPROP)
+    src = emit(spec)
+    assert src.grid(3) == (math.ceil(3 * 2 * 3 / 4), 1, 1) and src.grid(4) == (6, 1, 1)
+    code = code_only(src.source)
+    assert constant(src.source, "TILES") == 4 and "halo_tiles<GatherHalo<" in code and "mainloop(" not in code.split("extern")[-1]

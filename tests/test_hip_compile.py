@@ -126,6 +126,10 @@ def _cases() -> list[Case]:
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             for arch in ARCHES:
                 cases.append(Case(f"halo/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch, "halo"))
+    for arch in ARCHES:  # two pixel tiles per block (one-step reductions), register-staged on AMD
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            cases.append(Case(f"halo-tiles/cifar-vgg/conv32-{pass_.value}-{arch}", "cifar-vgg", "conv32", pass_, arch,
+                              "halo-tiles"))
     for arch in ARCHES:  # a 3-channel layer: dgrad's weights one channel per access; fprop's staged-halo im2col
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             cases.append(Case(f"halo/cifar-vgg/conv1-{pass_.value}-{arch}", "cifar-vgg", "conv1", pass_, arch, "halo"))
@@ -157,7 +161,8 @@ def _emit(case: Case) -> KernelSource:
         ),
         in_dtype="float32" if case.variant == "in-fp32" else "float16",
         scalar=case.variant == "scalar",
-        plan_=_halo_plan(layer.problem.geometry, p) if case.variant == "halo" else None,
+        plan_=(_halo_plan(layer.problem.geometry, p) if case.variant == "halo"
+               else Plan(64, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=2) if case.variant == "halo-tiles" else None),
     )
     return emit(spec)
 

@@ -413,8 +413,18 @@ HALO_HAND = [
 ]
 
 
-@pytest.mark.parametrize("case", HALO_HAND, ids=lambda c: f"{c[0]}-{c[1].value}-" + c[2].describe().replace(" ", "_"))
-@pytest.mark.parametrize("split", [1, 2])
+# "tiles": several pixel tiles per block (one-step reductions), with a last block that gets
+# fewer tiles than the others, and tiles past the image edge.
+HALO_TILES = [
+    ("tiles", Pass.FPROP, ConvProblem(20, 36, 32, 24, 3, 3, 1, 1, 1, n=3), Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)),
+    ("tiles", Pass.DGRAD, ConvProblem(20, 36, 40, 32, 3, 3, 1, 1, 1, n=3), Plan(256, 48, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)),
+    ("tiles", Pass.DGRAD, ConvProblem(13, 17, 3, 16, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 16, 16, 4, 1, 2, 8, 1, tile_w=16, tiles=3)),
+    ("tiles", Pass.FPROP, ConvProblem(9, 40, 16, 40, 5, 3, 1, 2, 1, n=1), Plan(128, 48, 16, 2, 1, 2, 8, 8, tile_w=32, tiles=2)),
+]
+
+
+@pytest.mark.parametrize("case,split", [(c, s) for c in HALO_HAND for s in (1, 2)] + [(c, 1) for c in HALO_TILES],
+                         ids=lambda v: f"{v[0]}-{v[1].value}-" + v[2].describe().replace(" ", "_") if isinstance(v, tuple) else f"split{v}")
 def test_halo_hand_plans_exact(case, split):
     """Integer data, bit for bit, with split-K 1 and 2 (a one-step reduction's second slice is empty)."""
     kind, pass_, problem, plan = case

@@ -419,3 +419,23 @@ def test_narrow_fprop_takes_the_staged_halo_path_at_any_stride():
     assert staged_halo_halves(p, prob) == 2368  # 21 * 37 * 3 = 2331, rounded up to 128 bytes
     assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2368 * 2 + 3 * (128 * 40 + 64 * 40) * 2
     assert halo_path(Plan(128, 64, 32, 4, 1, 3, 1, 1), prob, Pass.FPROP) == ""
+
+
+def test_several_tiles_per_block_need_a_one_step_halo_reduction():
+    """tiles > 1 keeps every tap's weights, two halo slots and the epilogue scratch live at
+    once; it needs the "taps" halo path with the whole reduction in one K-step."""
+    from convgen.planner import halo_stage_halves
+
+    prob = ConvProblem(32, 32, 32, 32, 3, 3, 1, 1, n=8)
+    p = Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)
+    check_plan(p, prob, Pass.DGRAD, Target("sm_90"), "float16")
+    a, b = halo_stage_halves(p, prob, Pass.DGRAD)
+    assert smem_bytes(p, Pass.DGRAD, geometry=prob) == (b + 2 * a) * 2 + 4 * 16 * (16 * 2 + 8) * 4
+    with pytest.raises(ValueError, match=r"plan\.tiles=4: several tiles per block need the halo path's one-step reductions"):
+        check_plan(p, ConvProblem(32, 32, 32, 64, 3, 3, 1, 1, n=8), Pass.DGRAD, Target("sm_90"), "float16")  # K = 64: 2 steps
+    with pytest.raises(ValueError, match=r"plan\.tiles=2 must be 1, or more only on the halo path"):
+        Plan(256, 32, 32, 4, 1, 2, 8, 8, tiles=2)
+    with pytest.raises(ValueError, match=r"plan\.tiles=2 must be 1, or more only on the halo path .* without split-K"):
+        Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=2, tile_w=16, tiles=2)
+    assert "tiles" not in Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16).as_dict() and p.as_dict()["tiles"] == 4
+    assert p.brief() == "256x32x32 w4x1 s2 k1 halo16x4" and "4 tiles per block" in p.explain()
