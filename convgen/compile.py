@@ -89,6 +89,7 @@ __all__ = [
     "cached_binary",
     "cache_key",
     "load_kernels",
+    "local_bytes",
     "set_max_dynamic_shared_memory",
     "cache_dir",
     "detect_target",
@@ -694,6 +695,15 @@ def set_max_dynamic_shared_memory(fn: "cupy.cuda.Function", nbytes: int) -> None
     driver.funcSetAttribute(
         fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes)
     )
+
+
+def local_bytes(fn: "cupy.cuda.Function") -> int:
+    """Bytes of local memory per thread the loaded kernel uses: register spills (and any
+    array the compiler could not keep in registers).  `convgen tune` refuses such plans."""
+    _cupy()
+    from cupy.cuda import driver
+
+    return int(driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, fn.ptr))
 
 
 def gpu_unavailable_reason() -> str | None:

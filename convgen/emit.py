@@ -20,8 +20,8 @@ from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
 from .planner import (
-    EPI_PAD, HALO_LD, SMEM_PAD, a_is_col, b_is_col, drain_group, halo_path, halo_shape, ring_stages, smem_bytes,
-    staged_halo_halves,
+    EPI_PAD, HALO_LD, SMEM_PAD, a_is_col, b_is_col, drain_group, flat_grid, halo_path, halo_pixels, halo_shape,
+    ring_stages, smem_bytes, staged_halo_halves,
 )
 from .resources import templates_dir
 
@@ -139,11 +139,15 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "halo_ld": HALO_LD,
         "halo": plan.halo,
         "halo_path": halo_path(plan, spec.geometry, p),
-        "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo else 0,
+        "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo and not plan.flat else 0,
         "halo_tiles": plan.tiles,
-        # (tile rows, tile columns, halo rows, halo columns), and whether the taps walk the
-        # halo flipped (dgrad reads dy at h + PH - r*DH).
-        "halo_tile": halo_shape(plan, spec.geometry) if plan.halo else (0, 0, 0, 0),
+        # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
+        # (rows, columns per image) and halo pixels; and whether the taps walk the halo
+        # flipped (dgrad reads dy at h + PH - r*DH).
+        "halo_tile": halo_shape(plan, spec.geometry) if plan.tile_w else (0, 0, 0, 0),
+        "halo_flat": plan.flat,
+        "flat_grid": flat_grid(spec.geometry, p) if plan.flat else (0, 0),
+        "halo_pix": halo_pixels(plan, spec.geometry, p) if plan.halo else 0,
         "halo_flip": p is Pass.DGRAD,
         "gemm_n": gemm.n,
         "gemm_n_axis": gemm.n_axis,
@@ -223,7 +227,10 @@ def emit(spec: KernelSpec) -> KernelSource:
     gemm_n = k["gemm_n"]
     main_args, reduce_args = _args(spec, k)
     g = spec.geometry
-    if plan.halo:  # one block per pixel tile of one image
+    if plan.flat:  # one block per block_m positions of the flat grid (times its tiles)
+        gh, gw = flat_grid(g, spec.pass_)
+        rows = dict(grid_rows_per_image=gh * gw)
+    elif plan.halo:  # one block per pixel tile of one image
         th, tw, _, _ = halo_shape(plan, g)
         out_h, out_w = (g.p, g.q) if spec.pass_ is Pass.FPROP else (g.h, g.w)
         rows = dict(grid_rows_per_image=math.ceil(out_h / th) * math.ceil(out_w / tw))
@@ -239,7 +246,8 @@ def emit(spec: KernelSpec) -> KernelSource:
         args=main_args,
         block=(plan.warps * be.warp_size, 1, 1),
         shared_mem=smem_bytes(plan, spec.pass_, be.warp_size, g),
-        grid_m_tile=plan.tiles if plan.halo else plan.block_m,  # a halo block computes `tiles` pixel tiles
+        # a 2-D halo block computes `tiles` pixel tiles; a flat one `tiles` runs of block_m positions
+        grid_m_tile=plan.block_m * plan.tiles if plan.flat else plan.tiles if plan.halo else plan.block_m,
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
         **rows,

@@ -376,6 +376,12 @@ class Plan:
     ("im2col", any stride).  `planner.halo_path` says which.  tiles > 1 (the "taps" path
     with a one-step reduction) has a block compute that many tiles in turn, staging every
     tap's weights once and the next tile's halo while it computes and drains the current one.
+
+    flat (the "taps" path, with tile_w = 0) lays the batch out as one padded grid of pixel
+    positions (`planner.flat_grid`) and gives each block block_m consecutive positions: a tap
+    is then one fixed shift of the halo, whatever the image's width.  A 2-D tile's rows are
+    whole fragments, so an image narrower than 16 pixels (an 8x8 CIFAR layer) wastes half of
+    every 16-wide tile; the flat tile only spends MMAs on the grid's padding positions.
     """
 
     block_m: int
@@ -391,6 +397,7 @@ class Plan:
     split_k: int = 1
     tile_w: int = 0
     tiles: int = 1
+    flat: bool = False
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -424,11 +431,16 @@ class Plan:
                 f"plan.tile_w={tile_w} must be 0 (im2col) or a multiple of 16 that divides block_m={self.block_m}: "
                 "a fragment is 16 neighbouring pixels of one row of the tile"
             )
+        if not isinstance(self.flat, bool):
+            raise TypeError(f"plan.flat must be a bool, got {self.flat!r}")
+        if self.flat and tile_w:
+            raise ValueError(f"plan.flat=True takes tile_w=0, got tile_w={tile_w}: a flat tile is block_m "
+                             "consecutive positions of the batch's grid, not a tile_w-wide rectangle")
         tiles = _int("tiles", self.tiles)
         object.__setattr__(self, "tiles", tiles)
-        if tiles < 1 or (tiles > 1 and (not tile_w or self.split_k > 1)):
+        if tiles < 1 or (tiles > 1 and (not self.halo or self.split_k > 1)):
             raise ValueError(
-                f"plan.tiles={tiles} must be 1, or more only on the halo path (tile_w > 0) without split-K: "
+                f"plan.tiles={tiles} must be 1, or more only on the halo path (tile_w > 0 or flat) without split-K: "
                 "a block then computes that many pixel tiles in turn"
             )
         if not 2 <= self.stages <= 8:
@@ -452,7 +464,7 @@ class Plan:
 
     @property
     def halo(self) -> bool:
-        return self.tile_w > 0
+        return self.tile_w > 0 or self.flat
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -461,12 +473,15 @@ class Plan:
             d.pop("tile_w")
         if self.tiles == 1:  # likewise for plans from before multi-tile halo blocks
             d.pop("tiles")
+        if not self.flat:  # and before flat halo tiles
+            d.pop("flat")
         return d
 
     def brief(self) -> str:
         """One table cell: tile, warps, stages, split-K, and the halo tile width if any."""
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} "
                 f"s{self.stages} k{self.split_k}" + (f" halo{self.tile_w}" if self.tile_w else "")
+                + (" flat" if self.flat else "")
                 + (f"x{self.tiles}" if self.tiles > 1 else ""))
 
     def explain(self) -> str:
@@ -476,6 +491,7 @@ class Plan:
             f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
             f"split-K {self.split_k}"
             + (f", halo tile {self.block_m // self.tile_w}x{self.tile_w} pixels" if self.tile_w else "")
+            + (f", flat halo tile of {self.block_m} grid positions" if self.flat else "")
             + (f", {self.tiles} tiles per block" if self.tiles > 1 else "")
         )
         return "\n".join([head, *(f"  - {r}" for r in self.reasons)])

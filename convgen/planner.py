@@ -80,6 +80,48 @@ def halo_shape(plan: Plan, geometry: ConvGeometry) -> tuple[int, int, int, int]:
     return th, tw, (th - 1) * sh + (geometry.r - 1) * dh + 1, (tw - 1) * sw + (geometry.s - 1) * dw + 1
 
 
+def halo_frame(geometry: ConvGeometry, pass_: Pass) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """((in rows, in cols), (out rows, out cols), (origin row, origin col)) of a stride-1 halo
+    pass, seen as a plain correlation: output pixel (y, x) reads input (y + ORG_H + r*DH,
+    x + ORG_W + s*DW) at tap (r, s).  dgrad is one over dy with the filter walked flipped."""
+    g = geometry
+    (ph, pw), (dh, dw) = g.padding, g.dilation
+    if pass_ is Pass.DGRAD:
+        return (g.p, g.q), (g.h, g.w), (ph - (g.r - 1) * dh, pw - (g.s - 1) * dw)
+    return (g.h, g.w), (g.p, g.q), (-ph, -pw)
+
+
+def flat_grid(geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
+    """(rows, columns) per image of a flat halo plan's grid.  Output pixel (n, y, x) sits at
+    position (n*rows + y)*columns + x and reads position + r*DH*columns + s*DW at tap (r, s):
+    grid column c stands for input column c + ORG_W (the gather maps each position it stages
+    to its input pixel, or to zero outside the image).  A read past a row's end lands on the
+    next row's first columns, and one past an image's last row on the next image's first rows;
+    the pitch is wide (and tall) enough that those stand for input columns (rows) before the
+    first, the padding, never data.  So a tap is a fixed shift of the tile's positions."""
+    g = geometry
+    _, (oh, ow), (org_h, org_w) = halo_frame(g, pass_)
+    (dh, dw) = g.dilation
+
+    def pitch(out: int, lead: int, reach: int) -> int:
+        # lead = -ORG, the padding before the input; reach, the filter's extent less one.  A
+        # read reaches column out - 1 + reach; wrapped, it stands for input column
+        # out - 1 + reach - pitch - lead, which must be negative.
+        return max(out, out + reach - lead)
+
+    return pitch(oh, -org_h, (g.r - 1) * dh), pitch(ow, -org_w, (g.s - 1) * dw)
+
+
+def halo_pixels(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> int:
+    """Pixels of one staged halo: the 2-D tile's halo rectangle, or the flat tile's block_m
+    positions and the furthest tap's shift past them."""
+    if plan.flat:
+        _, gw = flat_grid(geometry, pass_)
+        return plan.block_m + (geometry.r - 1) * geometry.dilation[0] * gw + (geometry.s - 1) * geometry.dilation[1]
+    _, _, hh, hw = halo_shape(plan, geometry)
+    return hh * hw
+
+
 def halo_path(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> str:
     """Which main loop a plan runs: "" (im2col from global memory), "taps" (the halo of BK
     channels staged per step, each tap's fragments read in place: stride 1, reduced channels
@@ -89,7 +131,7 @@ def halo_path(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> str:
     of once per tap)."""
     if not plan.halo:
         return ""
-    return "im2col" if pass_ is Pass.FPROP and geometry.c % 8 else "taps"
+    return "im2col" if pass_ is Pass.FPROP and geometry.c % 8 and not plan.flat else "taps"
 
 
 def staged_halo_halves(plan: Plan, geometry: ConvGeometry) -> int:
@@ -104,9 +146,8 @@ def halo_stage_halves(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> tuple[
     [pixels][HALO_LD] (16 channels and 8 of padding: any 16 neighbouring pixels are one WMMA
     fragment, whatever the pixel it starts at, read without bank conflicts); and every tap's
     weights, fprop [taps][BN][BK + pad], dgrad [taps][BK][BN + pad]."""
-    _, _, hh, hw = halo_shape(plan, geometry)
     taps = geometry.r * geometry.s
-    a = hh * hw * (plan.block_k // FRAG) * HALO_LD
+    a = halo_pixels(plan, geometry, pass_) * (plan.block_k // FRAG) * HALO_LD
     b = taps * plan.block_n * (plan.block_k + SMEM_PAD) if pass_ is Pass.FPROP else taps * plan.block_k * (plan.block_n + SMEM_PAD)
     return a, b
 
@@ -364,11 +405,15 @@ def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float1
 
 
 def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType) -> None:
+    name = "plan.flat=True" if plan.flat else f"plan.tile_w={plan.tile_w}"
     why = halo_eligible(geometry, pass_, in_dtype)
+    if why is None and plan.flat and pass_ is Pass.FPROP and geometry.c % 8:
+        why = (f"a flat halo tile reads each tap's fragments in place, which needs C in 16-byte runs "
+               f"(C={geometry.c}); a 2-D tile (tile_w > 0) stages this layer's halo for the im2col gather")
     if why:
-        raise ValueError(f"plan.tile_w={plan.tile_w}: {why}")
+        raise ValueError(f"{name}: {why}")
     if (plan.read_a, plan.read_b) != ("float16", "float16"):
-        raise ValueError("a halo plan (tile_w > 0) reads fp16 inputs as they are: read_a = read_b = 'float16'")
+        raise ValueError(f"a halo plan ({name}) reads fp16 inputs as they are: read_a = read_b = 'float16'")
     if halo_path(plan, geometry, pass_) == "im2col":
         staged = staged_halo_halves(plan, geometry) * 2
         if staged > MAX_STAGED_HALO_BYTES:
@@ -377,7 +422,7 @@ def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target,
         return
     vec_b = halo_vec_b(geometry, pass_)
     if (plan.vec_a, plan.vec_b) != (8, vec_b):
-        raise ValueError(f"a halo plan (tile_w > 0) reads fp16 with vec_a = 8 and vec_b = {vec_b} for this shape")
+        raise ValueError(f"a halo plan ({name}) reads fp16 with vec_a = 8 and vec_b = {vec_b} for this shape")
 
 
 def halo_vec_b(geometry: ConvGeometry, pass_: Pass) -> int:

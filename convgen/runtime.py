@@ -45,6 +45,18 @@ class _Kernel:
     def gemm_m(self, batch: int) -> int:
         return batch * self.m_per_image if self.batch_scales_m else self.m_per_image
 
+    @property
+    def local_bytes(self) -> int:
+        from .compile import local_bytes
+
+        return max(local_bytes(f) for f in (self.main, self.reduce) if f is not None)
+
+
+def kernels_for(plan: Plan) -> list[_Kernel]:
+    """The kernels this process has built for a hand plan (`convgen tune` reads their resources)."""
+    with _lock:
+        return [k for key, k in _cache.items() if key[5] == plan]
+
 
 # Tests set this so every output and workspace starts as NaN: an element a kernel
 # forgets to write then fails the comparison instead of passing on leftover memory.

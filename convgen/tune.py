@@ -52,15 +52,15 @@ _SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
 
 # Halo-path shapes (block_m, block_n, warps_m, warps_n): tried with tiles 16 and 32 pixels
-# wide, for stride-1 fprop and dgrad with channel counts in multiples of 8.
+# wide and with flat tiles, for stride-1 fprop and dgrad with channel counts in multiples of 8.
 # Warp tiles of 64 pixels come first: each staged fragment then feeds more MMAs, and the
 # halo kernels are bound by shared-memory reads (ncu: L1 82% busy on CIFAR-VGG conv32 fprop).
 _HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
     (256, 32, 4, 1), (256, 64, 4, 2), (128, 32, 2, 1), (256, 32, 8, 1), (128, 32, 4, 1), (128, 64, 4, 1),
     (128, 64, 2, 2), (128, 128, 2, 4), (64, 64, 2, 2), (128, 16, 4, 1), (256, 16, 4, 1),
 )
-MAX_HALO = 14
-MULTI_TILE_SHAPES = 2  # halo shapes also offered with several tiles per block  # halo candidates per layer, placed right after the default plan
+HALO_PER_LAYOUT = 8  # halo candidates per tile layout, placed right after the default plan
+MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several tiles per block
 
 
 def _fit(extent: int) -> int:
@@ -134,33 +134,36 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         va, vb = 8, halo_vec_b(g, pass_)
         bk = 16 if red <= 16 else 32
         stages = 2 if red <= bk or not target.info.cp_async else 3  # one step needs no deeper ring
-    out = []
-    for tile_w in (16, 32):
-        if tile_w > max(16, _fit(out_w)):
-            continue  # a tile wider than the image computes padding
+    # The tile layouts: 2-D tiles 16 and 32 pixels wide (no wider than the image), and the
+    # flat tile, whose fragments need not start a row (images narrower than 16 pixels).
+    layouts = [dict(tile_w=tw) for tw in (16, 32) if tw <= max(16, _fit(out_w))] + [dict(flat=True)]
+    out, multi = [], []
+    for layout in layouts:
+        mine = []
         for bm, bn, wm, wn in _HALO_SHAPES:
-            if bn > max(_fit(n), FRAG) or bm % tile_w:
+            if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):
                 continue
+            tile = f"halo tile {bm // layout['tile_w']}x{layout['tile_w']}" if "tile_w" in layout else "flat halo tile"
             try:
-                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, tile_w,
-                         reasons=(f"tuning candidate: halo tile {bm // tile_w}x{tile_w}, {bm}x{bn}x{bk}, "
-                                  f"{wm}x{wn} warps, {stages} stages",))
+                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, **layout,
+                         reasons=(f"tuning candidate: {tile}, {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages",))
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
             except ValueError:
                 continue
-            out.append(p)
-    # A one-step reduction's block loads every tap's weights for a single tile: offer blocks
-    # of 2 and 4 tiles (weights staged once, the next halo in flight) for the first shapes.
-    multi = []
-    for p in out[:MULTI_TILE_SHAPES]:
-        for tiles in (2, 4):
-            q = dataclasses.replace(p, tiles=tiles, reasons=(p.reasons[0] + f", {tiles} tiles per block",))
-            try:
-                check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-            except ValueError:
-                continue
-            multi.append(q)
-    return out[:MAX_HALO - len(multi)] + multi
+            mine.append(p)
+        out += mine[:HALO_PER_LAYOUT]
+        # A one-step reduction's block loads every tap's weights for a single tile: offer
+        # blocks of 2 and 4 tiles (weights staged once, the next halo in flight) for the
+        # layout's first shapes.
+        for p in mine[:MULTI_TILE_SHAPES]:
+            for tiles in (2, 4):
+                q = dataclasses.replace(p, tiles=tiles, reasons=(p.reasons[0] + f", {tiles} tiles per block",))
+                try:
+                    check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+                except ValueError:
+                    continue
+                multi.append(q)
+    return out + multi
 
 
 # ---------------------------------------------------------------------- the database
@@ -291,9 +294,13 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     for p in plans:
         out = as_np(run(p))
         err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+        # A kernel that spills registers to local memory is not shipped, even when it
+        # times well: its speed then hangs on the spill traffic staying in L1.
+        spill = max(k.local_bytes for k in runtime.kernels_for(p))
         ok = bool(np.isfinite(out).all() and err < 1e-2)
-        us = median_gpu_us(dev, lambda: run(p), reps) if ok else math.inf
-        rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "default": p is plans[0]})
+        us = median_gpu_us(dev, lambda: run(p), reps) if ok and (spill == 0 or p is plans[0]) else math.inf
+        rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "spill_bytes": spill,
+                     "default": p is plans[0]})
     return rows
 
 
@@ -350,6 +357,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if bad:
             print(f"  WARNING: {len(bad)} candidate(s) of {layer.name} {pass_.value} disagree with the default plan: "
                   + "; ".join(f"{r['plan']} err {r['err']:.3g}" for r in bad), file=sys.stderr)
+        spilled = [r for r in rows if r["spill_bytes"] and not r["default"]]
+        if spilled:
+            print(f"  ({len(spilled)} candidate(s) of {layer.name} {pass_.value} spill registers and were not timed)",
+                  file=sys.stderr)
         key = tune_key(layer.problem.geometry, pass_, "float16", target.arch)
         entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
                         "shape": layer.problem.as_dict(), "pass": pass_.value}

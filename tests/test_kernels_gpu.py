@@ -410,6 +410,14 @@ HALO_HAND = [
     ("staged", Pass.FPROP, ConvProblem(17, 23, 6, 16, 5, 3, (1, 3), (2, 0), (2, 1), n=2),
      Plan(128, 16, 32, 4, 1, 2, 2, 2, tile_w=32)),
     ("staged", Pass.FPROP, ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, tile_w=16)),
+    # "flat": the batch as one padded grid (planner.flat_grid).  8x8 images (CIFAR's last
+    # stage); odd sizes with dilation and unequal padding; no padding; a narrow-weight
+    # dgrad; and a dgrad whose padding exceeds the filter's reach (its grid starts inside dy).
+    ("flat", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(256, 64, 32, 4, 2, 3, 8, 8, flat=True)),
+    ("flat", Pass.FPROP, ConvProblem(7, 9, 16, 24, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 32, 16, 4, 1, 2, 8, 8, flat=True)),
+    ("flat", Pass.FPROP, ConvProblem(10, 6, 8, 8, 3, 3, 1, 0, 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, flat=True)),
+    ("flat", Pass.DGRAD, ConvProblem(5, 13, 3, 16, 5, 3, 1, (1, 2), 1, n=3), Plan(64, 16, 16, 2, 1, 2, 8, 1, flat=True)),
+    ("flat", Pass.DGRAD, ConvProblem(6, 7, 8, 16, 2, 2, 1, (2, 1), 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, flat=True)),
 ]
 
 
@@ -420,6 +428,8 @@ HALO_TILES = [
     ("tiles", Pass.DGRAD, ConvProblem(20, 36, 40, 32, 3, 3, 1, 1, 1, n=3), Plan(256, 48, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)),
     ("tiles", Pass.DGRAD, ConvProblem(13, 17, 3, 16, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 16, 16, 4, 1, 2, 8, 1, tile_w=16, tiles=3)),
     ("tiles", Pass.FPROP, ConvProblem(9, 40, 16, 40, 5, 3, 1, 2, 1, n=1), Plan(128, 48, 16, 2, 1, 2, 8, 8, tile_w=32, tiles=2)),
+    ("flat-tiles", Pass.FPROP, ConvProblem(8, 8, 32, 24, 3, 3, 1, 1, 1, n=5), Plan(128, 32, 32, 4, 1, 2, 8, 8, flat=True, tiles=3)),
+    ("flat-tiles", Pass.DGRAD, ConvProblem(11, 6, 16, 16, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, flat=True, tiles=2)),
 ]
 
 
@@ -443,7 +453,7 @@ def _halo_candidates():
         for layer in SUITES[suite]:
             for pass_ in (Pass.FPROP, Pass.DGRAD):
                 for plan in tune.candidates(layer.problem, pass_, Target("sm_90")):
-                    if plan.tile_w:
+                    if plan.halo:
                         out.append(pytest.param(suite, layer, pass_, plan,
                                                 id=f"{suite}/{layer.name}/{pass_.value}/{plan.explain().splitlines()[0]}"))
     return out

@@ -439,3 +439,54 @@ def test_several_tiles_per_block_need_a_one_step_halo_reduction():
         Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=2, tile_w=16, tiles=2)
     assert "tiles" not in Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16).as_dict() and p.as_dict()["tiles"] == 4
     assert p.brief() == "256x32x32 w4x1 s2 k1 halo16x4" and "4 tiles per block" in p.explain()
+
+
+# --------------------------------------------------------------------------- flat halo grid
+
+
+@settings(max_examples=150)
+@given(
+    r=st.integers(1, 5), s=st.integers(1, 5), pad=st.tuples(st.integers(0, 4), st.integers(0, 4)),
+    dil=st.tuples(st.integers(1, 3), st.integers(1, 3)), h=st.integers(1, 12), w=st.integers(1, 12),
+    n=st.integers(1, 3), pass_=st.sampled_from([Pass.FPROP, Pass.DGRAD]), seed=st.integers(0, 2**32 - 1),
+)
+def test_flat_grid_taps_are_fixed_shifts(r, s, pad, dil, h, w, n, pass_, seed):
+    """The flat halo path's whole claim, on one channel in NumPy: lay the batch out on
+    `flat_grid`'s pitch, and every output's tap is the same shift of its position, the
+    wrapped reads past a row or image landing on zeros.  (The kernel's gather maps positions
+    to pixels exactly as `place` does here; the GPU tests check that part.)"""
+    import numpy as np
+
+    from convgen import reference
+    from convgen.planner import flat_grid, halo_frame
+
+    assume(h + 2 * pad[0] >= dil[0] * (r - 1) + 1 and w + 2 * pad[1] >= dil[1] * (s - 1) + 1)
+    prob = ConvProblem(h, w, 1, 1, r, s, 1, pad, dil, n=n)
+    g = prob.geometry
+    rng = np.random.default_rng(seed)
+    wt = rng.standard_normal((1, r, s, 1))
+    (ih, iw), (oh, ow), (org_h, org_w) = halo_frame(g, pass_)
+    inp = rng.standard_normal((n, ih, iw, 1))
+    gh, gw = flat_grid(g, pass_)
+    assert gh >= oh and gw >= ow
+    shifts = [(rr * dil[0] * gw + ss * dil[1], (r - 1 - rr, s - 1 - ss) if pass_ is Pass.DGRAD else (rr, ss))
+              for rr in range(r) for ss in range(s)]
+    positions = n * gh * gw
+    span = positions + max(sh for sh, _ in shifts)
+    # place: grid position -> its input pixel, or zero (outside the image, or past the batch)
+    flat = np.zeros(span)
+    for pos in range(span):
+        img, rem = divmod(pos, gh * gw)
+        y, x = divmod(rem, gw)
+        y, x = y + org_h, x + org_w
+        if img < n and 0 <= y < ih and 0 <= x < iw:
+            flat[pos] = inp[img, y, x, 0]
+    out = np.zeros(positions)
+    for sh, (rr, ss) in shifts:
+        out += flat[sh: sh + positions] * wt[0, rr, ss, 0]
+    got = out.reshape(n, gh, gw)[:, :oh, :ow]
+    if pass_ is Pass.FPROP:
+        want = reference.fprop(inp, wt, stride=1, padding=pad, dilation=dil)[..., 0]
+    else:
+        want = reference.dgrad(inp, wt, (n, h, w, 1), stride=1, padding=pad, dilation=dil)[..., 0]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -140,16 +140,18 @@ def test_halo_candidates_only_where_the_halo_path_applies():
     by_name = {l.name: l.problem for l in SUITES["cifar-vgg"] + SUITES["resnet50"]}
     for name, pass_ in (("conv32", Pass.FPROP), ("conv32", Pass.DGRAD), ("l4-3x3", Pass.DGRAD)):
         cands = tune.candidates(by_name[name], pass_, target)
-        halo = [c for c in cands if c.tile_w]
+        halo = [c for c in cands if c.halo]
         assert halo and cands[1:1 + len(halo)] == halo, name
-        assert all(c.vec_a == c.vec_b == 8 and c.block_m % c.tile_w == 0 for c in halo)
+        assert all(c.vec_a == c.vec_b == 8 and (c.flat or c.block_m % c.tile_w == 0) for c in halo)
+        assert {c.flat for c in halo} == {False, True}, name  # 2-D and flat tiles both
     vgg_conv1 = next(l.problem for l in SUITES["cifar-vgg"] if l.name == "conv1")
     conv1 = tune.candidates(vgg_conv1, Pass.DGRAD, target)
-    halo = [c for c in conv1 if c.tile_w]
+    halo = [c for c in conv1 if c.halo]
     assert halo and conv1[1:1 + len(halo)] == halo
     assert all((c.vec_a, c.vec_b, c.block_n) == (8, 1, 16) for c in halo)
     for problem in (vgg_conv1, by_name["conv1"]):  # 3 channels, stride 1 and 2: the "im2col" halo path
-        halo = [c for c in tune.candidates(problem, Pass.FPROP, target) if c.tile_w]
+        halo = [c for c in tune.candidates(problem, Pass.FPROP, target) if c.halo]
         assert halo and all(halo_path(c, problem.geometry, Pass.FPROP) == "im2col" and c.vec_a == 1 for c in halo)
+        assert not any(c.flat for c in halo)  # a flat tile reads taps in place: C in 16-byte runs
     for name, pass_ in (("conv32", Pass.WGRAD), ("l2-3x3-down", Pass.FPROP), ("l4-1x1", Pass.DGRAD)):
-        assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.tile_w], (name, pass_)
+        assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.halo], (name, pass_)
