@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -73,7 +74,8 @@ def _fit(extent: int) -> int:
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
                limit: int = 48) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
-    variations of tile, warps, K-step, stages and split-K."""
+    variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
+    (the default's among them); every halo plan is kept on top."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     gemm = problem.gemm(pass_)
@@ -84,6 +86,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
         if bare not in seen:
             seen.add(bare)
             out.append(p)
+    halo = len(out) - 1
     shapes = list(_SHAPES)
     exact_n = math.ceil(gemm.n / FRAG) * FRAG
     if exact_n <= 256 and exact_n & (exact_n - 1):  # not a power of two: a tile that fits N exactly
@@ -117,7 +120,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             if bare not in seen:
                 seen.add(bare)
                 out.append(p)
-    return out[:limit]
+    return out[:limit + halo]
 
 
 def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
@@ -128,17 +131,20 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     n = problem.gemm(pass_).n
     if pass_ is Pass.FPROP and g.c % 8:  # the "im2col" halo path: the default plan's gathers, halo-fed
         base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-        va, vb, bk, stages = base.vec_a, base.vec_b, 32, base.stages
+        va, vb, steps = base.vec_a, base.vec_b, [(32, base.stages)]
     else:  # the "taps" halo path
         red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
         va, vb = 8, halo_vec_b(g, pass_)
-        bk = 16 if red <= 16 else 32
-        stages = 2 if red <= bk or not target.info.cp_async else 3  # one step needs no deeper ring
+        # (block_k, stages): one step needs no deeper ring.  Up to 64 channels also get a
+        # one-step reduction, which then stages every tap's weights once per block and can
+        # take several tiles per block.
+        bks = [16] if red <= 16 else [32] if red <= 32 else [32, 64] if red <= 64 else [32]
+        steps = [(bk, 2 if red <= bk or not target.info.cp_async else 3) for bk in bks]
     # The tile layouts: 2-D tiles 16 and 32 pixels wide (no wider than the image), and the
     # flat tile, whose fragments need not start a row (images narrower than 16 pixels).
     layouts = [dict(tile_w=tw) for tw in (16, 32) if tw <= max(16, _fit(out_w))] + [dict(flat=True)]
     out, multi = [], []
-    for layout in layouts:
+    for (bk, stages), layout in itertools.product(steps, layouts):
         mine = []
         for bm, bn, wm, wn in _HALO_SHAPES:
             if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):

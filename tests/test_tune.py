@@ -28,7 +28,7 @@ def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
         assert cands[0] == plan(layer.problem, pass_, target)
         bare = [dataclasses.replace(c, reasons=()) for c in cands]
         assert len(set(bare)) == len(bare), "duplicate candidates"
-        assert 1 <= len(cands) <= 48
+        assert 1 <= len([c for c in cands if not c.halo]) <= 48  # the limit bounds the im2col plans
         for c in cands:
             check_plan(c, layer.problem, pass_, target, "float16")  # raises if infeasible
             assert c.reasons, "every candidate says what it is"
