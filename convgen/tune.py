@@ -135,10 +135,12 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     else:  # the "taps" halo path
         red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
         va, vb = 8, halo_vec_b(g, pass_)
-        # (block_k, stages): one step needs no deeper ring.  Up to 64 channels also get a
-        # one-step reduction, which then stages every tap's weights once per block and can
-        # take several tiles per block.
-        bks = [16] if red <= 16 else [32] if red <= 32 else [32, 64] if red <= 64 else [32]
+        # (block_k, stages): one step needs no deeper ring.  dgrad over up to 64 channels
+        # also gets a one-step reduction, which then stages every tap's weights once per
+        # block and can take several tiles per block.  (fprop's 64-channel steps spill: its
+        # weights are staged [tap][BN][BK], and a 64-deep K row holds twice the fragments.)
+        one_step = pass_ is Pass.DGRAD and 32 < red <= 64
+        bks = [16] if red <= 16 else [32, 64] if one_step else [32]
         steps = [(bk, 2 if red <= bk or not target.info.cp_async else 3) for bk in bks]
     # The tile layouts: 2-D tiles 16 and 32 pixels wide (no wider than the image), and the
     # flat tile, whose fragments need not start a row (images narrower than 16 pixels).
