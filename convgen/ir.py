@@ -477,12 +477,16 @@ class Plan:
             d.pop("flat")
         return d
 
-    def brief(self) -> str:
-        """One table cell: tile, warps, stages, split-K, and the halo tile width if any."""
-        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} "
-                f"s{self.stages} k{self.split_k}" + (f" halo{self.tile_w}" if self.tile_w else "")
-                + (" flat" if self.flat else "")
+    def layout(self) -> str:
+        """The halo tile in a table cell: " halo16", " flat", "x2" for two tiles per block;
+        empty for an im2col plan."""
+        return ((f" halo{self.tile_w}" if self.tile_w else "") + (" flat" if self.flat else "")
                 + (f"x{self.tiles}" if self.tiles > 1 else ""))
+
+    def brief(self) -> str:
+        """One table cell: tile, warps, stages, split-K, and the halo tile if any."""
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} "
+                f"s{self.stages} k{self.split_k}" + self.layout())
 
     def explain(self) -> str:
         head = (

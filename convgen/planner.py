@@ -203,7 +203,6 @@ def vector_width(channels: int) -> int:
     return 1
 
 
-
 def _fit(extent: int, cap: int) -> int:
     """Smallest power-of-two tile >= extent (at least one fragment), capped."""
     t = FRAG

@@ -128,7 +128,7 @@ def cmd_sass(args: argparse.Namespace) -> int:
         print("convgen sass: no cuobjdump found (install the dev extra, or a CUDA toolkit, "
               "or set CONVGEN_CUOBJDUMP)", file=sys.stderr)
         return 1
-    print(f"{'layer':12s} {'pass':5s} {'plan':31s} {'regs':>4s} {'stack':>5s} {'instrs':>6s} {'HMMA':>5s} "
+    print(f"{'layer':12s} {'pass':5s} {'plan':33s} {'regs':>4s} {'stack':>5s} {'instrs':>6s} {'HMMA':>5s} "
           f"{'cp.async':>8s} {'/16B':>5s} {'LDG':>4s} {'STG':>4s} {'/16B':>5s} {'LDSM':>4s} {'LDL+STL':>7s}")
     for layer in _layers(args):
         for pass_ in _passes(args):
@@ -139,8 +139,8 @@ def cmd_sass(args: argparse.Namespace) -> int:
             k = kernel_sass(src, cuobjdump)[src.main.kernel]
             p = spec.plan
             plan = (f"{p.block_m}x{p.block_n}x{p.block_k} v{p.vec_a}/{p.vec_b} k{p.split_k}"
-                    + (f" halo{p.tile_w}" if p.tile_w else "") + (" tuned" if tuned else ""))
-            print(f"{layer.name:12s} {pass_.value:5s} {plan:31s} {k.registers:4d} {k.stack:5d} {k.total:6d} "
+                    + p.layout() + (" tuned" if tuned else ""))
+            print(f"{layer.name:12s} {pass_.value:5s} {plan:33s} {k.registers:4d} {k.stack:5d} {k.total:6d} "
                   f"{k.count('HMMA'):5d} {k.count('LDGSTS'):8d} {k.count('LDGSTS', '128'):5d} {k.count('LDG'):4d} "
                   f"{k.count('STG'):4d} {k.count('STG', '128'):5d} {k.count('LDSM'):4d} {k.local:7d}")
     return 0

@@ -163,4 +163,4 @@ def test_cli_names_the_tuned_halo_plans(capsys):
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("conv32"))
     tuned = tune.lookup(H200, next(l for l in SUITES["cifar-vgg"] if l.name == "conv32").problem.geometry,
                         Pass.DGRAD, "float16", "sm_90")
-    assert tuned.tile_w and f"halo{tuned.tile_w} tuned" in row
+    assert tuned.tile_w and f"{tuned.layout()} tuned" in row and f"halo{tuned.tile_w}" in row
