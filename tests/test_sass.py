@@ -47,13 +47,6 @@ def test_shipped_plans_use_tensor_cores_16_byte_copies_and_no_spills(suite, laye
         assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 
-# A known defect, kept visible: this flat candidate keeps its 64-bit image index on the
-# stack (8 bytes) under NVRTC 13.  `convgen tune` refuses candidates that use local memory,
-# so it is never shipped; branch `flat-int` narrows the index to 32 bits (no spill), and
-# waits for a GPU run.  Strict: once it stops spilling, this marker fails and must go.
-KNOWN_SPILLS = {("conv2", Pass.DGRAD, "256x32x32 w4x1 s3 k1 flat")}
-
-
 def _halo_plans():
     out = []
     for suite in ("cifar-resnet", "cifar-vgg"):
@@ -62,10 +55,7 @@ def _halo_plans():
                 for p in tune.candidates(layer.problem, pass_, Target("sm_90")):
                     if not p.halo:
                         continue
-                    known = (layer.name, pass_, p.brief()) in KNOWN_SPILLS
-                    out.append(pytest.param(
-                        layer, pass_, p, id=f"{layer.name}/{pass_.value}/{p.explain().splitlines()[0]}",
-                        marks=[pytest.mark.xfail(strict=True, reason="spills 8 bytes: see KNOWN_SPILLS")] if known else []))
+                    out.append(pytest.param(layer, pass_, p, id=f"{layer.name}/{pass_.value}/{p.explain().splitlines()[0]}"))
     return out
 
 
