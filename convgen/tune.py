@@ -139,8 +139,12 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         # also gets a one-step reduction, which then stages every tap's weights once per
         # block and can take several tiles per block.  (fprop's 64-channel steps spill: its
         # weights are staged [tap][BN][BK], and a 64-deep K row holds twice the fragments.)
+        # A multi-step halo reduction also gets 16-channel steps: a step stages every tap's
+        # weights, 9 x BK x BN halves for a 3x3 filter, so at 32 channels and 3 stages a
+        # 128x64 block holds 160 KB and one block fits per SM (CIFAR-VGG conv3 dgrad: 1.2 to
+        # 1.9 waves); at 16, two or three do.
         one_step = pass_ is Pass.DGRAD and 32 < red <= 64
-        bks = [16] if red <= 16 else [32, 64] if one_step else [32]
+        bks = [16] if red <= 16 else [32] if red <= 32 else [32, 16] + ([64] if one_step else [])
         steps = [(bk, 2 if red <= bk or not target.info.cp_async else 3) for bk in bks]
     # The tile layouts: 2-D tiles 16 and 32 pixels wide (no wider than the image), and the
     # flat tile, whose fragments need not start a row (images narrower than 16 pixels).
