@@ -141,6 +141,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "halo_path": halo_path(plan, spec.geometry, p),
         "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo and not plan.flat else 0,
         "halo_tiles": plan.tiles,
+        "warps_k": plan.warps_k,
         # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
         # (rows, columns per image) and halo pixels; and whether the taps walk the halo
         # flipped (dgrad reads dy at h + PH - r*DH).

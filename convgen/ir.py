@@ -364,7 +364,10 @@ class Plan:
 
     block_m x block_n is the output tile of one block, block_k the reduction
     step per pipeline stage; warps_m x warps_n warps each own a warp tile of
-    (block_m/warps_m) x (block_n/warps_n), i.e. several 16x16 fragments.
+    (block_m/warps_m) x (block_n/warps_n), i.e. several 16x16 fragments.  warps_k > 1
+    (im2col plans) slices each staged step's block_k across that many such warp grids
+    (CUTLASS's sliced K): a block with one long reduction gets warps_k times the warps to
+    hide its latency, and the slices' sums meet in shared memory before the epilogue.
     vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
     read_a/read_b the dtype the gather reads (float32 is cast in the gather).
 
@@ -398,10 +401,12 @@ class Plan:
     tile_w: int = 0
     tiles: int = 1
     flat: bool = False
+    warps_k: int = 1
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b", "split_k"):
+        for name in ("block_m", "block_n", "block_k", "warps_m", "warps_n", "warps_k", "stages", "vec_a", "vec_b",
+                     "split_k"):
             v = _int(name, getattr(self, name))
             if v < 1:
                 raise ValueError(f"plan.{name} must be >= 1, got {v}")
@@ -417,6 +422,10 @@ class Plan:
         if self.block_n % (16 * self.warps_n):
             raise ValueError(
                 f"plan.block_n={self.block_n} does not split into warps_n={self.warps_n} warp tiles of 16-column fragments"
+            )
+        if self.block_k % (16 * self.warps_k):
+            raise ValueError(
+                f"plan.block_k={self.block_k} does not split into warps_k={self.warps_k} slices of 16-deep fragments"
             )
         for name in ("vec_a", "vec_b"):
             if getattr(self, name) not in (1, 2, 4, 8):
@@ -443,6 +452,11 @@ class Plan:
                 f"plan.tiles={tiles} must be 1, or more only on the halo path (tile_w > 0 or flat) without split-K: "
                 "a block then computes that many pixel tiles in turn"
             )
+        if self.warps_k > 1 and self.halo:
+            raise ValueError(
+                f"plan.warps_k={self.warps_k} needs an im2col plan (tile_w=0, flat=False): a halo step's "
+                "fragments are spread over the taps, not over block_k"
+            )
         if not 2 <= self.stages <= 8:
             raise ValueError(
                 f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
@@ -451,7 +465,8 @@ class Plan:
 
     @property
     def warps(self) -> int:
-        return self.warps_m * self.warps_n
+        """Warps of the block (threads / warp size), every K slice's."""
+        return self.warps_m * self.warps_n * self.warps_k
 
     @property
     def warp_tile(self) -> tuple[int, int]:
@@ -475,6 +490,8 @@ class Plan:
             d.pop("tiles")
         if not self.flat:  # and before flat halo tiles
             d.pop("flat")
+        if self.warps_k == 1:  # and before sliced K
+            d.pop("warps_k")
         return d
 
     def layout(self) -> str:
@@ -485,13 +502,14 @@ class Plan:
 
     def brief(self) -> str:
         """One table cell: tile, warps, stages, split-K, and the halo tile if any."""
-        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n} "
-                f"s{self.stages} k{self.split_k}" + self.layout())
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n}"
+                + (f"x{self.warps_k}" if self.warps_k > 1 else "") + f" s{self.stages} k{self.split_k}" + self.layout())
 
     def explain(self) -> str:
         head = (
             f"block {self.block_m}x{self.block_n}x{self.block_k}, {self.warps} warps "
-            f"({self.warps_m}x{self.warps_n}, warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
+            f"({self.warps_m}x{self.warps_n}" + (f"x{self.warps_k}, K sliced {self.warps_k} ways" if self.warps_k > 1 else "")
+            + f", warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
             f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
             f"split-K {self.split_k}"
             + (f", halo tile {self.block_m // self.tile_w}x{self.tile_w} pixels" if self.tile_w else "")

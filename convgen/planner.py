@@ -189,7 +189,10 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
     if path == "im2col":
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
-    epilogue = plan.warps * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
+    # The drain's per-warp strips (slice 0's warps drain), and with sliced K the sums the
+    # other slices park for slice 0 (mainloop), which use the same freed stages first.
+    epilogue = plan.warps_m * plan.warps_n * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
+    epilogue = max(epilogue, (plan.warps_k - 1) * bm * bn * 4)
     if plan.tiles > 1:  # [weights][halo slot 0][halo slot 1][epilogue scratch]: all live at once
         return (b + 2 * a) * 2 + epilogue
     return max(pipeline, epilogue)

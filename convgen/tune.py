@@ -51,6 +51,9 @@ _SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 
 
 MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
+# Sliced-K candidates per layer (fprop and dgrad im2col plans with few blocks per SM), on top
+# of `limit`.  The first im2col shapes that leave at most two blocks per SM get warps_k = 2.
+SLICED_PER_LAYER = 6
 
 # Halo-path shapes (block_m, block_n, warps_m, warps_n): tried with tiles 16 and 32 pixels
 # wide and with flat tiles, for stride-1 fprop and dgrad with channel counts in multiples of 8.
@@ -87,6 +90,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             seen.add(bare)
             out.append(p)
     halo = len(out) - 1
+    sliced: list[Plan] = []
     shapes = list(_SHAPES)
     exact_n = math.ceil(gemm.n / FRAG) * FRAG
     if exact_n <= 256 and exact_n & (exact_n - 1):  # not a power of two: a tile that fits N exactly
@@ -120,7 +124,17 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             if bare not in seen:
                 seen.add(bare)
                 out.append(p)
-    return out[:limit + halo]
+            # A block that owns a long reduction alone on its SM waits on its own loads: the
+            # same tile with K sliced over twice the warps (at most 8) hides that latency.
+            if (split == 1 and pass_ is not Pass.WGRAD and tiles <= 2 * target.sm_count and steps >= 4
+                    and wm * wn <= 4 and bk >= 32):
+                try:
+                    q = dataclasses.replace(p, warps_k=2, reasons=(p.reasons[0] + ", K sliced 2 ways",))
+                    check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+                    sliced.append(q)
+                except ValueError:
+                    pass
+    return out[:limit + halo] + sliced[:SLICED_PER_LAYER]
 
 
 def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:

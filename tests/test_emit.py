@@ -94,6 +94,14 @@ def cases():
     for arch in ("sm_90", "gfx1201"):
         out.append((f"halo/{prob.describe()}/dgrad/{arch}/narrow-weights",
                     make_spec(prob, Pass.DGRAD, target=Target(arch), plan_=Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16))))
+    # sliced K: two and four warp grids per block, every pass, split-K on top, HIP; wgrad with db
+    prob = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2)
+    for pass_ in Pass:
+        for hand, arch in ((Plan(128, 64, 64, 2, 2, 3, 8, 8, warps_k=2), "sm_90"),
+                           (Plan(64, 64, 64, 2, 2, 2, 8, 8, split_k=2, warps_k=4), "sm_90"),
+                           (Plan(64, 64, 32, 2, 2, 2, 8, 8, warps_k=2), "gfx942")):
+            out.append((f"sliced/{pass_.value}/{arch}/w{hand.warps_k}k{hand.split_k}",
+                        make_spec(prob, pass_, target=Target(arch), epilogue=default_epilogue(pass_), plan_=hand)))
     return out
 
 
@@ -368,8 +376,31 @@ def test_epilogue_strip_fits_the_warp_and_the_scratch(name, spec, sources):
     assert fn % g == 0 and 1 <= g <= 4
     if fn % 4 == 0 and spec.target.warp_size == 32:
         assert g == 4, "a warp 4+ fragments wide drains 128-byte rows"
-    scratch = spec.plan.warps * FRAG * (FRAG * g + EPI_PAD) * 4
-    assert sources[name].main.shared_mem >= scratch
+    p = spec.plan
+    scratch = p.warps_m * p.warps_n * FRAG * (FRAG * g + EPI_PAD) * 4  # K slice 0's warps drain
+    parked = (p.warps_k - 1) * p.block_m * p.block_n * 4  # the other slices' sums, before the drain
+    assert sources[name].main.shared_mem >= max(scratch, parked)
+
+
+SLICED = [(n, s) for n, s in CASES if s.plan.warps_k > 1]
+
+
+def test_sliced_k_kernels_add_their_slices_and_only_slice_zero_drains(sources):
+    """The sliced kernels declare WARPS_K and launch every slice's warps; the others carry
+    no trace of it (their source is what it was before sliced K existed)."""
+    assert len(SLICED) == 9
+    for name, spec in CASES:
+        src = sources[name].source
+        if spec.plan.warps_k == 1:
+            assert "WARPS_K" not in src and "parked" not in src
+            continue
+        p = spec.plan
+        assert constant(src, "WARPS_K") == p.warps_k
+        assert sources[name].main.block[0] == p.warps_m * p.warps_n * p.warps_k * spec.target.warp_size
+        assert "THREADS = WARPS_M * WARPS_N * WARPS_K * WARP_SIZE" in src
+        assert "const int kk = warp_k * (BK / WARPS_K) + k0;" in src  # each slice its share of a step
+        assert src.count("store_matrix_sync(parked") == 1 and src.count("load_matrix_sync(part, parked") == 1
+        assert "if (warp >= WARPS_M * WARPS_N) return;" in src  # only slice 0 drains
 
 
 # --------------------------------------------------------------------------- manifest

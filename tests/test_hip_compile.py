@@ -101,7 +101,7 @@ class Case:
     layer: str
     pass_: Pass
     arch: str
-    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles"
+    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
 
 
 VARIANT_LAYERS = (("cifar-resnet", "conv1"), ("resnet50", "l1-3x3"), ("resnet50", "l4-1x1"))
@@ -136,6 +136,9 @@ def _cases() -> list[Case]:
                               "halo-flat"))
             cases.append(Case(f"halo-flat-tiles/cifar-vgg/conv32-{pass_.value}-{arch}", "cifar-vgg", "conv32", pass_,
                               arch, "halo-flat-tiles"))
+    for arch in ARCHES:  # sliced K: two warp grids per block, their sums added through shared memory
+        for pass_ in Pass:
+            cases.append(Case(f"sliced/cifar-vgg/conv3-{pass_.value}-{arch}", "cifar-vgg", "conv3", pass_, arch, "sliced"))
     for arch in ARCHES:  # a 3-channel layer: dgrad's weights one channel per access; fprop's staged-halo im2col
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             cases.append(Case(f"halo/cifar-vgg/conv1-{pass_.value}-{arch}", "cifar-vgg", "conv1", pass_, arch, "halo"))
@@ -170,7 +173,8 @@ def _emit(case: Case) -> KernelSource:
         plan_=(_halo_plan(layer.problem.geometry, p) if case.variant == "halo"
                else Plan(64, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=2) if case.variant == "halo-tiles"
                else dataclasses.replace(HALO_PLAN, tile_w=0, flat=True) if case.variant == "halo-flat"
-               else Plan(64, 32, 32, 4, 1, 2, 8, 8, flat=True, tiles=2) if case.variant == "halo-flat-tiles" else None),
+               else Plan(64, 32, 32, 4, 1, 2, 8, 8, flat=True, tiles=2) if case.variant == "halo-flat-tiles"
+               else Plan(64, 64, 32, 2, 2, 2, 8, 8, warps_k=2) if case.variant == "sliced" else None),
     )
     return emit(spec)
 

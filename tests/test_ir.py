@@ -346,6 +346,20 @@ def test_plan_vector_widths(name, value):
         assert getattr(make_plan(**{name: ok}), name) == ok
 
 
+def test_plan_sliced_k():
+    p = make_plan(block_k=64, warps_k=2)
+    assert p.warps == 8 and p.warp_tile == (32, 32)  # a slice's warp tile is the unsliced one
+    assert p.as_dict()["warps_k"] == 2 and "warps_k" not in make_plan().as_dict()  # old keys stay
+    assert p.brief().startswith("64x64x64 w2x2x2 s3") and "K sliced 2 ways" in p.explain()
+    with pytest.raises(ValueError, match=r"plan\.block_k=32 does not split into warps_k=4 slices"):
+        make_plan(warps_k=4)
+    with pytest.raises(ValueError, match=r"plan\.warps_k must be >= 1, got 0"):
+        make_plan(warps_k=0)
+    for halo in (dict(tile_w=16), dict(flat=True)):
+        with pytest.raises(ValueError, match=r"plan\.warps_k=2 needs an im2col plan"):
+            make_plan(warps_k=2, **halo)
+
+
 @pytest.mark.parametrize("stages", [1, 9])
 def test_plan_stage_count(stages):
     with pytest.raises(ValueError, match=rf"plan\.stages must be between 2 and 8, got {stages}"):

@@ -509,3 +509,52 @@ def test_fuzz_halo_plans(case, seed):
     res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan,
                    bias=pass_ is Pass.FPROP, relu=pass_ is Pass.FPROP)
     check(res, "float16", what=f"halo {pass_.value} {problem.describe()} {plan.explain().splitlines()[0]}")
+
+
+# ---- sliced K: WARPS_K warp grids split every staged step, their sums meet in shared memory
+
+SLICED_SHAPES = [EXACT_SHAPES[i] for i in (0, 2, 5, 6, 7)]
+
+
+def _sliced(plan: Plan, warps_k: int, split: int = 1) -> Plan:
+    return dataclasses.replace(plan, block_k=max(plan.block_k, 16 * warps_k), warps_k=warps_k, split_k=split)
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", SLICED_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("warps_k,split", [(2, 1), (2, 3), (4, 1)])
+def test_sliced_k_exact_tier(problem, pass_, warps_k, split, target):
+    """Integer data: the slices' sums, added in the accumulator's layout, must give the
+    reference bit for bit, with split-K on top and with four slices."""
+    plan = _sliced(convgen.plan(problem, pass_, target), warps_k, split)
+    res = run_pass(problem, pass_, _seed("sliced", problem, pass_, warps_k, split), out_dtype="float32",
+                   bias=pass_ is not Pass.DGRAD, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"{pass_.value} warps_k {warps_k} split {split}")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+def test_sliced_k_scalar_fp32_gathers(pass_, target):
+    problem = EXACT_SHAPES[4]
+    plan = _sliced(convgen.plan(problem, pass_, target, "float32", scalar=True), 2)
+    res = run_pass(problem, pass_, _seed("sliced-scalar", pass_), in_dtype="float32", out_dtype="float32",
+                   bias=pass_ is not Pass.DGRAD, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"{pass_.value} scalar fp32-in warps_k 2")
+
+
+@given(problem=problems(), pass_=st.sampled_from(PASSES), warps_k=st.sampled_from([2, 4]),
+       split=st.sampled_from([1, 1, 2]), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_sliced_k(problem, pass_, warps_k, split, seed):
+    from hypothesis import assume
+
+    from convgen.compile import detect_target
+    from convgen.planner import check_plan
+
+    target = detect_target()
+    plan = _sliced(convgen.plan(problem, pass_, target), warps_k, split)
+    try:
+        check_plan(plan, problem.geometry, pass_, target, "float16")
+    except ValueError:  # e.g. four slices of a 128x128 tile's sums overflow shared memory
+        assume(False)
+    res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan, bias=pass_ is not Pass.DGRAD,
+                   relu=pass_ is Pass.FPROP)
+    check(res, "float16", what=f"{pass_.value} {problem.describe()} {plan.explain().splitlines()[0]}")

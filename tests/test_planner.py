@@ -490,3 +490,14 @@ def test_flat_grid_taps_are_fixed_shifts(r, s, pad, dil, h, w, n, pass_, seed):
     else:
         want = reference.dgrad(inp, wt, (n, h, w, 1), stride=1, padding=pad, dilation=dil)[..., 0]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_sliced_k_shared_memory_holds_the_parked_sums():
+    """Slices 1.. park a block's worth of fp32 sums each before slice 0 drains: with four
+    slices of a 128x128 tile that is 192 KiB, more than the pipeline, and more than sm_75 has."""
+    problem = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2)
+    p = Plan(128, 128, 64, 2, 2, 2, 8, 8, warps_k=4)
+    assert smem_bytes(p, Pass.DGRAD, 32, problem.geometry) == 3 * 128 * 128 * 4
+    check_plan(p, problem.geometry, Pass.DGRAD, Target("sm_90"), "float16")
+    with pytest.raises(ValueError, match=r"plan needs 196608 bytes of shared memory but sm_75 allows"):
+        check_plan(p, problem.geometry, Pass.DGRAD, Target("sm_75"), "float16")

@@ -80,6 +80,26 @@ def test_halo_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pa
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 
+def _sliced_plans():
+    h200 = Target("sm_90", sm_count=132)  # candidates depend on the SM count: the H200's
+    return [pytest.param(layer, pass_, p, id=f"{suite}/{layer.name}/{pass_.value}/{p.brief()}")
+            for suite in ("cifar-resnet", "cifar-vgg", "resnet50") for layer in SUITES[suite]
+            for pass_ in (Pass.FPROP, Pass.DGRAD)
+            for p in tune.candidates(layer.problem, pass_, h200) if p.warps_k > 1]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("layer, pass_, plan", _sliced_plans())
+def test_sliced_k_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pass_, plan):
+    """Every sliced-K plan `convgen tune` may pick for the suites on an H200."""
+    spec = make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
+    src = emit(spec)
+    k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    assert k.count("HMMA") > 0, "no tensor-core MMA in the kernel"
+    assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
+    assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+
+
 FPROP_DGRAD = [(s, l, p) for s, l, p in SHIPPED if p is not Pass.WGRAD]
 
 

@@ -28,7 +28,8 @@ def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
         assert cands[0] == plan(layer.problem, pass_, target)
         bare = [dataclasses.replace(c, reasons=()) for c in cands]
         assert len(set(bare)) == len(bare), "duplicate candidates"
-        assert 1 <= len([c for c in cands if not c.halo]) <= 48  # the limit bounds the im2col plans
+        assert 1 <= len([c for c in cands if not c.halo and c.warps_k == 1]) <= 48  # the limit bounds the im2col plans
+        assert len([c for c in cands if c.warps_k > 1]) <= tune.SLICED_PER_LAYER
         for c in cands:
             check_plan(c, layer.problem, pass_, target, "float16")  # raises if infeasible
             assert c.reasons, "every candidate says what it is"
@@ -61,6 +62,23 @@ def test_split_k_candidates_for_fprop_when_tiles_fill_under_two_waves():
 def _db_entry(problem: ConvProblem, pass_: Pass, p: Plan) -> tuple[str, dict]:
     key = tune.tune_key(problem.geometry, pass_, "float16", "sm_90")
     return key, {"plan": p.as_dict(), "us": 10.0, "default_us": 12.0, "shape": problem.as_dict(), "pass": pass_.value}
+
+
+def test_sliced_k_candidates_only_for_few_blocks_per_sm_and_never_wgrad_or_halo():
+    """CIFAR-VGG conv3 dgrad: 16384 pixels, so a 128-row tile gives 128 blocks (under one per
+    SM) and each reduces 36 K-steps alone; its sliced twins are offered.  A big ResNet-50 layer
+    (l1-3x3: 200704 pixels, thousands of blocks) gets none; neither does wgrad."""
+    conv3 = SUITES["cifar-vgg"][2].problem
+    h200 = Target("sm_90", sm_count=132)
+    sliced = [c for c in tune.candidates(conv3, Pass.DGRAD, h200) if c.warps_k > 1]
+    assert any((c.block_m, c.block_n, c.block_k, c.warps_m, c.warps_n) == (128, 64, 64, 2, 2) for c in sliced)
+    for c in sliced:
+        assert c.warps_k == 2 and not c.halo and c.split_k == 1 and c.warps <= 8
+        assert "K sliced 2 ways" in c.reasons[0]
+    l1 = next(layer for layer in SUITES["resnet50"] if layer.name == "l1-3x3").problem
+    assert not [c for c in tune.candidates(l1, Pass.DGRAD, h200) if c.warps_k > 1]
+    for layer in LAYERS:
+        assert not [c for c in tune.candidates(layer.problem, Pass.WGRAD, h200) if c.warps_k > 1]
 
 
 def test_database_round_trip_and_lookup_order(tmp_path, monkeypatch):
