@@ -1,7 +1,7 @@
 """`convgen sass` and the SASS the shipped plans compile to, checked without a GPU.
 
 Issue 6's checklist before spending GPU time: HMMA in the main loop, 16-byte loads, no
-local-memory spills. Here it is a gate on the CIFAR suites' shipped H200 plans, read from
+local-memory spills. Here it is a gate on every suite's shipped H200 plan, read from
 NVRTC's cubins with cuobjdump (the dev extra's nvidia-cuda-cuobjdump/-nvdisasm wheels).
 """
 
@@ -22,7 +22,7 @@ needs_cuobjdump = pytest.mark.skipif(
     CUOBJDUMP is None, reason="no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
 
 H200 = "NVIDIA H200"
-SHIPPED = [(suite, layer, pass_) for suite in ("cifar-resnet", "cifar-vgg") for layer in SUITES[suite] for pass_ in Pass]
+SHIPPED = [(suite, layer, pass_) for suite in ("cifar-resnet", "cifar-vgg", "resnet50") for layer in SUITES[suite] for pass_ in Pass]
 
 
 def _shipped(layer, pass_):
