@@ -20,7 +20,7 @@ from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
 from .planner import (
-    EPI_PAD, HALO_LD, SMEM_PAD, a_is_col, b_is_col, drain_group, flat_grid, halo_path, halo_pixels, halo_shape,
+    EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_path, halo_pixels, halo_shape, stage_pad,
     ring_stages, smem_bytes, staged_halo_halves,
 )
 from .resources import templates_dir
@@ -59,6 +59,12 @@ class KernelSource:
     main: Launch
     reduce: Launch | None  # the split-K reduction, when plan.split_k > 1
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def compile_arch(self) -> str:
+        """The arch NVRTC compiles for: wgmma needs the arch-specific "sm_90a" features
+        (its cubin runs on sm_90 parts only, which the plan check already demands)."""
+        return self.spec.target.arch + ("a" if self.spec.plan.wgmma else "")
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
@@ -131,7 +137,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "reduce_name": spec.name + "_reduce",
         "a_col": a_is_col(p),
         "b_col": b_is_col(p),
-        "smem_pad": SMEM_PAD,
+        "smem_pad": stage_pad(plan),
         "epi_pad": EPI_PAD,
         "drain_group": drain_group(plan, be.warp_size),
         "smem_bytes": smem_bytes(plan, p, be.warp_size, spec.geometry),
@@ -142,6 +148,11 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo and not plan.flat else 0,
         "halo_tiles": plan.tiles,
         "warps_k": plan.warps_k,
+        # wgmma: the accumulator registers per m64 step (BN / 2), and whether B is stored
+        # N-major (dgrad's [BK][BN] weights: the instruction's transpose flag).
+        "wgmma": plan.wgmma,
+        "wgmma_regs": plan.block_n // 2,
+        "wgmma_trans_b": 0 if b_is_col(p) else 1,
         # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
         # (rows, columns per image) and halo pixels; and whether the taps walk the halo
         # flipped (dgrad reads dy at h + PH - r*DH).

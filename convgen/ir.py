@@ -368,6 +368,10 @@ class Plan:
     (im2col plans) slices each staged step's block_k across that many such warp grids
     (CUTLASS's sliced K): a block with one long reduction gets warps_k times the warps to
     hide its latency, and the slices' sums meet in shared memory before the epilogue.
+
+    wgmma (sm_90 im2col fprop/dgrad) runs the MMAs as Hopper warpgroup MMAs: warps_m / 4
+    warpgroups (warps_n = 1), each computing block_m / (warps_m / 4) rows in m64 x block_n
+    steps with both operands read from shared memory through descriptors, instead of WMMA.
     vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
     read_a/read_b the dtype the gather reads (float32 is cast in the gather).
 
@@ -402,6 +406,7 @@ class Plan:
     tiles: int = 1
     flat: bool = False
     warps_k: int = 1
+    wgmma: bool = False
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -457,6 +462,13 @@ class Plan:
                 f"plan.warps_k={self.warps_k} needs an im2col plan (tile_w=0, flat=False): a halo step's "
                 "fragments are spread over the taps, not over block_k"
             )
+        if not isinstance(self.wgmma, bool):
+            raise TypeError(f"plan.wgmma must be a bool, got {self.wgmma!r}")
+        if self.wgmma and (self.warps_n != 1 or self.warps_m % 4 or self.halo or self.warps_k > 1):
+            raise ValueError(
+                f"plan.wgmma=True needs whole warpgroups over M (warps_n = 1, warps_m a multiple of 4, got "
+                f"{self.warps_m}x{self.warps_n}) on an im2col plan without sliced K"
+            )
         if not 2 <= self.stages <= 8:
             raise ValueError(
                 f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
@@ -492,13 +504,15 @@ class Plan:
             d.pop("flat")
         if self.warps_k == 1:  # and before sliced K
             d.pop("warps_k")
+        if not self.wgmma:  # and before wgmma
+            d.pop("wgmma")
         return d
 
     def layout(self) -> str:
-        """The halo tile in a table cell: " halo16", " flat", "x2" for two tiles per block;
-        empty for an im2col plan."""
+        """The halo tile in a table cell: " halo16", " flat", "x2" for two tiles per block,
+        and " wgmma"; empty for a WMMA im2col plan."""
         return ((f" halo{self.tile_w}" if self.tile_w else "") + (" flat" if self.flat else "")
-                + (f"x{self.tiles}" if self.tiles > 1 else ""))
+                + (f"x{self.tiles}" if self.tiles > 1 else "") + (" wgmma" if self.wgmma else ""))
 
     def brief(self) -> str:
         """One table cell: tile, warps, stages, split-K, and the halo tile if any."""
@@ -515,6 +529,7 @@ class Plan:
             + (f", halo tile {self.block_m // self.tile_w}x{self.tile_w} pixels" if self.tile_w else "")
             + (f", flat halo tile of {self.block_m} grid positions" if self.flat else "")
             + (f", {self.tiles} tiles per block" if self.tiles > 1 else "")
+            + (f", wgmma on {self.warps_m // 4} warpgroup(s)" if self.wgmma else "")
         )
         return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
 

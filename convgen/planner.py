@@ -173,6 +173,12 @@ def ring_stages(plan: Plan, pass_: Pass, geometry: ConvGeometry | None) -> int:
     return plan.stages if steps is None else min(plan.stages, steps)
 
 
+def stage_pad(plan: Plan) -> int:
+    """Halves of padding per staged row: WMMA's ldmatrix rows need it to miss each other's
+    banks; wgmma's operands are dense 8x8 core matrices, which its descriptors describe."""
+    return 0 if plan.wgmma else SMEM_PAD
+
+
 def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeometry | None = None) -> int:
     """Dynamic shared memory of one block: the staged pipeline, or the epilogue scratch if larger.
     A halo plan's stages depend on the filter, so it needs the geometry; without one, an
@@ -184,8 +190,9 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     if path == "taps":
         a, b = halo_stage_halves(plan, geometry, pass_)  # type: ignore[arg-type]
     else:
-        a = bk * (bm + SMEM_PAD) if a_is_col(pass_) else bm * (bk + SMEM_PAD)
-        b = bn * (bk + SMEM_PAD) if b_is_col(pass_) else bk * (bn + SMEM_PAD)
+        pad = stage_pad(plan)
+        a = bk * (bm + pad) if a_is_col(pass_) else bm * (bk + pad)
+        b = bn * (bk + pad) if b_is_col(pass_) else bk * (bn + pad)
     pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
     if path == "im2col":
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
@@ -370,6 +377,8 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
             raise ValueError(f"plan.{name}={tile} is larger than convgen's largest tile (256)")
     if plan.halo:
         _check_halo(plan, geometry, pass_, target, in_dtype)
+    if plan.wgmma:
+        _check_wgmma(plan, pass_, target)
     if plan.tiles > 1 and (halo_path(plan, geometry, pass_) != "taps" or reduction_steps(plan, pass_, geometry) != 1):
         raise ValueError(
             f"plan.tiles={plan.tiles}: several tiles per block need the halo path's one-step reductions "
@@ -383,6 +392,15 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         )
     if plan.split_k > 65535:
         raise ValueError(f"plan.split_k={plan.split_k} exceeds the grid's z limit (65535)")
+
+
+def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
+    why = (f"runs on sm_90 only, not {target.arch}" if target.arch != "sm_90"
+           else "computes fprop and dgrad only" if pass_ is Pass.WGRAD
+           else "reads both operands as fp16 in 16-byte runs (vec_a = vec_b = 8, read fp16)"
+           if (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16") else None)
+    if why:
+        raise ValueError(f"plan.wgmma=True: the wgmma main loop {why}")
 
 
 # The "im2col" halo path keeps its whole input halo in shared memory next to the pipeline.

@@ -145,7 +145,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,
                              plan_=plan, scalar=scalar)
             src = emit(spec)
-            fns = load_kernels(src.source, src.kernel_names, arch=target.arch)
+            fns = load_kernels(src.source, src.kernel_names, arch=src.compile_arch)
             main = fns[src.main.kernel]
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
                 set_max_dynamic_shared_memory(main, src.main.shared_mem)

@@ -99,7 +99,7 @@ def kernel_sass(source: Any, cuobjdump: str) -> dict[str, KernelSass]:
     """Compile an emitted :class:`~convgen.emit.KernelSource` (disk cache and all) and read it back."""
     from .compile import cached_binary
 
-    return read_cubin(cached_binary(source.source, arch=source.spec.target.arch), cuobjdump)
+    return read_cubin(cached_binary(source.source, arch=source.compile_arch), cuobjdump)
 
 
 # ---------------------------------------------------------------------- the command

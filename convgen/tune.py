@@ -54,6 +54,13 @@ MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-st
 # Sliced-K candidates per layer (fprop and dgrad im2col plans with few blocks per SM), on top
 # of `limit`.  The first im2col shapes that leave at most two blocks per SM get warps_k = 2.
 SLICED_PER_LAYER = 6
+# wgmma candidates (sm_90 fprop/dgrad with 16-byte fp16 gathers), on top of `limit`:
+# (block_m, block_n, warps_m, block_k, stages), whole warpgroups over M.
+_WGMMA_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 128, 8, 64, 3), (128, 64, 4, 64, 3), (256, 128, 8, 64, 3), (128, 256, 8, 64, 3), (128, 128, 4, 64, 3),
+    (256, 64, 8, 64, 3), (64, 64, 4, 64, 4), (128, 64, 8, 64, 4), (64, 128, 4, 64, 3), (128, 128, 8, 32, 4),
+)
+WGMMA_PER_LAYER = 10
 
 # Halo-path shapes (block_m, block_n, warps_m, warps_n): tried with tiles 16 and 32 pixels
 # wide and with flat tiles, for stride-1 fprop and dgrad with channel counts in multiples of 8.
@@ -134,7 +141,38 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                     sliced.append(q)
                 except ValueError:
                     pass
-    return out[:limit + halo] + sliced[:SLICED_PER_LAYER]
+    return out[:limit + halo] + sliced[:SLICED_PER_LAYER] + _wgmma_candidates(problem, pass_, target, in_dtype, base, seen)
+
+
+def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
+                      seen: set[Plan]) -> list[Plan]:
+    """Warpgroup-MMA plans where they apply, with a one-wave split-K twin when the tiles
+    leave most SMs idle."""
+    if (target.arch != "sm_90" or pass_ is Pass.WGRAD or in_dtype != "float16"
+            or (base.vec_a, base.vec_b) != (8, 8)):
+        return []
+    gemm = problem.gemm(pass_)
+    out: list[Plan] = []
+    for bm, bn, wm, bk, stages in _WGMMA_SHAPES:
+        if bn > max(_fit(gemm.n), FRAG) or bm > max(_fit(gemm.m), FRAG):
+            continue
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        steps = math.ceil(gemm.k / bk)
+        splits = [1] + ([min(math.ceil(target.sm_count / tiles), steps // 4)]
+                        if tiles < target.sm_count // 2 and steps >= 8 else [])
+        for split in splits:
+            try:
+                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=max(1, split), wgmma=True,
+                         reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
+                                  f"split-K {max(1, split)}",))
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            bare = dataclasses.replace(p, reasons=())
+            if bare not in seen:
+                seen.add(bare)
+                out.append(p)
+    return out[:WGMMA_PER_LAYER]
 
 
 def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
@@ -369,7 +407,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for layer, pass_ in work:
         epi = Epilogue(bias=pass_ is not Pass.DGRAD)
         for p in candidates(layer.problem, pass_, target):
-            sources.append((emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p)).source, target.arch))
+            src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p))
+            sources.append((src.source, src.compile_arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_one, sources, chunksize=4))
     dev = CudaDevice(cp, cp.cuda.get_current_stream())

@@ -102,6 +102,12 @@ def cases():
                            (Plan(64, 64, 32, 2, 2, 2, 8, 8, warps_k=2), "gfx942")):
             out.append((f"sliced/{pass_.value}/{arch}/w{hand.warps_k}k{hand.split_k}",
                         make_spec(prob, pass_, target=Target(arch), epilogue=default_epilogue(pass_), plan_=hand)))
+    # wgmma: one and two warpgroups, split-K, strided dgrad's residue classes
+    for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(12, 12, 32, 48, 3, 3, 2, 1, n=2)):
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            for hand in (Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True), Plan(128, 128, 32, 8, 1, 4, 8, 8, split_k=2, wgmma=True)):
+                out.append((f"wgmma/{prob.describe()}/{pass_.value}/{hand.brief().replace(' ', '_')}",
+                            make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=hand)))
     return out
 
 
@@ -401,6 +407,27 @@ def test_sliced_k_kernels_add_their_slices_and_only_slice_zero_drains(sources):
         assert "const int kk = warp_k * (BK / WARPS_K) + k0;" in src  # each slice its share of a step
         assert src.count("store_matrix_sync(parked") == 1 and src.count("load_matrix_sync(part, parked") == 1
         assert "if (warp >= WARPS_M * WARPS_N) return;" in src  # only slice 0 drains
+
+
+def test_wgmma_kernels_stage_core_matrices_and_compile_for_sm_90a(sources):
+    """wgmma plans: sm_90a cubins, unpadded core-matrix stages, one m64nBNk16 instruction with
+    BN/2 accumulator registers, dgrad's B transposed; the WMMA plans carry none of it."""
+    wg = [(n, s) for n, s in CASES if s.plan.wgmma]
+    assert len(wg) == 8
+    for name, spec in CASES:
+        ks, src = sources[name], sources[name].source
+        if not spec.plan.wgmma:
+            assert ks.compile_arch == spec.target.arch and "wgmma" not in src and "core_at" not in src
+            continue
+        p = spec.plan
+        assert ks.compile_arch == "sm_90a" and constant(src, "PAD") == 0
+        assert f"wgmma.mma_async.sync.aligned.m64n{p.block_n}k16.f32.f16.f16 " in src
+        regs = re.search(r"\{(%0(?:, %\d+)*)\}", src).group(1).split(", ")
+        assert len(regs) == p.block_n // 2
+        trans_b = 1 if spec.pass_ is Pass.DGRAD else 0
+        assert f"p, 1, 1, 0, {trans_b};" in src
+        assert ("core_at_n_major(Map::row(i), Map::col(i))" in src) == (spec.pass_ is Pass.DGRAD)
+        assert "wmma::" not in src.split("namespace {", 1)[1]  # no WMMA fragment left in the kernel
 
 
 # --------------------------------------------------------------------------- manifest

@@ -360,6 +360,18 @@ def test_plan_sliced_k():
             make_plan(warps_k=2, **halo)
 
 
+def test_plan_wgmma_takes_whole_warpgroups_over_m():
+    p = make_plan(block_m=128, warps_m=4, warps_n=1, wgmma=True)
+    assert p.as_dict()["wgmma"] is True and "wgmma" not in make_plan().as_dict()
+    assert p.brief().endswith(" wgmma") and "wgmma on 1 warpgroup(s)" in p.explain()
+    for bad in (dict(warps_m=2, warps_n=2), dict(warps_m=2, warps_n=1), dict(block_m=128, warps_m=4, warps_n=1, tile_w=16),
+                dict(block_m=128, warps_m=4, warps_n=1, block_k=64, warps_k=2)):
+        with pytest.raises(ValueError, match=r"plan\.wgmma=True needs whole warpgroups over M"):
+            make_plan(wgmma=True, **bad)
+    with pytest.raises(TypeError, match=r"plan\.wgmma must be a bool"):
+        make_plan(wgmma=1)
+
+
 @pytest.mark.parametrize("stages", [1, 9])
 def test_plan_stage_count(stages):
     with pytest.raises(ValueError, match=rf"plan\.stages must be between 2 and 8, got {stages}"):

@@ -558,3 +558,43 @@ def test_fuzz_sliced_k(problem, pass_, warps_k, split, seed):
     res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan, bias=pass_ is not Pass.DGRAD,
                    relu=pass_ is Pass.FPROP)
     check(res, "float16", what=f"{pass_.value} {problem.describe()} {plan.explain().splitlines()[0]}")
+
+
+# ---- wgmma (sm_90a): warpgroup MMAs on core-matrix-staged operands
+
+WGMMA_SHAPES = [EXACT_SHAPES[i] for i in (0, 2, 5, 6, 7)]  # C and K in 16-byte runs
+WGMMA_PLANS = [Plan(64, 64, 32, 4, 1, 2, 8, 8, wgmma=True), Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True),
+               Plan(128, 128, 64, 8, 1, 3, 8, 8, wgmma=True), Plan(256, 32, 16, 8, 1, 4, 8, 8, wgmma=True)]
+
+
+def _needs_sm90(target):
+    if target.arch != "sm_90":
+        pytest.skip(f"wgmma runs on sm_90 only; this GPU is {target.arch}")
+
+
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", WGMMA_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", WGMMA_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+@pytest.mark.parametrize("split", [1, 3])
+def test_wgmma_exact_tier(problem, pass_, plan, split, target):
+    """Integer data, bit for bit: the descriptors' strides, the core-matrix staging (K-major A,
+    fprop's K-major and dgrad's N-major B) and the accumulator layout the drain reads."""
+    _needs_sm90(target)
+    plan = dataclasses.replace(plan, split_k=split)
+    res = run_pass(problem, pass_, _seed("wgmma", problem, pass_, plan), out_dtype="float32",
+                   bias=pass_ is Pass.FPROP, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"{pass_.value} {plan.brief()}")
+
+
+@given(problem=problems(), pass_=st.sampled_from([Pass.FPROP, Pass.DGRAD]), plan=st.sampled_from(WGMMA_PLANS),
+       split=st.sampled_from([1, 1, 2]), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_wgmma(problem, pass_, plan, split, seed):
+    from convgen.compile import detect_target
+
+    target = detect_target()
+    _needs_sm90(target)
+    problem = dataclasses.replace(problem, c=8 * max(1, problem.c // 8), k=8 * max(1, problem.k // 8))
+    plan = dataclasses.replace(plan, split_k=split)
+    res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan, bias=pass_ is Pass.FPROP,
+                   relu=pass_ is Pass.FPROP)
+    check(res, "float16", what=f"{pass_.value} {problem.describe()} {plan.brief()}")

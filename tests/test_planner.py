@@ -501,3 +501,29 @@ def test_sliced_k_shared_memory_holds_the_parked_sums():
     check_plan(p, problem.geometry, Pass.DGRAD, Target("sm_90"), "float16")
     with pytest.raises(ValueError, match=r"plan needs 196608 bytes of shared memory but sm_75 allows"):
         check_plan(p, problem.geometry, Pass.DGRAD, Target("sm_75"), "float16")
+
+
+@pytest.mark.parametrize("arch, pass_, changes, why", [
+    ("sm_80", Pass.FPROP, {}, "runs on sm_90 only, not sm_80"),
+    ("gfx942", Pass.DGRAD, {}, "runs on sm_90 only, not gfx942"),
+    ("sm_90", Pass.WGRAD, {}, "computes fprop and dgrad only"),
+    ("sm_90", Pass.FPROP, dict(vec_a=4), "reads both operands as fp16 in 16-byte runs"),
+])
+def test_wgmma_plans_are_checked(arch, pass_, changes, why):
+    problem = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2)
+    import dataclasses
+
+    good = Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True)
+    check_plan(good, problem.geometry, Pass.DGRAD, Target("sm_90"), "float16")
+    p = dataclasses.replace(good, **changes)
+    with pytest.raises(ValueError, match=rf"plan\.wgmma=True: the wgmma main loop {why}"):
+        check_plan(p, problem.geometry, pass_, Target(arch), "float16")
+
+
+def test_wgmma_stages_are_dense_core_matrices():
+    """wgmma's operands are unpadded 8x8 core matrices: a 128x64x64 stage pair is exactly
+    (128 + 64) x 64 halves, where the WMMA plan pads each row by 8 halves."""
+    g = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2).geometry
+    wg = Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True)
+    assert smem_bytes(wg, Pass.FPROP, 32, g) == 3 * (128 + 64) * 64 * 2
+    assert smem_bytes(Plan(128, 64, 64, 4, 1, 3, 8, 8), Pass.FPROP, 32, g) == 3 * (128 + 64) * 72 * 2

@@ -40,7 +40,7 @@ def _shipped(layer, pass_):
 @pytest.mark.parametrize("suite, layer, pass_", SHIPPED, ids=[f"{s}/{l.name}/{p.value}" for s, l, p in SHIPPED])
 def test_shipped_plans_use_tensor_cores_16_byte_copies_and_no_spills(suite, layer, pass_):
     spec, k = _shipped(layer, pass_)
-    assert k.count("HMMA") > 0, "no tensor-core MMA in the kernel"
+    assert k.count("HMMA") + k.count("HGMMA") > 0, "no tensor-core MMA in the kernel"
     p = spec.plan
     if min(p.vec_a, p.vec_b) >= 8:  # both operands gathered 16 bytes at a time by cp.async
         assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
@@ -96,6 +96,28 @@ def test_sliced_k_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer
     src = emit(spec)
     k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
     assert k.count("HMMA") > 0, "no tensor-core MMA in the kernel"
+    assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
+    assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+
+
+def _wgmma_plans():
+    h200 = Target("sm_90", sm_count=132)
+    return [pytest.param(layer, pass_, p, id=f"{suite}/{layer.name}/{pass_.value}/{p.brief()}")
+            for suite, names in (("cifar-vgg", ("conv3",)), ("resnet50", ("l3-3x3", "l1-1x1b", "l4-1x1")))
+            for layer in SUITES[suite] if layer.name in names
+            for pass_ in (Pass.FPROP, Pass.DGRAD)
+            for p in tune.candidates(layer.problem, pass_, h200) if p.wgmma]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("layer, pass_, plan", _wgmma_plans())
+def test_wgmma_candidates_use_hgmma_16_byte_copies_and_no_spills(layer, pass_, plan):
+    """wgmma candidates compile (sm_90a) to warpgroup MMAs and no WMMA, stage by 16-byte
+    cp.async, and do not spill."""
+    spec = make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
+    src = emit(spec)
+    k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    assert k.count("HGMMA") > 0 and k.count("HMMA") == 0, k.opcodes
     assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 

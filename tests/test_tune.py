@@ -28,8 +28,9 @@ def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
         assert cands[0] == plan(layer.problem, pass_, target)
         bare = [dataclasses.replace(c, reasons=()) for c in cands]
         assert len(set(bare)) == len(bare), "duplicate candidates"
-        assert 1 <= len([c for c in cands if not c.halo and c.warps_k == 1]) <= 48  # the limit bounds the im2col plans
+        assert 1 <= len([c for c in cands if not c.halo and c.warps_k == 1 and not c.wgmma]) <= 48  # the limit bounds the im2col plans
         assert len([c for c in cands if c.warps_k > 1]) <= tune.SLICED_PER_LAYER
+        assert len([c for c in cands if c.wgmma]) <= tune.WGMMA_PER_LAYER
         for c in cands:
             check_plan(c, layer.problem, pass_, target, "float16")  # raises if infeasible
             assert c.reasons, "every candidate says what it is"
@@ -79,6 +80,19 @@ def test_sliced_k_candidates_only_for_few_blocks_per_sm_and_never_wgrad_or_halo(
     assert not [c for c in tune.candidates(l1, Pass.DGRAD, h200) if c.warps_k > 1]
     for layer in LAYERS:
         assert not [c for c in tune.candidates(layer.problem, Pass.WGRAD, h200) if c.warps_k > 1]
+
+
+def test_wgmma_candidates_only_on_sm_90_fprop_dgrad_with_16_byte_gathers():
+    h200 = Target("sm_90", sm_count=132)
+    l3 = next(layer for layer in SUITES["resnet50"] if layer.name == "l3-3x3").problem
+    for pass_ in (Pass.FPROP, Pass.DGRAD):
+        wg = [c for c in tune.candidates(l3, pass_, h200) if c.wgmma]
+        assert 1 <= len(wg) <= tune.WGMMA_PER_LAYER
+        assert all(c.warps_n == 1 and c.warps_m % 4 == 0 for c in wg)
+        assert not [c for c in tune.candidates(l3, pass_, Target("sm_80")) if c.wgmma]
+    assert not [c for c in tune.candidates(l3, Pass.WGRAD, h200) if c.wgmma]
+    conv1 = SUITES["cifar-vgg"][0].problem  # C = 3: no 16-byte gathers
+    assert not [c for c in tune.candidates(conv1, Pass.FPROP, h200) if c.wgmma]
 
 
 def test_database_round_trip_and_lookup_order(tmp_path, monkeypatch):
