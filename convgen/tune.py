@@ -82,10 +82,12 @@ def _fit(extent: int) -> int:
 
 
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
-               limit: int = 48) -> list[Plan]:
+               limit: int = 48, wgmma: bool = False) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
     variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
-    (the default's among them); every halo plan is kept on top."""
+    (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
+    plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
+    WMMA plans on every suite layer (benchmarks/NOTES.md)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     gemm = problem.gemm(pass_)
@@ -141,7 +143,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                     sliced.append(q)
                 except ValueError:
                     pass
-    return out[:limit + halo] + sliced[:SLICED_PER_LAYER] + _wgmma_candidates(problem, pass_, target, in_dtype, base, seen)
+    return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
+            + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else []))
 
 
 def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
@@ -325,7 +328,8 @@ def median_gpu_us(dev: Any, fn: Any, reps: int) -> float:
     return statistics.median(time_interleaved(dev, [("op", fn)], reps, spin_us=TUNE_SPIN_US)["op"])
 
 
-def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20) -> list[dict[str, Any]]:
+def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20,
+               wgmma: bool = False) -> list[dict[str, Any]]:
     """Time every candidate on random data; returns one row per candidate, fastest first
     among those whose output matches the default plan's."""
     import cupy as cp
@@ -352,7 +356,7 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     def as_np(out):
         return cp.asnumpy(out).astype(np.float64)
 
-    plans = candidates(problem, pass_, target)
+    plans = candidates(problem, pass_, target, wgmma=wgmma)
     ref = as_np(run(plans[0]))
     rows = []
     for p in plans:
@@ -378,6 +382,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--db", help="tuning database to update (default: the user's, under the cache dir)")
     p.add_argument("--log", help="also write every candidate's timing to this JSON file")
+    p.add_argument("--wgmma", action="store_true",
+                   help="also time warpgroup-MMA plans (sm_90; slower than the WMMA plans so far)")
     p.set_defaults(func=cmd_tune)
 
 
@@ -406,7 +412,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     sources = []
     for layer, pass_ in work:
         epi = Epilogue(bias=pass_ is not Pass.DGRAD)
-        for p in candidates(layer.problem, pass_, target):
+        for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma):
             src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p))
             sources.append((src.source, src.compile_arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -415,7 +421,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     entries, log = {}, []
     print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
     for layer, pass_ in work:
-        rows = tune_layer(layer.problem, pass_, dev, target, args.reps)
+        rows = tune_layer(layer.problem, pass_, dev, target, args.reps, wgmma=args.wgmma)
         default = next(r for r in rows if r["default"])
         best = min(rows, key=lambda r: r["us"])
         bad = [r for r in rows if not r["ok"]]

@@ -106,7 +106,7 @@ def _wgmma_plans():
             for suite, names in (("cifar-vgg", ("conv3",)), ("resnet50", ("l3-3x3", "l1-1x1b", "l4-1x1")))
             for layer in SUITES[suite] if layer.name in names
             for pass_ in (Pass.FPROP, Pass.DGRAD)
-            for p in tune.candidates(layer.problem, pass_, h200) if p.wgmma]
+            for p in tune.candidates(layer.problem, pass_, h200, wgmma=True) if p.wgmma]
 
 
 @needs_cuobjdump
