@@ -118,6 +118,9 @@ def test_wgmma_candidates_use_hgmma_16_byte_copies_and_no_spills(layer, pass_, p
     src = emit(spec)
     k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
     assert k.count("HGMMA") > 0 and k.count("HMMA") == 0, k.opcodes
+    if plan.block_k // 16 * (plan.block_m // (plan.warps_m // 4) // 64) >= 4:
+        # A step's MMAs issue back to back: ptxas did not serialize them (a wait after each).
+        assert k.count("WARPGROUP", "DEPBAR") < k.count("HGMMA"), k.opcodes
     assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
