@@ -94,10 +94,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
     for p in _halo_candidates(problem, pass_, target, in_dtype):
-        bare = dataclasses.replace(p, reasons=())
-        if bare not in seen:
-            seen.add(bare)
-            out.append(p)
+        _add_unique(p, seen, out)
     halo = len(out) - 1
     sliced: list[Plan] = []
     shapes = list(_SHAPES)
@@ -129,10 +126,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
             except ValueError:
                 continue
-            bare = dataclasses.replace(p, reasons=())
-            if bare not in seen:
-                seen.add(bare)
-                out.append(p)
+            _add_unique(p, seen, out)
             # A block that owns a long reduction alone on its SM waits on its own loads: the
             # same tile with K sliced over twice the warps (at most 8) hides that latency.
             if (split == 1 and pass_ is not Pass.WGRAD and tiles <= 2 * target.sm_count and steps >= 4
@@ -145,6 +139,14 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                     pass
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else []))
+
+
+def _add_unique(p: Plan, seen: set[Plan], out: list[Plan]) -> None:
+    """Append p unless an equal plan (reasons aside) is already offered."""
+    bare = dataclasses.replace(p, reasons=())
+    if bare not in seen:
+        seen.add(bare)
+        out.append(p)
 
 
 def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
@@ -171,10 +173,7 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
             except ValueError:
                 continue
-            bare = dataclasses.replace(p, reasons=())
-            if bare not in seen:
-                seen.add(bare)
-                out.append(p)
+            _add_unique(p, seen, out)
     return out[:WGMMA_PER_LAYER]
 
 
