@@ -97,9 +97,15 @@ def read_cubin(binary: bytes, cuobjdump: str) -> dict[str, KernelSass]:
 
 def kernel_sass(source: Any, cuobjdump: str) -> dict[str, KernelSass]:
     """Compile an emitted :class:`~convgen.emit.KernelSource` (disk cache and all) and read it back."""
+    return source_sass(source.source, source.compile_arch, cuobjdump)
+
+
+def source_sass(source: str, arch: str, cuobjdump: str) -> dict[str, KernelSass]:
+    """:func:`kernel_sass` on plain values, so a process pool can run many side by side
+    (NVRTC and cuobjdump each use one CPU)."""
     from .compile import cached_binary
 
-    return read_cubin(cached_binary(source.source, arch=source.compile_arch), cuobjdump)
+    return read_cubin(cached_binary(source, arch=arch), cuobjdump)
 
 
 # ---------------------------------------------------------------------- the command

@@ -7,6 +7,12 @@ NVRTC's cubins with cuobjdump (the dev extra's nvidia-cuda-cuobjdump/-nvdisasm w
 
 from __future__ import annotations
 
+import functools
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
 import pytest
 
 from convgen import tune
@@ -14,7 +20,7 @@ from convgen.cli import main
 from convgen.emit import emit
 from convgen.ir import Epilogue, Pass, Target
 from convgen.planner import halo_path, make_spec
-from convgen.sass import find_cuobjdump, kernel_sass, read_cubin
+from convgen.sass import find_cuobjdump, kernel_sass, read_cubin, source_sass
 from convgen.suites import SUITES
 
 CUOBJDUMP = find_cuobjdump()
@@ -25,21 +31,56 @@ H200 = "NVIDIA H200"
 SHIPPED = [(suite, layer, pass_) for suite in ("cifar-resnet", "cifar-vgg", "resnet50") for layer in SUITES[suite] for pass_ in Pass]
 
 
-def _shipped(layer, pass_):
+def _shipped_spec(layer, pass_):
     """The kernel convgen.conv2d & co. run on an H200 for this layer: the shipped tuned plan and
     the runtime's default epilogue (bias in fprop, db in wgrad)."""
     target = Target("sm_90")
     tuned = tune.lookup(H200, layer.problem.geometry, pass_, "float16", target.arch)
     assert tuned is not None, f"no shipped H200 plan for {layer.name} {pass_.value}"
-    spec = make_spec(layer.problem, pass_, target=target, epilogue=Epilogue(bias=pass_ is not Pass.DGRAD), plan_=tuned)
+    return make_spec(layer.problem, pass_, target=target, epilogue=Epilogue(bias=pass_ is not Pass.DGRAD), plan_=tuned)
+
+
+def _candidate_spec(layer, pass_, plan):
+    """A tuning candidate's kernel as `convgen tune` times it (bias in fprop)."""
+    return make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
+
+
+_SASS: dict[str, dict] = {}  # emitted source -> its kernels' SASS, read ahead by _read_ahead
+
+
+def _main_sass(spec):
     src = emit(spec)
-    return spec, kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    kernels = _SASS.get(src.source) or kernel_sass(src, CUOBJDUMP)
+    return kernels[src.main.kernel]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _read_ahead(request):
+    """Compile and read back, across the CPUs, every kernel the selected tests of this module
+    check: NVRTC and cuobjdump use one CPU each, and one test at a time left the rest idle."""
+    if CUOBJDUMP is None:
+        return
+    sources: dict[str, str] = {}
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is not sys.modules[__name__] or "pass_" not in params:
+            continue
+        spec = (_candidate_spec(params["layer"], params["pass_"], params["plan"]) if "plan" in params
+                else _shipped_spec(params["layer"], params["pass_"]))
+        src = emit(spec)
+        sources[src.source] = src.compile_arch
+    if len(sources) < 2 or (os.cpu_count() or 1) < 2:
+        return
+    read = functools.partial(source_sass, cuobjdump=CUOBJDUMP)
+    with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
+        _SASS.update(zip(sources, pool.map(read, sources, sources.values(), chunksize=4)))
 
 
 @needs_cuobjdump
 @pytest.mark.parametrize("suite, layer, pass_", SHIPPED, ids=[f"{s}/{l.name}/{p.value}" for s, l, p in SHIPPED])
 def test_shipped_plans_use_tensor_cores_16_byte_copies_and_no_spills(suite, layer, pass_):
-    spec, k = _shipped(layer, pass_)
+    spec = _shipped_spec(layer, pass_)
+    k = _main_sass(spec)
     assert k.count("HMMA") + k.count("HGMMA") > 0, "no tensor-core MMA in the kernel"
     p = spec.plan
     if min(p.vec_a, p.vec_b) >= 8:  # both operands gathered 16 bytes at a time by cp.async
@@ -68,9 +109,8 @@ def test_halo_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pa
     """The halo path's tuning candidates.  "taps": every tap's MMAs read the staged halo, and
     the halo arrives by 16-byte cp.async.  "im2col" (3-channel fprop): the gather reads the
     staged input halo from shared memory.  Neither spills."""
-    spec = make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
-    src = emit(spec)
-    k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    spec = _candidate_spec(layer, pass_, plan)
+    k = _main_sass(spec)
     g = spec.geometry
     if halo_path(plan, g, pass_) == "taps":
         assert k.count("HMMA") >= 2 * g.r * g.s, "fewer MMAs than taps"
@@ -92,9 +132,8 @@ def _sliced_plans():
 @pytest.mark.parametrize("layer, pass_, plan", _sliced_plans())
 def test_sliced_k_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pass_, plan):
     """Every sliced-K plan `convgen tune` may pick for the suites on an H200."""
-    spec = make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
-    src = emit(spec)
-    k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    spec = _candidate_spec(layer, pass_, plan)
+    k = _main_sass(spec)
     assert k.count("HMMA") > 0, "no tensor-core MMA in the kernel"
     assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
@@ -114,9 +153,8 @@ def _wgmma_plans():
 def test_wgmma_candidates_use_hgmma_16_byte_copies_and_no_spills(layer, pass_, plan):
     """wgmma candidates compile (sm_90a) to warpgroup MMAs and no WMMA, stage by 16-byte
     cp.async, and do not spill."""
-    spec = make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=pass_ is Pass.FPROP), plan_=plan)
-    src = emit(spec)
-    k = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
+    spec = _candidate_spec(layer, pass_, plan)
+    k = _main_sass(spec)
     assert k.count("HGMMA") > 0 and k.count("HMMA") == 0, k.opcodes
     if plan.block_k // 16 * (plan.block_m // (plan.warps_m // 4) // 64) >= 4:
         # A step's MMAs issue back to back: ptxas did not serialize them (a wait after each).
@@ -134,7 +172,8 @@ def test_epilogue_stores_are_16_bytes_wide():
     epilogue's PTX st.global.v4 must stay one STG.E.128."""
     split = []
     for suite, layer, pass_ in FPROP_DGRAD:
-        spec, k = _shipped(layer, pass_)
+        spec = _shipped_spec(layer, pass_)
+        k = _main_sass(spec)
         if spec.geometry.gemm(pass_, 1).n % 8 == 0 and k.count("STG", "128") != k.count("STG"):
             split.append(f"{suite}/{layer.name}/{pass_.value}")
     assert not split, f"narrower than 16-byte output stores in {split}"
