@@ -158,6 +158,8 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         # flipped (dgrad reads dy at h + PH - r*DH).
         "halo_tile": halo_shape(plan, spec.geometry) if plan.tile_w else (0, 0, 0, 0),
         "halo_flat": plan.flat,
+        # A 2-D tile narrower than a fragment: the halo MMAs load each row through ldmatrix.
+        "halo_ldsm": plan.tile_w % 16 != 0,
         "flat_grid": flat_grid(spec.geometry, p) if plan.flat else (0, 0),
         "halo_pix": halo_pixels(plan, spec.geometry, p) if plan.halo else 0,
         "halo_flip": p is Pass.DGRAD,

@@ -375,7 +375,8 @@ class Plan:
     vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
     read_a/read_b the dtype the gather reads (float32 is cast in the gather).
 
-    tile_w > 0 selects a halo path (fprop and dgrad): a block computes a
+    tile_w > 0 selects a halo path (fprop and dgrad; 16-pixel multiples, or 8 on CUDA's
+    "taps" path, whose MMAs then read each fragment row through its own ldmatrix address): a block computes a
     (block_m / tile_w) x tile_w tile of output pixels of one image and stages the input
     pixels those reach (a halo tile) once.  With 16-byte channel runs and stride 1, it reads
     each tap's fragments straight out of the halo ("taps"); an fprop whose C is not a
@@ -440,10 +441,10 @@ class Plan:
                 raise ValueError(f"plan.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
         tile_w = _int("tile_w", self.tile_w)
         object.__setattr__(self, "tile_w", tile_w)
-        if tile_w < 0 or tile_w % 16 or (tile_w and self.block_m % tile_w):
+        if tile_w < 0 or tile_w % 8 or (tile_w and self.block_m % tile_w):
             raise ValueError(
-                f"plan.tile_w={tile_w} must be 0 (im2col) or a multiple of 16 that divides block_m={self.block_m}: "
-                "a fragment is 16 neighbouring pixels of one row of the tile"
+                f"plan.tile_w={tile_w} must be 0 (im2col) or a multiple of 8 that divides block_m={self.block_m}: "
+                "a fragment's rows are neighbouring pixels of the tile"
             )
         if not isinstance(self.flat, bool):
             raise TypeError(f"plan.flat must be a bool, got {self.flat!r}")

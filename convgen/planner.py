@@ -434,6 +434,9 @@ def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target,
         raise ValueError(f"{name}: {why}")
     if (plan.read_a, plan.read_b) != ("float16", "float16"):
         raise ValueError(f"a halo plan ({name}) reads fp16 inputs as they are: read_a = read_b = 'float16'")
+    if plan.tile_w % FRAG and (target.backend != "cuda" or halo_path(plan, geometry, pass_) != "taps"):
+        raise ValueError(f"plan.tile_w={plan.tile_w}: tiles narrower than a 16-pixel fragment need CUDA's "
+                         "ldmatrix MMAs on the \"taps\" halo path; use a multiple of 16")
     if halo_path(plan, geometry, pass_) == "im2col":
         staged = staged_halo_halves(plan, geometry) * 2
         if staged > MAX_STAGED_HALO_BYTES:

@@ -71,6 +71,10 @@ _HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
     (128, 64, 2, 2), (128, 128, 2, 4), (64, 64, 2, 2), (128, 16, 4, 1), (256, 16, 4, 1),
 )
 HALO_PER_LAYOUT = 8  # halo candidates per tile layout, placed right after the default plan
+# Tiles 8 pixels wide (CUDA's ldmatrix halo MMAs) for images at most 8 pixels wide: one
+# 8x8 tile per 64-row block, whole images of CIFAR's 8x8 and ResNet-50's 7x7 layers.
+# 16-channel steps: the wider warp grids and 32-channel steps spill under NVRTC 13.
+_NARROW_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = ((64, 32, 4, 1), (64, 64, 4, 1), (64, 16, 4, 1), (64, 32, 2, 1))
 MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several tiles per block
 
 
@@ -203,10 +207,15 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     # The tile layouts: 2-D tiles 16 and 32 pixels wide (no wider than the image), and the
     # flat tile, whose fragments need not start a row (images narrower than 16 pixels).
     layouts = [dict(tile_w=tw) for tw in (16, 32) if tw <= max(16, _fit(out_w))] + [dict(flat=True)]
+    if out_w <= 8 and target.backend == "cuda" and not (pass_ is Pass.FPROP and g.c % 8):
+        layouts.append(dict(tile_w=8))
     out, multi = [], []
     for (bk, stages), layout in itertools.product(steps, layouts):
         mine = []
-        for bm, bn, wm, wn in _HALO_SHAPES:
+        narrow = layout.get("tile_w") == 8
+        if narrow and bk != 16:
+            continue
+        for bm, bn, wm, wn in _NARROW_HALO_SHAPES if narrow else _HALO_SHAPES:
             if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):
                 continue
             tile = f"halo tile {bm // layout['tile_w']}x{layout['tile_w']}" if "tile_w" in layout else "flat halo tile"

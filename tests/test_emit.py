@@ -102,6 +102,13 @@ def cases():
                            (Plan(64, 64, 32, 2, 2, 2, 8, 8, warps_k=2), "gfx942")):
             out.append((f"sliced/{pass_.value}/{arch}/w{hand.warps_k}k{hand.split_k}",
                         make_spec(prob, pass_, target=Target(arch), epilogue=default_epilogue(pass_), plan_=hand)))
+    # 8-pixel-wide halo tiles (ldmatrix rows, raw mma.sync), one and several tiles per block
+    for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(7, 20, 32, 24, 3, 3, 1, 1, n=2)):
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            out.append((f"ldsm/{prob.describe()}/{pass_.value}",
+                        make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=Plan(64, 32, 16, 4, 1, 3, 8, 8, tile_w=8))))
+    out.append(("ldsm-tiles/dgrad", make_spec(ConvProblem(8, 8, 32, 16, 3, 3, 1, 1, n=3), Pass.DGRAD,
+                                              plan_=Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8, tiles=2))))
     # wgmma: one and two warpgroups, split-K, strided dgrad's residue classes
     for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(12, 12, 32, 48, 3, 3, 2, 1, n=2)):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
@@ -407,6 +414,23 @@ def test_sliced_k_kernels_add_their_slices_and_only_slice_zero_drains(sources):
         assert "const int kk = warp_k * (BK / WARPS_K) + k0;" in src  # each slice its share of a step
         assert src.count("store_matrix_sync(parked") == 1 and src.count("load_matrix_sync(part, parked") == 1
         assert "if (warp >= WARPS_M * WARPS_N) return;" in src  # only slice 0 drains
+
+
+def test_narrow_halo_tiles_read_fragment_rows_through_ldmatrix(sources):
+    """A halo tile narrower than a fragment (tile_w = 8): A and B come in through ldmatrix,
+    the MMAs are raw m16n8k16, and no WMMA is left in the kernel; other kernels keep WMMA."""
+    narrow = [(n, s) for n, s in CASES if s.plan.tile_w % 16]
+    assert len(narrow) == 5
+    for name, spec in CASES:
+        src = sources[name].source
+        body = src.split("namespace {", 1)[1]
+        if spec.plan.tile_w % 16 == 0:
+            assert "ldmatrix.sync" not in src
+            continue
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "mma.sync.aligned.m16n8k16.row.col" in src
+        assert ("ldsm_x4_trans(b[j]" in src) == (spec.pass_ is Pass.DGRAD)  # dgrad's [BK][BN] weights
+        assert "wmma::" not in body
+        assert "pix[i] = m / TILE_W * HALO_W + m % TILE_W;" in src
 
 
 def test_wgmma_kernels_stage_core_matrices_and_compile_for_sm_90a(sources):

@@ -418,6 +418,16 @@ HALO_HAND = [
     ("flat", Pass.FPROP, ConvProblem(10, 6, 8, 8, 3, 3, 1, 0, 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, flat=True)),
     ("flat", Pass.DGRAD, ConvProblem(5, 13, 3, 16, 5, 3, 1, (1, 2), 1, n=3), Plan(64, 16, 16, 2, 1, 2, 8, 1, flat=True)),
     ("flat", Pass.DGRAD, ConvProblem(6, 7, 8, 16, 2, 2, 1, (2, 1), 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, flat=True)),
+    # "ldsm": 8-pixel-wide tiles, each fragment row read through its own ldmatrix address, so
+    # a fragment spans two tile rows: an 8x8 image (one tile), 7x7 (a tile past the edge),
+    # wider images (several tiles across, the last one partial), dilation, a narrow-weight
+    # dgrad, 2 warps of two fragment rows, fprop's [BN][BK] and dgrad's [BK][BN] weights.
+    ("ldsm", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(64, 32, 16, 4, 1, 3, 8, 8, tile_w=8)),
+    ("ldsm", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(64, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
+    ("ldsm", Pass.DGRAD, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8)),
+    ("ldsm", Pass.FPROP, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 32, 16, 2, 1, 2, 8, 8, tile_w=8)),
+    ("ldsm", Pass.FPROP, ConvProblem(11, 19, 24, 40, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(64, 48, 16, 4, 1, 2, 8, 8, tile_w=8)),
+    ("ldsm", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 1, tile_w=8)),
 ]
 
 

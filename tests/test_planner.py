@@ -344,10 +344,23 @@ def test_hand_plan_goes_through_the_epilogue_check():
 
 
 def test_plan_rejects_a_halo_tile_that_splits_a_fragment():
-    with pytest.raises(ValueError, match=r"plan\.tile_w=24 must be 0 \(im2col\) or a multiple of 16 that divides block_m=128"):
-        Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=24)
+    with pytest.raises(ValueError, match=r"plan\.tile_w=12 must be 0 \(im2col\) or a multiple of 8 that divides block_m=128"):
+        Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=12)
     with pytest.raises(ValueError, match=r"plan\.tile_w=48 must be 0"):
         Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=48)
+
+
+@pytest.mark.parametrize("prob, pass_, target", [
+    (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), "dgrad", "gfx942"),  # HIP keeps WMMA's 16-pixel rows
+    (ConvProblem(8, 8, 3, 32, 3, 3, 1, 1, n=2), "fprop", "sm_90"),  # the staged-halo im2col path
+])
+def test_tiles_narrower_than_a_fragment_need_cudas_ldmatrix_taps_path(prob, pass_, target):
+    vec = 1 if prob.c % 8 else 8
+    narrow = Plan(64, 32, 16, 4, 1, 2, vec, vec, tile_w=8)
+    with pytest.raises(ValueError, match=r"plan\.tile_w=8: tiles narrower than a 16-pixel fragment need CUDA's ldmatrix"):
+        check_plan(narrow, prob, pass_, Target(target), "float16")
+    check_plan(Plan(64, 32, 16, 4, 1, 2, 8, 8, tile_w=8), ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), "dgrad",
+               Target("sm_90"), "float16")
 
 
 def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
