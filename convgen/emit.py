@@ -148,11 +148,10 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo and not plan.flat else 0,
         "halo_tiles": plan.tiles,
         "warps_k": plan.warps_k,
-        # wgmma: the accumulator registers per m64 step (BN / 2), and whether B is stored
-        # N-major (dgrad's [BK][BN] weights: the instruction's transpose flag).
+        # wgmma: the accumulator registers per m64 step (BN / 2).  B's transpose flag is
+        # `not b_col` (dgrad's [BK][BN] weights are stored N-major).
         "wgmma": plan.wgmma,
         "wgmma_regs": plan.block_n // 2,
-        "wgmma_trans_b": 0 if b_is_col(p) else 1,
         # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
         # (rows, columns per image) and halo pixels; and whether the taps walk the halo
         # flipped (dgrad reads dy at h + PH - r*DH).

@@ -171,9 +171,9 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                         if tiles < target.sm_count // 2 and steps >= 8 else [])
         for split in splits:
             try:
-                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=max(1, split), wgmma=True,
+                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=split, wgmma=True,
                          reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
-                                  f"split-K {max(1, split)}",))
+                                  f"split-K {split}",))
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
             except ValueError:
                 continue
