@@ -162,8 +162,18 @@ struct TileMap {
   static constexpr int ITERS = (TOTAL + THREADS - 1) / THREADS;
   __device__ __forceinline__ static unsigned index(int i) { return threadIdx.x + static_cast<unsigned>(i) * THREADS; }
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
-  __device__ __forceinline__ static int row(int i) { return static_cast<int>(index(i) / VECS_PER_ROW); }
-  __device__ __forceinline__ static int col(int i) { return static_cast<int>(index(i) % VECS_PER_ROW) * V; }
+  // When the block's threads cover whole rows, a thread's accesses all share its column and
+  // step THREADS / VECS_PER_ROW rows at a time: written so, the compiler sees that the
+  // column's index math (a gather's tap and channel) is the same for every access.
+  static constexpr bool FIXED_COL = THREADS % VECS_PER_ROW == 0;
+  __device__ __forceinline__ static int row(int i) {
+    if constexpr (FIXED_COL) return static_cast<int>(threadIdx.x / VECS_PER_ROW) + i * (THREADS / VECS_PER_ROW);
+    return static_cast<int>(index(i) / VECS_PER_ROW);
+  }
+  __device__ __forceinline__ static int col(int i) {
+    if constexpr (FIXED_COL) return static_cast<int>(threadIdx.x % VECS_PER_ROW) * V;
+    return static_cast<int>(index(i) % VECS_PER_ROW) * V;
+  }
   // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
   static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
   __device__ __forceinline__ static int row_slot(int i) { return i; }
@@ -461,22 +471,24 @@ struct GatherDy : ReadAs<half_t, 8> {
   // The taps of a class step by TR.step rows and TS.step columns, which moves the dy pixel
   // read by PSTEP rows and QSTEP columns.
   static constexpr int PSTEP = Cls::TR.step * DH / SH, QSTEP = Cls::TS.step * DW / SW;
-  // dy's pixel (p0, q0) under the class's first tap, and its element offset in dy.  It may
-  // lie outside dy; it is only ever used with a tap that brings it back inside.
-  struct Origin { int p0, q0; long long off; };
+  // dy's pixel (p0, q0) under the class's first tap, and where it would sit in dy.  It may
+  // lie outside dy; it is only ever used with a tap that brings it back inside.  Keeping the
+  // row's pointer (not its offset) leaves one 64-bit add per access and step: the tap's
+  // offset is the same for all of a thread's rows (FIXED_COL), computed once per step.
+  struct Origin { int p0, q0; const T* at; };
   Origin hoisted[HOIST ? Map::ROW_SLOTS : 1];
 
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
-    if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past the class: every tap is out of bounds
-    if constexpr (POINTWISE) return Origin{0, 0, m * K};  // one class; pixel m reads row m of dy as [M][K]
+    if (m >= m_total) return Origin{-(1 << 30), 0, dy};  // past the class: every tap is out of bounds
+    if constexpr (POINTWISE) return Origin{0, 0, dy + m * K};  // one class; pixel m reads row m of dy as [M][K]
     const long long n = udiv64<Cls::HC * Cls::WC>(m);
     const int rem = static_cast<int>(m - n * (Cls::HC * Cls::WC));
     const int hh = udiv<Cls::WC>(rem), ww = rem - hh * Cls::WC;
     // Exact divisions: the class makes h + PH - first*DH a multiple of SH (likewise for w).
     const int p0 = (hh * SH + Cls::CH + PH - Cls::TR.first * DH) / SH;
     const int q0 = (ww * SW + Cls::CW + PW - Cls::TS.first * DW) / SW;
-    return Origin{p0, q0, n * (static_cast<long long>(P) * Q * K) + (static_cast<long long>(p0) * Q + q0) * K};
+    return Origin{p0, q0, dy + (n * (static_cast<long long>(P) * Q * K) + (static_cast<long long>(p0) * Q + q0) * K)};
   }
   __device__ __forceinline__ GatherDy(const T* dy_, long long tile_m_, long long m_total_)
       : dy(dy_), tile_m(tile_m_), m_total(m_total_) {
@@ -487,13 +499,15 @@ struct GatherDy : ReadAs<half_t, 8> {
   }
   __device__ __forceinline__ bool slot_valid(int i) const { return Map::valid(i); }
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
+  // The address is formed even where ok is false (a zero-filled copy reads nothing, a
+  // register load is skipped): no select on the pointer.
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = (Cls::RED <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
     if constexpr (POINTWISE) {  // a row past M has p0 < 0
       ok = kk < K && o.p0 == 0;
-      return ok ? dy + o.off + kk : dy;
+      return o.at + kk;
     }
     const int tap = udiv<K>(kk), kc = kk - tap * K;
     const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
@@ -502,7 +516,7 @@ struct GatherDy : ReadAs<half_t, 8> {
     ok = kk < Cls::RED && static_cast<unsigned>(o.p0 - dp) < static_cast<unsigned>(P) &&
          static_cast<unsigned>(o.q0 - dq) < static_cast<unsigned>(Q);
     // The tap's offset depends on the column only: computed once for all of a thread's rows.
-    return ok ? dy + (o.off + (kc - static_cast<long long>(dp * Q + dq) * K)) : dy;
+    return o.at + (kc - static_cast<long long>(dp * Q + dq) * K);
   }
 };
 
@@ -524,13 +538,24 @@ struct GatherW : ReadAs<half_t, 8> {
     const int c = tile_n + Map::col(i);
     if constexpr (POINTWISE) {  // w viewed as [K][C]
       ok = kk < K && c < C;
-      return ok ? w + static_cast<long long>(kk) * C + c : w;
+      return w + static_cast<long long>(kk) * C + c;
     }
-    const int tap = udiv<K>(kk), kc = kk - tap * K;
-    const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
-    const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
-    ok = kk < Cls::RED && c < C;
-    return ok ? w + (static_cast<long long>(kc) * (R * S) + r * S + s) * C + c : w;
+    if constexpr (K % BK == 0) {
+      // A step's rows are BK dy channels of one tap (the class's reduction, taps * K, is then
+      // whole steps too): the tap is found once per step, and a row only adds its stride.
+      const int tap = udiv<K>(kt * BK);
+      const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
+      const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
+      ok = c < C;
+      const T* step = w + (static_cast<long long>(kt * BK - tap * K) * (R * S) + r * S + s) * C + c;
+      return step + Map::row(i) * (R * S * C);
+    } else {
+      const int tap = udiv<K>(kk), kc = kk - tap * K;
+      const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
+      const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
+      ok = kk < Cls::RED && c < C;
+      return w + (static_cast<long long>(kc) * (R * S) + r * S + s) * C + c;
+    }
   }
 };
 

@@ -157,8 +157,18 @@ struct TileMap {
   static constexpr int ITERS = (TOTAL + THREADS - 1) / THREADS;
   __device__ __forceinline__ static unsigned index(int i) { return threadIdx.x + static_cast<unsigned>(i) * THREADS; }
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
-  __device__ __forceinline__ static int row(int i) { return static_cast<int>(index(i) / VECS_PER_ROW); }
-  __device__ __forceinline__ static int col(int i) { return static_cast<int>(index(i) % VECS_PER_ROW) * V; }
+  // When the block's threads cover whole rows, a thread's accesses all share its column and
+  // step THREADS / VECS_PER_ROW rows at a time: written so, the compiler sees that the
+  // column's index math (a gather's tap and channel) is the same for every access.
+  static constexpr bool FIXED_COL = THREADS % VECS_PER_ROW == 0;
+  __device__ __forceinline__ static int row(int i) {
+    if constexpr (FIXED_COL) return static_cast<int>(threadIdx.x / VECS_PER_ROW) + i * (THREADS / VECS_PER_ROW);
+    return static_cast<int>(index(i) / VECS_PER_ROW);
+  }
+  __device__ __forceinline__ static int col(int i) {
+    if constexpr (FIXED_COL) return static_cast<int>(threadIdx.x % VECS_PER_ROW) * V;
+    return static_cast<int>(index(i) % VECS_PER_ROW) * V;
+  }
   // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
   static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
   __device__ __forceinline__ static int row_slot(int i) { return i; }

@@ -157,8 +157,18 @@ struct TileMap {
   static constexpr int ITERS = (TOTAL + THREADS - 1) / THREADS;
   __device__ __forceinline__ static unsigned index(int i) { return threadIdx.x + static_cast<unsigned>(i) * THREADS; }
   __device__ __forceinline__ static bool valid(int i) { return TOTAL % THREADS == 0 || index(i) < TOTAL; }
-  __device__ __forceinline__ static int row(int i) { return static_cast<int>(index(i) / VECS_PER_ROW); }
-  __device__ __forceinline__ static int col(int i) { return static_cast<int>(index(i) % VECS_PER_ROW) * V; }
+  // When the block's threads cover whole rows, a thread's accesses all share its column and
+  // step THREADS / VECS_PER_ROW rows at a time: written so, the compiler sees that the
+  // column's index math (a gather's tap and channel) is the same for every access.
+  static constexpr bool FIXED_COL = THREADS % VECS_PER_ROW == 0;
+  __device__ __forceinline__ static int row(int i) {
+    if constexpr (FIXED_COL) return static_cast<int>(threadIdx.x / VECS_PER_ROW) + i * (THREADS / VECS_PER_ROW);
+    return static_cast<int>(index(i) / VECS_PER_ROW);
+  }
+  __device__ __forceinline__ static int col(int i) {
+    if constexpr (FIXED_COL) return static_cast<int>(threadIdx.x % VECS_PER_ROW) * V;
+    return static_cast<int>(index(i) % VECS_PER_ROW) * V;
+  }
   // Every access may fall on its own row and column: per-row (per-column) state is kept per access.
   static constexpr int ROW_SLOTS = ITERS, COL_SLOTS = ITERS;
   __device__ __forceinline__ static int row_slot(int i) { return i; }
@@ -419,17 +429,22 @@ struct GatherX : ReadAs<half_t, 8> {
   static constexpr bool HOIST = Map::ROW_SLOTS <= HOIST_LIMIT;
   const T* x;
   long long tile_m, m_total;
-  struct Origin { int ih0, iw0; long long image; };  // pixel under tap (0, 0), offset of image n
+  // The input pixel under tap (0, 0), and where it would sit in x.  It may lie outside x
+  // (padding); it is only ever used with a tap that brings it back inside.  Keeping the
+  // row's pointer (not its image's offset) leaves one 64-bit add per access and step: the
+  // tap's offset is the same for all of a thread's rows (FIXED_COL), computed once per step.
+  struct Origin { int ih0, iw0; const T* at; };
   Origin hoisted[HOIST ? Map::ROW_SLOTS : 1];
 
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
-    if (m >= m_total) return Origin{-(1 << 30), 0, 0};  // past M: every tap is out of bounds
-    if constexpr (POINTWISE) return Origin{0, 0, m * C};  // pixel m is row m of x viewed as [M][C]
+    if (m >= m_total) return Origin{-(1 << 30), 0, x};  // past M: every tap is out of bounds
+    if constexpr (POINTWISE) return Origin{0, 0, x + m * C};  // pixel m is row m of x viewed as [M][C]
     const long long n = udiv64<P * Q>(m);
     const int pq = static_cast<int>(m - n * (P * Q));
     const int p = udiv<Q>(pq), q = pq - p * Q;
-    return Origin{p * SH - PH, q * SW - PW, n * (static_cast<long long>(H) * W * C)};
+    const int ih0 = p * SH - PH, iw0 = q * SW - PW;
+    return Origin{ih0, iw0, x + (n * (static_cast<long long>(H) * W * C) + (static_cast<long long>(ih0) * W + iw0) * C)};
   }
   __device__ __forceinline__ GatherX(const T* x_, long long tile_m_, long long m_total_)
       : x(x_), tile_m(tile_m_), m_total(m_total_) {
@@ -440,20 +455,22 @@ struct GatherX : ReadAs<half_t, 8> {
   }
   __device__ __forceinline__ bool slot_valid(int i) const { return Map::valid(i); }
   __device__ __forceinline__ int smem_offset(int i) const { return Map::row(i) * LDA + Map::col(i); }
+  // The address is formed even where ok is false (a zero-filled copy reads nothing, a
+  // register load is skipped): no select on the pointer.
   __device__ __forceinline__ const T* address(int i, int kt, bool& ok) const {
     const int kk = (RSC <= BK ? 0 : kt * BK) + Map::col(i);  // one k-step: kt is always 0
     Origin o;
     if constexpr (HOIST) o = hoisted[Map::row_slot(i)]; else o = origin(i);
     if constexpr (POINTWISE) {  // a row past M has ih0 < 0
       ok = kk < C && o.ih0 == 0;
-      return ok ? x + o.image + kk : x;
+      return o.at + kk;
     }
     const int rs = udiv<C>(kk), c = kk - rs * C;
     const int r = udiv<S>(rs), s = rs - r * S;
-    const int ih = o.ih0 + r * DH, iw = o.iw0 + s * DW;
     // Unsigned compares: a negative row or column wraps to a huge one and fails too.
-    ok = kk < RSC && static_cast<unsigned>(ih) < static_cast<unsigned>(H) && static_cast<unsigned>(iw) < static_cast<unsigned>(W);
-    return ok ? x + o.image + (static_cast<long long>(ih) * W + iw) * C + c : x;
+    ok = kk < RSC && static_cast<unsigned>(o.ih0 + r * DH) < static_cast<unsigned>(H) &&
+         static_cast<unsigned>(o.iw0 + s * DW) < static_cast<unsigned>(W);
+    return o.at + ((static_cast<long long>(r * DH) * W + s * DW) * C + c);
   }
 };
 
@@ -473,7 +490,7 @@ struct GatherW : ReadAs<half_t, 8> {
     const int kout = tile_n + Map::row(i);
     const int kk = kt * BK + Map::col(i);
     ok = kout < K && kk < RSC;
-    return ok ? w + static_cast<long long>(kout) * RSC + kk : w;
+    return w + static_cast<long long>(kout) * RSC + kk;  // formed even where ok is false, as in GatherX
   }
 };
 
