@@ -433,7 +433,7 @@ HALO_HAND = [
     # tile row past the image); 2 6x5 images of a dilated, unevenly padded filter.
     ("stacked", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
     ("stacked", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=5), Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8)),
-    ("stacked", Pass.DGRAD, ConvProblem(4, 4, 16, 32, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 2, 2, 8, 8, tile_w=8)),
+    ("stacked", Pass.DGRAD, ConvProblem(4, 4, 16, 32, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, tile_w=8)),
     ("stacked", Pass.FPROP, ConvProblem(6, 5, 24, 16, 3, 3, 1, (2, 1), (2, 1), n=3), Plan(96, 16, 16, 2, 1, 2, 8, 8, tile_w=8)),
 ]
 
