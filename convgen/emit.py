@@ -20,7 +20,7 @@ from . import __version__
 from .backends import Backend, backend_for
 from .ir import KernelSpec, Pass
 from .planner import (
-    EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_path, halo_pixels, halo_shape, stage_pad,
+    EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
     ring_stages, smem_bytes, staged_halo_halves,
 )
 from .resources import templates_dir
@@ -155,7 +155,9 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
         # (rows, columns per image) and halo pixels; and whether the taps walk the halo
         # flipped (dgrad reads dy at h + PH - r*DH).
-        "halo_tile": halo_shape(plan, spec.geometry) if plan.tile_w else (0, 0, 0, 0),
+        "halo_tile": halo_shape(plan, spec.geometry, halo_images(plan, spec.geometry, p)) if plan.tile_w else (0, 0, 0, 0),
+        # Whole images stacked in one 8-pixel-wide tile (planner.halo_images), 1 otherwise.
+        "halo_imgs": halo_images(plan, spec.geometry, p) if plan.tile_w else 1,
         "halo_flat": plan.flat,
         # A 2-D tile narrower than a fragment: the halo MMAs load each row through ldmatrix.
         "halo_ldsm": plan.tile_w % 16 != 0,
@@ -260,7 +262,8 @@ def emit(spec: KernelSpec) -> KernelSource:
         block=(plan.warps * be.warp_size, 1, 1),
         shared_mem=smem_bytes(plan, spec.pass_, be.warp_size, g),
         # a 2-D halo block computes `tiles` pixel tiles; a flat one `tiles` runs of block_m positions
-        grid_m_tile=plan.block_m * plan.tiles if plan.flat else plan.tiles if plan.halo else plan.block_m,
+        grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * k["halo_imgs"] if plan.halo
+                     else plan.block_m),
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
         **rows,

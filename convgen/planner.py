@@ -72,12 +72,25 @@ def b_is_col(pass_: Pass) -> bool:
     return pass_ is Pass.FPROP
 
 
-def halo_shape(plan: Plan, geometry: ConvGeometry) -> tuple[int, int, int, int]:
+def halo_shape(plan: Plan, geometry: ConvGeometry, images: int = 1) -> tuple[int, int, int, int]:
     """(tile rows, tile columns, halo rows, halo columns) of a halo plan: the output-pixel
-    tile and the input pixels its taps reach."""
+    tile and the input pixels its taps reach.  A tile of `images` stacked whole images
+    (`halo_images`) has one halo per image, stacked the same way."""
     th, tw = plan.block_m // plan.tile_w, plan.tile_w
     (sh, sw), (dh, dw) = geometry.stride, geometry.dilation
-    return th, tw, (th - 1) * sh + (geometry.r - 1) * dh + 1, (tw - 1) * sw + (geometry.s - 1) * dw + 1
+    return th, tw, images * ((th // images - 1) * sh + (geometry.r - 1) * dh + 1), (tw - 1) * sw + (geometry.s - 1) * dw + 1
+
+
+def halo_images(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> int:
+    """Whole images one 8-pixel-wide ("ldsm") halo tile stacks: a tile at least as wide as the
+    image and a whole number of images tall takes that many, one after another in its rows,
+    so a block of 8x8 images stages every tap's weights once per 128 or 256 pixels instead of
+    once per 64.  1 for every other tile."""
+    if not plan.tile_w or plan.tile_w % FRAG == 0 or plan.tiles != 1:
+        return 1
+    _, (oh, ow), _ = halo_frame(geometry, pass_)
+    th = plan.block_m // plan.tile_w
+    return th // oh if th > oh and th % oh == 0 and plan.tile_w >= ow else 1
 
 
 def halo_frame(geometry: ConvGeometry, pass_: Pass) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
@@ -118,7 +131,7 @@ def halo_pixels(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> int:
     if plan.flat:
         _, gw = flat_grid(geometry, pass_)
         return plan.block_m + (geometry.r - 1) * geometry.dilation[0] * gw + (geometry.s - 1) * geometry.dilation[1]
-    _, _, hh, hw = halo_shape(plan, geometry)
+    _, _, hh, hw = halo_shape(plan, geometry, halo_images(plan, geometry, pass_))
     return hh * hw
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .ir import ConvGeometry, ConvProblem, Pass, Plan, Target
-from .planner import FRAG, check_plan, halo_eligible, halo_vec_b, plan as default_plan
+from .planner import FRAG, check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
 
 DB_FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
@@ -72,9 +72,14 @@ _HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
 )
 HALO_PER_LAYOUT = 8  # halo candidates per tile layout, placed right after the default plan
 # Tiles 8 pixels wide (CUDA's ldmatrix halo MMAs) for images at most 8 pixels wide: one
-# 8x8 tile per 64-row block, whole images of CIFAR's 8x8 and ResNet-50's 7x7 layers.
-# 16-channel steps: the wider warp grids and 32-channel steps spill under NVRTC 13.
-_NARROW_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = ((64, 32, 4, 1), (64, 64, 4, 1), (64, 16, 4, 1), (64, 32, 2, 1))
+# 8x8 tile per 64-row block, whole images of CIFAR's 8x8 and ResNet-50's 7x7 layers; and
+# 128 or 256 rows where whole images stack in them (planner.halo_images: 2 or 4 8x8 images
+# per block, every tap's weights staged once for all).  16-channel steps: 32-channel steps
+# spill under NVRTC 13.
+_NARROW_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (64, 32, 4, 1), (64, 64, 4, 1), (128, 64, 4, 1), (128, 64, 8, 1), (256, 64, 8, 1), (128, 64, 4, 2),
+    (64, 32, 2, 1), (64, 16, 4, 1),
+)
 MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several tiles per block
 
 
@@ -218,6 +223,8 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         for bm, bn, wm, wn in _NARROW_HALO_SHAPES if narrow else _HALO_SHAPES:
             if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):
                 continue
+            if narrow and bm > 64 and halo_images(Plan(bm, bn, 16, wm, wn, 2, va, vb, tile_w=8), g, pass_) == 1:
+                continue  # a tile taller than an image that does not stack whole images
             tile = f"halo tile {bm // layout['tile_w']}x{layout['tile_w']}" if "tile_w" in layout else "flat halo tile"
             try:
                 p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, **layout,

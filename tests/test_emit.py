@@ -24,7 +24,7 @@ import convgen
 from convgen.emit import REDUCE_BLOCK, KernelSource, _environment, emit
 from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
 from convgen.planner import make_spec, plan, smem_bytes
-from expectations import expected_grid_x
+from expectations import expected_grid_x, expected_stacked_images
 from convgen.suites import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +109,11 @@ def cases():
                         make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=Plan(64, 32, 16, 4, 1, 3, 8, 8, tile_w=8))))
     out.append(("ldsm-tiles/dgrad", make_spec(ConvProblem(8, 8, 32, 16, 3, 3, 1, 1, n=3), Pass.DGRAD,
                                               plan_=Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8, tiles=2))))
+    # two and four whole 8x8 images stacked in one 128- or 256-row tile (planner.halo_images)
+    for pass_, hand in ((Pass.DGRAD, Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
+                        (Pass.FPROP, Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8))):
+        out.append((f"ldsm-stacked/{pass_.value}/{hand.block_m}",
+                    make_spec(ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=3), pass_, epilogue=default_epilogue(pass_), plan_=hand)))
     # wgmma: one and two warpgroups, split-K, strided dgrad's residue classes
     for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(12, 12, 32, 48, 3, 3, 2, 1, n=2)):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
@@ -301,7 +306,8 @@ def test_grid_and_workspace_follow_the_batch(sources):
             if spec.plan.tile_w:  # halo path: one block per pixel tile of each image
                 th, tw = spec.plan.block_m // spec.plan.tile_w, spec.plan.tile_w
                 out_h, out_w = (geo.p, geo.q) if spec.pass_ is Pass.FPROP else (geo.h, geo.w)
-                grid_x = max(1, math.ceil(batch * math.ceil(out_h / th) * math.ceil(out_w / tw) / spec.plan.tiles))
+                imgs = expected_stacked_images(spec)  # one block per stack of whole images
+                grid_x = max(1, math.ceil(batch * math.ceil(out_h / th) * math.ceil(out_w / tw) / (spec.plan.tiles * imgs)))
             elif spec.pass_ is Pass.DGRAD:  # one run of M tiles per stride residue class
                 sh, sw = geo.stride
                 rows = batch * math.ceil(geo.h / sh) * math.ceil(geo.w / sw)
@@ -420,7 +426,7 @@ def test_narrow_halo_tiles_read_fragment_rows_through_ldmatrix(sources):
     """A halo tile narrower than a fragment (tile_w = 8): A and B come in through ldmatrix,
     the MMAs are raw m16n8k16, and no WMMA is left in the kernel; other kernels keep WMMA."""
     narrow = [(n, s) for n, s in CASES if s.plan.tile_w % 16]
-    assert len(narrow) == 5
+    assert len(narrow) == 7
     for name, spec in CASES:
         src = sources[name].source
         body = src.split("namespace {", 1)[1]
@@ -430,7 +436,24 @@ def test_narrow_halo_tiles_read_fragment_rows_through_ldmatrix(sources):
         assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "mma.sync.aligned.m16n8k16.row.col" in src
         assert ("ldsm_x4_trans(b[j]" in src) == (spec.pass_ is Pass.DGRAD)  # dgrad's [BK][BN] weights
         assert "wmma::" not in body
-        assert "pix[i] = m / TILE_W * HALO_W + m % TILE_W;" in src
+        stacked = name.startswith("ldsm-stacked")
+        assert ("pix[i] = m / TILE_W * HALO_W + m % TILE_W;" in src) != stacked
+        assert ("pix[i] = img * (HALO_H1 * HALO_W) + r / TILE_W * HALO_W + r % TILE_W;" in src) == stacked
+
+
+def test_stacked_halo_tiles_hold_whole_images(sources):
+    """A 128- or 256-row tile 8 pixels wide over 8x8 images stacks 2 or 4 of them, each with its
+    own 10x10 halo; the grid has one block per stack, the last one possibly past the batch."""
+    stacked = [(n, s) for n, s in CASES if n.startswith("ldsm-stacked")]
+    assert len(stacked) == 2
+    for name, spec in stacked:
+        imgs = spec.plan.block_m // 64
+        src = sources[name]
+        assert f"constexpr int IMGS = {imgs}, IMG_ROWS = TILE_H / IMGS, HALO_H1 = HALO_H / IMGS;" in src.source
+        assert f"constexpr int HALO_W = 10, HALO_H = {10 * imgs}, HALO_PIX = HALO_H * HALO_W;" in src.source
+        assert "img < images" in src.source  # the stack's images past the batch read as zero
+        for batch in (1, 3, 4, 5, 9):
+            assert src.grid(batch)[0] == -(-batch // imgs)
 
 
 def test_wgmma_kernels_stage_core_matrices_and_compile_for_sm_90a(sources):
@@ -512,7 +535,8 @@ def test_halo_kernels_carry_the_tile_and_only_the_halo_gathers(name, spec, sourc
     assert constant(src, "TILE_W") == tw and constant(src, "TILE_H") == th
     (sh, sw), (dh, dw) = g.stride, g.dilation
     assert constant(src, "HALO_W") == (tw - 1) * sw + (g.s - 1) * dw + 1
-    assert constant(src, "HALO_H") == (th - 1) * sh + (g.r - 1) * dh + 1
+    imgs = expected_stacked_images(spec)  # one halo per stacked image
+    assert constant(src, "HALO_H") == imgs * ((th // imgs - 1) * sh + (g.r - 1) * dh + 1)
     code = code_only(src)
     if spec.pass_ is Pass.FPROP and g.c % 8:  # the staged-halo im2col path: the whole input halo, then im2col
         assert "stage_input_halo(x, tile, halo)" in code and "GatherStagedX" in code

@@ -428,6 +428,13 @@ HALO_HAND = [
     ("ldsm", Pass.FPROP, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 32, 16, 2, 1, 2, 8, 8, tile_w=8)),
     ("ldsm", Pass.FPROP, ConvProblem(11, 19, 24, 40, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(64, 48, 16, 4, 1, 2, 8, 8, tile_w=8)),
     ("ldsm", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 1, tile_w=8)),
+    # "stacked": whole images stacked in one tall 8-wide tile (planner.halo_images), the last
+    # block's stack running past the batch: 2 and 4 8x8 images; 4 4x4 images (half of each
+    # tile row past the image); 2 6x5 images of a dilated, unevenly padded filter.
+    ("stacked", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
+    ("stacked", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=5), Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8)),
+    ("stacked", Pass.DGRAD, ConvProblem(4, 4, 16, 32, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, tile_w=8)),
+    ("stacked", Pass.FPROP, ConvProblem(6, 5, 24, 16, 3, 3, 1, (2, 1), (2, 1), n=3), Plan(96, 16, 16, 2, 1, 2, 8, 8, tile_w=8)),
 ]
 
 

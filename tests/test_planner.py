@@ -363,6 +363,25 @@ def test_tiles_narrower_than_a_fragment_need_cudas_ldmatrix_taps_path(prob, pass
                Target("sm_90"), "float16")
 
 
+def test_tall_narrow_halo_tiles_stack_whole_images():
+    """halo_images: an 8-pixel-wide tile a whole number of images tall holds that many images
+    (each with its own halo rows); a 16-wide tile, a single 8x8 tile, 7-row images under a
+    16-row tile and multi-tile blocks do not stack."""
+    from convgen.planner import halo_images, halo_shape
+
+    g8 = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2).geometry
+    g7 = ConvProblem(7, 7, 64, 128, 3, 3, 1, 1, n=2).geometry
+    tall = Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)
+    assert halo_images(tall, g8, Pass.DGRAD) == 2
+    assert halo_images(Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8), g8, Pass.FPROP) == 4
+    assert halo_images(Plan(64, 64, 16, 4, 1, 3, 8, 8, tile_w=8), g8, Pass.DGRAD) == 1
+    assert halo_images(Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=16), g8, Pass.DGRAD) == 1
+    assert halo_images(tall, g7, Pass.DGRAD) == 1
+    assert halo_images(Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8, tiles=2), g8, Pass.DGRAD) == 1
+    assert halo_shape(tall, g8, 2) == (16, 8, 20, 10)  # two 10-row halos, stacked
+    assert halo_shape(tall, g8) == (16, 8, 18, 10)
+
+
 def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
     """4 x 32 output pixels of a 3x3, dilation-2 filter reach 8 x 36 input pixels; fprop stages
     them (2 slabs of 16 channels, each pixel padded to 24 halves) and 9 taps of [BN][BK + 8]
