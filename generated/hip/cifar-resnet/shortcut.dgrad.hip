@@ -533,22 +533,20 @@ struct GatherW : ReadAs<half_t, 8> {
       ok = kk < K && c < C;
       return w + static_cast<long long>(kk) * C + c;
     }
-    if constexpr (K % BK == 0) {
-      // A step's rows are BK dy channels of one tap (the class's reduction, taps * K, is then
-      // whole steps too): the tap is found once per step, and a row only adds its stride.
-      const int tap = udiv<K>(kt * BK);
-      const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
-      const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
+    // When K is whole steps, a step's BK rows are dy channels of one tap (the class's
+    // reduction, taps * K, is then whole steps too): the tap is found once per step, and a row
+    // only adds its stride.
+    constexpr bool WHOLE = K % BK == 0;
+    const int tap = udiv<K>(WHOLE ? kt * BK : kk), kc = kk - tap * K;
+    const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
+    const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
+    if constexpr (WHOLE) {
       ok = c < C;
       const T* step = w + (static_cast<long long>(kt * BK - tap * K) * (R * S) + r * S + s) * C + c;
       return step + Map::row(i) * (R * S * C);
-    } else {
-      const int tap = udiv<K>(kk), kc = kk - tap * K;
-      const int ri = udiv<Cls::NS>(tap), si = tap - ri * Cls::NS;
-      const int r = Cls::TR.first + ri * Cls::TR.step, s = Cls::TS.first + si * Cls::TS.step;
-      ok = kk < Cls::RED && c < C;
-      return w + (static_cast<long long>(kc) * (R * S) + r * S + s) * C + c;
     }
+    ok = kk < Cls::RED && c < C;
+    return w + (static_cast<long long>(kc) * (R * S) + r * S + s) * C + c;
   }
 };
 
