@@ -74,11 +74,19 @@ HALO_PER_LAYOUT = 8  # halo candidates per tile layout, placed right after the d
 # Tiles 8 pixels wide (CUDA's ldmatrix halo MMAs) for images at most 8 pixels wide: one
 # 8x8 tile per 64-row block, whole images of CIFAR's 8x8 and ResNet-50's 7x7 layers; and
 # 128 or 256 rows where whole images stack in them (planner.halo_images: 2 or 4 8x8 images
-# per block, every tap's weights staged once for all).  16-channel steps: 32-channel steps
-# spill under NVRTC 13.
+# per block, every tap's weights staged once for all).  16-channel steps (the stacked shapes
+# below also take 32).
 _NARROW_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
-    (64, 32, 4, 1), (64, 64, 4, 1), (128, 64, 4, 1), (128, 64, 8, 1), (256, 64, 8, 1), (128, 64, 4, 2),
+    (64, 32, 4, 1), (64, 64, 4, 1), (128, 64, 4, 1), (128, 64, 8, 1), (256, 64, 8, 1), (256, 64, 4, 1),
+    (128, 64, 4, 2),
     (64, 32, 2, 1), (64, 16, 4, 1),
+)
+# Stacked-image blocks also take 32-channel steps (fewer, longer steps per staged stack: CIFAR-VGG
+# conv3 dgrad 13.3 against 13.9 us at 16 on the H200, hand-timed at 6f2c3b8), and 256 rows with
+# 64-pixel warp tiles (conv3 fprop 14.8 us).  64-row tiles keep 16-channel steps: with 32
+# they spilled under NVRTC 13.
+_STACKED_DEEP_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (128, 64, 4, 1), (256, 64, 4, 1), (128, 64, 8, 1), (256, 64, 8, 1),
 )
 MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several tiles per block
 
@@ -218,9 +226,10 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     for (bk, stages), layout in itertools.product(steps, layouts):
         mine = []
         narrow = layout.get("tile_w") == 8
-        if narrow and bk != 16:
+        if narrow and bk not in (16, 32):
             continue
-        for bm, bn, wm, wn in _NARROW_HALO_SHAPES if narrow else _HALO_SHAPES:
+        shapes = _HALO_SHAPES if not narrow else _NARROW_HALO_SHAPES if bk == 16 else _STACKED_DEEP_SHAPES
+        for bm, bn, wm, wn in shapes:
             if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):
                 continue
             if narrow and bm > 64 and halo_images(Plan(bm, bn, 16, wm, wn, 2, va, vb, tile_w=8), g, pass_) == 1:
