@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from typing import Any, Iterator, Optional, Sequence, Union
 
 import torch
@@ -197,9 +198,23 @@ class _NoSyncExport:
         return self._t.__dlpack__(stream=-1, **kwargs)
 
 
+_NUMPY_DTYPES = {torch.float16: "float16", torch.float32: "float32"}
+
+
 def _as_array(t: torch.Tensor) -> Any:
-    """The CuPy array on ``t``'s memory (zero copy, same strides; ``t`` must be detached)."""
-    return _cupy().from_dlpack(_NoSyncExport(t))
+    """The CuPy array on ``t``'s memory (zero copy, same strides; ``t`` must be detached).
+
+    The operands convgen hands over (dense float16 activations and weights, a float32
+    bias) are wrapped straight from their pointer, with the tensor as the memory's
+    owner: a DLPack round trip cost about as much host time as a kernel launch
+    (benchmarks/NOTES.md, "The training step is host-bound").  Anything else takes DLPack.
+    """
+    cupy = _cupy()
+    dtype = _NUMPY_DTYPES.get(t.dtype)
+    if dtype is None or not t.is_contiguous() or t.numel() == 0:
+        return cupy.from_dlpack(_NoSyncExport(t))
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
+    return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(mem, 0))
 
 
 def _as_tensor(a: Any) -> torch.Tensor:
@@ -222,16 +237,38 @@ class _StreamHandle:
         return (0, self.ptr)
 
 
+class _ThreadState(threading.local):
+    """Per thread: the stream of the launch scope the thread is in (what the allocator
+    allocates on), and CuPy's wrappers of PyTorch's streams, built once per stream rather
+    than once per call (a measurable part of a small layer's host time)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[tuple[int, int], Any] = {}
+        self.scope_stream: Optional[int] = None
+
+
+_state = _ThreadState()
+
+
 def _cupy_stream(cupy: Any, ptr: int, device: int) -> Any:
-    if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
-        return cupy.cuda.Stream.from_external(_StreamHandle(ptr))
-    return cupy.cuda.ExternalStream(ptr, device)
+    stream = _state.streams.get((ptr, device))
+    if stream is None:
+        if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
+            stream = cupy.cuda.Stream.from_external(_StreamHandle(ptr))
+        else:
+            stream = cupy.cuda.ExternalStream(ptr, device)
+        # A wrapper holds only the pointer; a stream PyTorch creates later at the same
+        # address is the same stream to CUDA, so a stale entry is still right.
+        _state.streams[(ptr, device)] = stream
+    return stream
 
 
 def _torch_malloc(size: int, device_id: int) -> int:
-    # On the current stream: under graph capture that is the capturing stream, which is
-    # what routes the block into the graph's private pool.
-    stream = torch.cuda.current_stream(device_id).cuda_stream
+    # On the launch scope's stream, PyTorch's current one: under graph capture that is
+    # the capturing stream, which is what routes the block into the graph's private pool.
+    stream = _state.scope_stream
+    if stream is None:  # not inside _launch_scope (never the case for convgen's own calls)
+        stream = torch.cuda.current_stream(device_id).cuda_stream
     return torch.cuda.caching_allocator_alloc(size, device_id, stream)
 
 
@@ -258,9 +295,13 @@ def _launch_scope(device: torch.device) -> Iterator[None]:
     cupy = _cupy()
     index = device.index if device.index is not None else torch.cuda.current_device()
     ptr = torch.cuda.current_stream(index).cuda_stream
-    with torch.cuda.device(index), cupy.cuda.Device(index):
-        with _cupy_stream(cupy, ptr, index), cupy.cuda.using_allocator(_torch_allocator(cupy).malloc):
-            yield
+    outer, _state.scope_stream = _state.scope_stream, ptr
+    try:
+        with torch.cuda.device(index), cupy.cuda.Device(index):
+            with _cupy_stream(cupy, ptr, index), cupy.cuda.using_allocator(_torch_allocator(cupy).malloc):
+                yield
+    finally:
+        _state.scope_stream = outer
 
 
 # --------------------------------------------------------------------------- autograd
