@@ -132,6 +132,7 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
     gemm = spec.geometry.gemm(p, 1)
     reads = {"a": _C_TYPES[plan.read_a], "b": _C_TYPES[plan.read_b]}
     split = plan.split_k > 1
+    imgs = halo_images(plan, spec.geometry, p)  # 1 unless an 8-wide halo tile stacks whole images
     return {
         "name": spec.name,
         "reduce_name": spec.name + "_reduce",
@@ -155,9 +156,9 @@ def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
         # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
         # (rows, columns per image) and halo pixels; and whether the taps walk the halo
         # flipped (dgrad reads dy at h + PH - r*DH).
-        "halo_tile": halo_shape(plan, spec.geometry, halo_images(plan, spec.geometry, p)) if plan.tile_w else (0, 0, 0, 0),
+        "halo_tile": halo_shape(plan, spec.geometry, imgs) if plan.tile_w else (0, 0, 0, 0),
         # Whole images stacked in one 8-pixel-wide tile (planner.halo_images), 1 otherwise.
-        "halo_imgs": halo_images(plan, spec.geometry, p) if plan.tile_w else 1,
+        "halo_imgs": imgs,
         "halo_flat": plan.flat,
         # A 2-D tile narrower than a fragment: the halo MMAs load each row through ldmatrix.
         "halo_ldsm": plan.tile_w % 16 != 0,

@@ -232,12 +232,12 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         for bm, bn, wm, wn in shapes:
             if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):
                 continue
-            if narrow and bm > 64 and halo_images(Plan(bm, bn, 16, wm, wn, 2, va, vb, tile_w=8), g, pass_) == 1:
-                continue  # a tile taller than an image that does not stack whole images
             tile = f"halo tile {bm // layout['tile_w']}x{layout['tile_w']}" if "tile_w" in layout else "flat halo tile"
             try:
                 p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, **layout,
                          reasons=(f"tuning candidate: {tile}, {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages",))
+                if narrow and bm > 64 and halo_images(p, g, pass_) == 1:
+                    continue  # a tile taller than an image that does not stack whole images
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
             except ValueError:
                 continue
