@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterable, NoReturn, Sequence
 
 from .ir import ARCHES, ConvProblem, Epilogue, Pass, Target
-from .suites import SUITES, Layer, get_suite
+from .suites import SUITE_INFO, SUITES, Layer, get_suite
 
 DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx1201"}
 
@@ -153,7 +153,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_suites(args: argparse.Namespace) -> int:
     for name, layers in SUITES.items():
-        print(f"{name} ({len(layers)} layers)")
+        print(f"{name} ({len(layers)} layers): {SUITE_INFO[name].source}")
         for layer in layers:
             print(f"  {layer.name:<14} {layer.problem.describe()}")
     return 0

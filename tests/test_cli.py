@@ -16,7 +16,7 @@ from convgen.cli import main
 from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass, Target
 from convgen.planner import make_spec
-from convgen.suites import SUITES, get_suite
+from convgen.suites import SUITE_INFO, SUITES, get_suite
 from expectations import expected_grid_x
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,13 +52,13 @@ def default_epilogue(pass_: Pass) -> Epilogue:
 # --------------------------------------------------------------------------- suites
 
 
-def test_suites_lists_the_three_suites(cli):
+def test_suites_lists_every_suite_with_its_source(cli):
     status, out, err = cli("suites")
     assert status == 0 and err == ""
     lines = out.splitlines()
-    assert set(SUITES) == {"cifar-resnet", "cifar-vgg", "resnet50"}
+    assert {"cifar-resnet", "cifar-vgg", "resnet50", "resnet18", "vgg16", "unet", "speech"} <= set(SUITES)
     for name, layers in SUITES.items():
-        assert f"{name} ({len(layers)} layers)" in lines
+        assert f"{name} ({len(layers)} layers): {SUITE_INFO[name].source}" in lines
         for layer in layers:
             assert any(l.split()[:1] == [layer.name] and layer.problem.describe() in l for l in lines)
 
@@ -67,7 +67,7 @@ def test_suite_layer_names_are_unique():
     for name, layers in SUITES.items():  # they name the emitted files
         assert len({l.name for l in layers}) == len(layers), name
         assert get_suite(name) is layers
-    with pytest.raises(ValueError, match="unknown suite 'nope'; built-in suites: cifar-resnet, cifar-vgg, resnet50"):
+    with pytest.raises(ValueError, match="unknown suite 'nope'; built-in suites: cifar-resnet, cifar-vgg, resnet50, resnet18"):
         get_suite("nope")
 
 

@@ -113,7 +113,7 @@ def test_suite_layers(suite, layer, pass_, target):
     """The plan the suite's real batch gets (split-K included), run at a small batch:
     the batch is a run-time argument."""
     plan = convgen.plan(layer.problem, pass_, target)
-    small = layer.problem.with_batch(2 if suite == "resnet50" else 8)
+    small = layer.problem.with_batch(8 if suite.startswith("cifar") else 2)
     res = run_pass(small, pass_, _seed("suite", suite, layer.name, pass_), plan=plan,
                    bias=pass_ is not Pass.DGRAD, relu=pass_ is Pass.FPROP)
     check(res, "float16", what=f"{suite}/{layer.name} {pass_.value}")

@@ -129,7 +129,7 @@ def test_suite_layers(suite, layer):
     """Every built-in layer, forward and all three gradients, fp16 channels_last activations
     and an nn.Conv2d-layout (contiguous K, C, R, S) weight."""
     p = layer.problem
-    n = 2 if suite == "resnet50" else 4
+    n = 4 if suite.startswith("cifar") else 2
     g = gen("suite", suite, layer.name)
     x = tensor((n, p.c, p.h, p.w), torch.float16, g, requires_grad=True)
     w = tensor((p.k, p.c, p.r, p.s), torch.float16, g, channels_last=False, requires_grad=True)
