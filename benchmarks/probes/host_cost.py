@@ -1,0 +1,149 @@
+"""Host cost per call of each way to launch a convgen kernel, beside the bare-launch floors.
+
+Run on the GPU machine: `python3 benchmarks/probes/host_cost.py [--calls 300] [--json PATH]`.
+Host cost is wall-clock time per call while a spin kernel holds the GPU, so no GPU work
+is in it (the same method as `convgen bench`).  Rows: an empty kernel through CuPy's
+RawKernel and through cuda-bindings' cuLaunchKernel (the floors), then per layer and pass:
+the plain function's repeat call, a prepared op (convgen.prepare) with and without a
+caller-supplied output, on both launch paths, and PyTorch's cuDNN call for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import cupy as cp  # noqa: E402
+
+import convgen  # noqa: E402
+from convgen.suites import SUITES  # noqa: E402
+
+SPIN = cp.RawKernel(r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) { }
+}''', "spin")
+EMPTY = cp.RawKernel(r'''
+extern "C" __global__ void empty(const void* a, const void* b, void* c, void* d, int n) { }''', "empty")
+
+
+def host_us(fn, calls: int, repeats: int = 5) -> float:
+    """Median over `repeats` of (wall time of `calls` calls) / calls, GPU held busy."""
+    fn()
+    cp.cuda.get_current_stream().synchronize()
+    rate = cp.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1e3  # Hz
+    out = []
+    for _ in range(repeats):
+        SPIN((1,), (1,), (np.int64(rate * (calls * 60e-6 + 2e-3)),))  # covers the calls at 60 us each
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) / calls * 1e6)
+        cp.cuda.get_current_stream().synchronize()
+    return statistics.median(out)
+
+
+def floors(calls: int) -> dict[str, float]:
+    a = cp.empty(16, cp.float16)
+    res = {"cupy RawKernel, empty kernel, 5 args": host_us(
+        lambda: EMPTY((1,), (32,), (a, a, a, a, np.int32(1))), calls)}
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return res
+    EMPTY.compile()
+    fn = EMPTY.kernel.ptr
+    slots = np.zeros(5, np.uint64)
+    params = np.array([slots.ctypes.data + 8 * i for i in range(5)], np.uint64)
+    pp = int(params.ctypes.data)
+    ptr = a.data.ptr
+
+    def drv():
+        slots[:] = (ptr, ptr, ptr, ptr, 1)
+        driver.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, cp.cuda.get_current_stream().ptr, pp, 0)
+    res["cuda-bindings cuLaunchKernel, empty kernel, 5 args"] = host_us(drv, calls)
+    return res
+
+
+def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
+    layer = next(l for l in SUITES[suite] if l.name == name)
+    p = layer.problem
+    geo = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+    rng = np.random.default_rng(0)
+    x = cp.asarray(rng.standard_normal(p.x_shape).astype(np.float16))
+    w = cp.asarray(rng.standard_normal(p.w_shape).astype(np.float16))
+    dy = cp.asarray(rng.standard_normal(p.y_shape).astype(np.float16))
+    rows = []
+
+    def add(pass_, what, fn):
+        rows.append({"suite": suite, "layer": name, "pass": pass_, "what": what, "host_us": host_us(fn, calls)})
+
+    y = cp.empty(p.y_shape, cp.float16)
+    dx = cp.empty(p.x_shape, cp.float16)
+    dw = cp.empty(p.w_shape, cp.float16)
+    add("fprop", "convgen.conv2d (repeat call)", lambda: convgen.conv2d(x, w, **geo))
+    add("dgrad", "convgen.conv2d_dgrad (repeat call)", lambda: convgen.conv2d_dgrad(dy, w, p.x_shape, **geo))
+    add("wgrad", "convgen.conv2d_wgrad(bias=False) (repeat call)",
+        lambda: convgen.conv2d_wgrad(x, dy, p.w_shape, bias=False, **geo))
+    for path in ("driver", "cupy"):
+        if path == "cupy":
+            os.environ["CONVGEN_LAUNCH"] = "cupy"
+        else:
+            os.environ.pop("CONVGEN_LAUNCH", None)
+        f = convgen.prepare("fprop", p.x_shape, p.w_shape, **geo)
+        d = convgen.prepare("dgrad", p.x_shape, p.w_shape, **geo)
+        g = convgen.prepare("wgrad", p.x_shape, p.w_shape, **geo)
+        launch = "cuLaunchKernel" if f._main.driver is not None else "CuPy Function"
+        add("fprop", f"prepare op, out= given ({launch})", lambda: f(x, w, out=y))
+        add("fprop", f"prepare op, allocates y ({launch})", lambda: f(x, w))
+        add("dgrad", f"prepare op, out= given ({launch})", lambda: d(dy, w, out=dx))
+        add("wgrad", f"prepare op, out= given ({launch}; split-K {g._kernel.source.spec.plan.split_k})",
+            lambda: g(x, dy, out=(dw,)))
+    os.environ.pop("CONVGEN_LAUNCH", None)
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        tx = torch.from_dlpack(x).permute(0, 3, 1, 2)
+        tw = torch.from_dlpack(w).permute(0, 3, 1, 2)
+        tdy = torch.from_dlpack(dy).permute(0, 3, 1, 2)
+        torch.backends.cudnn.benchmark = True
+        add("fprop", "torch conv2d (cuDNN)", lambda: F.conv2d(tx, tw, None, p.stride, p.padding, p.dilation))
+        add("dgrad", "torch convolution_backward dx (cuDNN)", lambda: torch.ops.aten.convolution_backward(
+            tdy, tx, tw, None, p.stride, p.padding, p.dilation, False, (0, 0), 1, (True, False, False)))
+        add("wgrad", "torch convolution_backward dW (cuDNN)", lambda: torch.ops.aten.convolution_backward(
+            tdy, tx, tw, None, p.stride, p.padding, p.dilation, False, (0, 0), 1, (False, True, False)))
+    except ImportError:
+        pass
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=300)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    result = {"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "floors": floors(args.calls),
+              "rows": []}
+    for suite, name in (("cifar-vgg", "conv2"), ("cifar-resnet", "res3"), ("resnet50", "l4-1x1")):
+        result["rows"] += layer_rows(suite, name, args.calls)
+    for k, v in result["floors"].items():
+        print(f"floor  {v:6.2f} us  {k}")
+    for r in result["rows"]:
+        print(f"{r['suite']}/{r['layer']:8} {r['pass']:5} {r['host_us']:6.2f} us  {r['what']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Prepared ops (convgen.prepare) on the GPU, against the float64 reference.
+
+Each case runs through both launch paths (the driver's cuLaunchKernel through
+cuda-bindings, and CuPy's Function with CONVGEN_LAUNCH=cupy), with poisoned outputs
+and caller-supplied outputs, twice in a row (the second call reuses the packed
+parameters and the arena's workspace), and once more on operands the fast path must
+not take as they are (a strided view, fp32 where fp16 is read).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import reference
+from convgen.ir import ConvProblem, Pass
+
+from gpu_helpers import kernel_view, rel_err, tolerance
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+SHAPES = [
+    ConvProblem(16, 16, 32, 64, 3, 3, 1, 1, 1, n=8),    # halo-eligible 3x3
+    ConvProblem(15, 13, 24, 40, 3, 2, (2, 3), (1, 0), (2, 1), n=3),  # strided, dilated, odd
+    ConvProblem(7, 7, 64, 96, 1, 1, 1, 0, 1, n=64),     # 1x1: split-K wgrad
+    ConvProblem(32, 32, 3, 16, 3, 3, 1, 1, 1, n=16),    # C = 3
+]
+
+
+def _rng(*parts) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+@pytest.fixture(params=["driver", "cupy"])
+def launch_path(request, monkeypatch):
+    if request.param == "driver":
+        pytest.importorskip("cuda.bindings", reason="the driver launch path needs cuda-bindings")
+        monkeypatch.delenv("CONVGEN_LAUNCH", raising=False)
+    else:
+        monkeypatch.setenv("CONVGEN_LAUNCH", "cupy")
+    return request.param
+
+
+def _geo(p: ConvProblem) -> dict:
+    return dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+
+
+def _check(out, ref, reduction: int, what: str) -> None:
+    import cupy as cp
+
+    err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+    assert err <= tolerance(reduction, "float16"), f"{what}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+def test_prepared_passes(problem, launch_path):
+    import cupy as cp
+
+    rng = _rng("prepared", problem)
+    x = rng.standard_normal(problem.x_shape).astype(np.float16)
+    w = rng.standard_normal(problem.w_shape).astype(np.float16)
+    dy = rng.standard_normal(problem.y_shape).astype(np.float16)
+    b = rng.standard_normal(problem.k).astype(np.float32)
+    xd, wd, dyd, bd = cp.asarray(x), cp.asarray(w), cp.asarray(dy), cp.asarray(b)
+    geo = _geo(problem)
+
+    fprop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, activation="relu", **geo)
+    ref_y = reference.fprop(kernel_view(x), kernel_view(w), b, relu=True, **geo)
+    y = cp.full(problem.y_shape, np.nan, dtype=cp.float16)
+    for _ in range(2):
+        assert fprop(xd, wd, bd, out=y) is y
+        _check(y, ref_y, problem.gemm("fprop").k, f"fprop {launch_path}")
+    _check(fprop(xd[:, :, ::-1][:, :, ::-1], wd.astype(cp.float32), bd), ref_y, problem.gemm("fprop").k,
+           "fprop, a view and fp32 weights (the copying path)")
+
+    dgrad = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **geo)
+    ref_dx = reference.dgrad(kernel_view(dy), kernel_view(w), problem.x_shape, **geo)
+    for _ in range(2):
+        _check(dgrad(dyd, wd), ref_dx, problem.gemm("dgrad").k, f"dgrad {launch_path}")
+
+    wgrad = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **geo)
+    ref_dw, ref_db = reference.wgrad(kernel_view(x), kernel_view(dy), problem.w_shape, **geo)
+    dw = cp.full(problem.w_shape, np.nan, dtype=cp.float16)
+    db = cp.full((problem.k,), np.nan, dtype=cp.float16)
+    for _ in range(2):
+        got_dw, got_db = wgrad(xd, dyd, out=(dw, db))
+        assert got_dw is dw and got_db is db
+        _check(dw, ref_dw, problem.gemm("wgrad").k, f"wgrad dw {launch_path}")
+        _check(db, ref_db, problem.gemm("wgrad").k, f"wgrad db {launch_path}")
+
+
+def test_prepared_ops_share_one_stream_workspace_in_order(launch_path):
+    """Two split-K ops on one stream use the same arena buffer; the second must not see the
+    first's partial sums (stream order), and each result must match its reference."""
+    import cupy as cp
+
+    a = ConvProblem(7, 7, 64, 96, 1, 1, 1, 0, 1, n=64)
+    b = ConvProblem(7, 7, 96, 64, 1, 1, 1, 0, 1, n=64)
+    rng = _rng("arena")
+    ops, refs, args = [], [], []
+    for p in (a, b):
+        x = rng.standard_normal(p.x_shape).astype(np.float16)
+        dy = rng.standard_normal(p.y_shape).astype(np.float16)
+        ops.append(convgen.prepare("wgrad", p.x_shape, p.w_shape))
+        refs.append(reference.wgrad(kernel_view(x), kernel_view(dy), p.w_shape)[0])
+        args.append((cp.asarray(x), cp.asarray(dy)))
+    outs = [op(*xy)[0] for op, xy in zip(ops, args) for _ in range(3)]
+    for i, out in enumerate(outs):
+        _check(out, refs[i // 3], 64 * 49, f"wgrad {i} {launch_path}")
+
+
+def test_prepared_op_under_cuda_graph_capture(launch_path):
+    import cupy as cp
+
+    p = ConvProblem(16, 16, 32, 64, 3, 3, 1, 1, 1, n=8)
+    rng = _rng("graph")
+    x = rng.standard_normal(p.x_shape).astype(np.float16)
+    w = rng.standard_normal(p.w_shape).astype(np.float16)
+    xd, wd = cp.asarray(x), cp.asarray(w)
+    op = convgen.prepare("fprop", p.x_shape, p.w_shape, padding=1)
+    y = cp.empty(p.y_shape, dtype=cp.float16)
+    op(xd, wd, out=y)  # compile and warm before capture
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        op(xd, wd, out=y)
+        graph = stream.end_capture()
+    y.fill(np.nan)
+    graph.launch(stream)
+    stream.synchronize()
+    _check(y, reference.fprop(kernel_view(x), kernel_view(w), padding=1), p.gemm("fprop").k, f"graph {launch_path}")
+
+
+def test_prepared_rejects_arrays_it_was_not_built_for():
+    import cupy as cp
+
+    p = ConvProblem(8, 8, 16, 32, 3, 3, 1, 1, 1, n=2)
+    op = convgen.prepare("fprop", p.x_shape, p.w_shape, padding=1)
+    x = cp.ones(p.x_shape, cp.float16)
+    w = cp.ones(p.w_shape, cp.float16)
+    with pytest.raises(ValueError, match=r"x has shape \(3, 8, 8, 16\)"):
+        op(cp.ones((3, 8, 8, 16), cp.float16), w)
+    with pytest.raises(ValueError, match="out must be a C-contiguous"):
+        op(x, w, out=cp.empty((2, 8, 8, 32), cp.float32))
+    with pytest.raises(ValueError, match="built without a bias"):
+        op(x, w, cp.ones(32, cp.float32))
+    with pytest.raises(TypeError, match="x must be a cupy.ndarray"):
+        op(np.ones(p.x_shape, np.float16), w)
