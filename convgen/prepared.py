@@ -197,9 +197,19 @@ class PreparedConv:
             raise ValueError(f"{name} is on device {out.data.device_id}; this op runs on device {self.device}")
         return out
 
-    def __call__(self, a: Any, b: Any, bias: Any = None, *, out: Any = None) -> Any:
+    @property
+    def workspace_elems(self) -> int:
+        """fp32 elements of split-K workspace a call needs (0 without split-K): the size of
+        a caller-supplied ``workspace``."""
+        return 0 if self._kernel is None else self._ws_elems + self._db_ws_elems
+
+    def __call__(self, a: Any, b: Any, bias: Any = None, *, out: Any = None, workspace: Any = None) -> Any:
         """fprop: ``op(x, w[, bias], out=y)`` -> y.  dgrad: ``op(dy, w, out=dx)`` -> dx.
-        wgrad: ``op(x, dy, out=(dw, db))`` -> (dw, db) (db None without bias)."""
+        wgrad: ``op(x, dy, out=(dw, db))`` -> (dw, db) (db None without bias).
+
+        ``workspace``: an fp32 CuPy array of at least :attr:`workspace_elems` elements that
+        the call may overwrite, instead of the stream's arena buffer (a framework that owns
+        its memory, or a graph capture with its own pool, passes one)."""
         cupy = _rt._cupy()
         outs = out if isinstance(out, tuple) else (out,) + (None,) * (len(self.out_shapes) - 1)
         if len(outs) != len(self.out_shapes):
@@ -230,7 +240,7 @@ class PreparedConv:
                 args.update(dy=a, w=b, dx=res[0])
             else:
                 args.update(x=a, dy=b, dw=res[0], db=res[1] if len(res) > 1 else None)
-            self._launch(args)
+            self._launch(args, workspace)
         finally:
             if switch:
                 ctx.__exit__(None, None, None)
@@ -241,11 +251,14 @@ class PreparedConv:
             return (res[0], res[1] if len(res) > 1 else None)
         return res[0]
 
-    def _launch(self, args: dict[str, Any]) -> None:
+    def _launch(self, args: dict[str, Any], workspace: Any) -> None:
         cupy = _rt._cupy()
         stream = cupy.cuda.get_current_stream()
         if self._ws_elems:
-            buf = _ARENA.get(self.device, stream.ptr, self._ws_elems + self._db_ws_elems)
+            if workspace is not None:
+                _check_workspace(workspace, self._ws_elems + self._db_ws_elems, self.device)
+            buf = workspace if workspace is not None else _ARENA.get(self.device, stream.ptr,
+                                                                     self._ws_elems + self._db_ws_elems)
             if buf is not self._ws_buf:  # views of a new buffer, made once per buffer
                 self._ws_buf = buf
                 self._ws_views = (buf, buf[self._ws_elems:] if self._db_ws_elems else None)
@@ -262,6 +275,15 @@ class PreparedConv:
             else:
                 launcher.fn(launcher.grid, launcher.block, tuple(_cupy_arg(n, args[n]) for n in launcher.names),
                             shared_mem=launcher.shared_mem)
+
+
+def _check_workspace(ws: Any, elems: int, device: int) -> None:
+    cupy = _rt._cupy()
+    if (not isinstance(ws, cupy.ndarray) or ws.dtype != _F32 or ws.ndim != 1 or ws.size < elems
+            or ws.strides != (4,) or ws.data.ptr % 16 or ws.data.device_id != device):
+        raise ValueError(f"workspace must be a contiguous, 16-byte aligned 1-D float32 array of at least {elems} "
+                         f"elements on device {device}, got {getattr(ws, 'dtype', type(ws).__name__)} "
+                         f"{getattr(ws, 'shape', '')}")
 
 
 def _value(v: Any) -> int:

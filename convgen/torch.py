@@ -37,24 +37,20 @@ synchronisation and no host copies, so the layer can be captured by
 ``torch.cuda.graph``.  Kernels are compiled on their first call: run a step (a
 warm-up, as PyTorch's graph recipe does anyway) before capturing.
 
-Memory.  Everything CuPy allocates during a call (outputs, converted operands,
-split-K workspaces) comes from PyTorch's caching allocator, not CuPy's memory
-pool.  Two reasons.  Under graph capture PyTorch hands the capturing stream a
-private pool whose blocks stay reserved for the graph's replays; CuPy's pool
-would reuse a freed block for other work while the graph still owns it (and
-its cudaMalloc is illegal during a capture).  Outside capture, one allocator
-means one cache: memory freed by convgen is reusable by PyTorch and the other
-way round, and ``torch.cuda.memory_allocated`` sees it.  This is CuPy's
-documented ``PythonFunctionAllocator`` around ``torch.cuda.caching_allocator_alloc``
-/ ``caching_allocator_delete`` (PyTorch's interoperability API), allocating on
-the current stream, installed with ``cupy.cuda.using_allocator`` only for the
-duration of convgen's calls and only in the calling thread: CuPy's global
-allocator, and any CuPy code of the user, are left alone.
+Operators.  The three passes are registered PyTorch operators (``convgen::conv2d``,
+``convgen::conv2d_dgrad``, ``convgen::conv2d_wgrad``, through ``torch.library.custom_op``)
+with fake implementations and an autograd formula, so ``torch.compile`` traces a model built
+from :class:`Conv2d` with no graph break (``fullgraph=True``) and its CUDA-graph mode
+(``mode="reduce-overhead"``) captures the kernels.
 
-One caveat of the DLPack hand-over: the storage of a returned tensor is owned
-by a CuPy array, so ``Tensor.record_stream`` does not reach PyTorch's
-allocator for it.  Using an output on a second stream and freeing it before
-that stream is done needs an explicit ``wait_stream`` (as for any DLPack import).
+Memory.  Outputs and split-K workspaces are PyTorch tensors that the kernels write
+(``convgen.prepare`` ops with ``out=`` and ``workspace=``), so they come from PyTorch's
+caching allocator and, under graph capture, from the graph's private pool.  What CuPy
+itself allocates during a call (a converted operand the kernel could not read as it was)
+comes from PyTorch's allocator too: CuPy's documented ``PythonFunctionAllocator`` around
+``torch.cuda.caching_allocator_alloc`` / ``caching_allocator_delete``, on the current
+stream, installed with ``cupy.cuda.using_allocator`` only for the duration of convgen's
+calls and only in the calling thread; CuPy's global allocator is left alone.
 """
 
 from __future__ import annotations
@@ -67,7 +63,6 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.autograd.function import once_differentiable
 
 import convgen
 from convgen.ir import ConvGeometry, as_pair
@@ -160,8 +155,9 @@ def _nhwc_half(t: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- the CuPy bridge
-# These three functions are the only place that touches CuPy, so that CPU tests can swap
-# them for a NumPy bridge and exercise everything else (layouts, dtypes, padding, gradients).
+# These functions are the only place that touches CuPy, so that CPU tests can swap them
+# (and convgen.prepare) for a NumPy bridge and exercise everything else (layouts, dtypes,
+# padding, gradients, the operators' registration and fake implementations).
 
 
 def _cupy():
@@ -215,13 +211,6 @@ def _as_array(t: torch.Tensor) -> Any:
         return cupy.from_dlpack(_NoSyncExport(t))
     mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
     return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(mem, 0))
-
-
-def _as_tensor(a: Any) -> torch.Tensor:
-    """The torch tensor on CuPy array ``a``'s memory (zero copy).  Called inside
-    :func:`_launch_scope`, so PyTorch's and CuPy's current streams are one and
-    the exchange synchronises nothing."""
-    return torch.from_dlpack(a)
 
 
 class _StreamHandle:
@@ -304,95 +293,191 @@ def _launch_scope(device: torch.device) -> Iterator[None]:
         _state.scope_stream = outer
 
 
-# --------------------------------------------------------------------------- autograd
+# --------------------------------------------------------------------------- the kernels
+
+# Prepared ops (convgen.prepare) per (pass, shapes, geometry, options, device): a layer's
+# repeat calls then cost one dict lookup and a launch.  The outputs are PyTorch tensors
+# written by the kernels (so they live in PyTorch's allocator, and under capture in the
+# graph's pool), and so is the split-K workspace.
+_prepared: dict[tuple, Any] = {}
 
 
-def _nchw_result(a: Any, dtype: torch.dtype) -> torch.Tensor:
-    """An NHWC kernel output as a tensor of logical shape (N, C, H, W) in channels_last memory.
-
-    The permutation is done on the CuPy side, so the tensor PyTorch builds has
-    channels_last strides and is *not* a view: an output of a custom autograd
-    Function that is a view cannot be modified in place (``nn.ReLU(inplace=True)``
-    after the conv would raise).
-    """
-    t = _as_tensor(a.transpose(0, 3, 1, 2))
-    return t if t.dtype == dtype else t.to(dtype)
+def _op(pass_: str, x_shape: tuple, w_shape: tuple, geo: tuple, bias: bool, out_dtype: str, device: int) -> Any:
+    key = (pass_, x_shape, w_shape, geo, bias, out_dtype, device)
+    op = _prepared.get(key)
+    if op is None:
+        stride, padding, dilation = geo
+        op = _prepared[key] = convgen.prepare(pass_, x_shape, w_shape, stride=stride, padding=padding,
+                                              dilation=dilation, bias=bias, out_dtype=out_dtype, device=device)
+    return op
 
 
-class _Conv2dFunction(torch.autograd.Function):
-    """fprop in forward; dgrad and wgrad in backward, each only when autograd asks for it."""
+def _workspace(op: Any, device: torch.device) -> Any:
+    elems = op.workspace_elems
+    return _as_array(torch.empty(elems, dtype=torch.float32, device=device)) if elems else None
 
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
-                stride: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int]) -> torch.Tensor:
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        n, c, h, wd = x.shape
-        k, _, r, s = w.shape
-        geo = ConvGeometry(h, wd, c, k, r, s, stride, padding, dilation)  # validates; gives P, Q
-        ctx.geometry = (stride, padding, dilation)
-        ctx.x_shape = (n, h, wd, c)
-        ctx.w_shape = (k, r, s, c)
-        ctx.dtypes = (x.dtype, w.dtype, None if bias is None else bias.dtype)
-        ctx.empty = n == 0
-        if n == 0:  # nothing to launch; the kernels' zero-size paths would hand DLPack a null pointer
-            ctx.save_for_backward(None, None)
-            return torch.empty((0, k, geo.p, geo.q), dtype=x.dtype, device=x.device,
-                               memory_format=torch.channels_last)
-        x16 = _nhwc_half(x.detach())
-        w16 = _dense_half(w.detach().permute(0, 2, 3, 1))  # KRSC
-        b32 = None if bias is None else bias.detach().to(torch.float32)  # the epilogue reads fp32
-        with _launch_scope(x.device):
-            y = convgen.conv2d(
-                _as_array(x16), _as_array(w16), None if b32 is None else _as_array(b32),
-                stride, padding, dilation, out_dtype=_out_dtype(x.dtype),
-            )
-            out = _nchw_result(y, x.dtype)
-        # Keep only what the requested gradients read: x for wgrad, w for dgrad.
-        ctx.save_for_backward(x16 if need_dw else None, w16 if need_dx else None)
-        return out
 
-    @staticmethod
-    @once_differentiable  # the backward is kernels, not torch ops: no double backward, and say so
-    @torch.amp.custom_bwd(device_type="cuda")
-    def backward(ctx: Any, gy: torch.Tensor):
-        need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
-        x16, w16 = ctx.saved_tensors
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        stride, padding, dilation = ctx.geometry
-        n, h, wd, c = ctx.x_shape
-        k, r, s, _ = ctx.w_shape
-        dx = dw = db = None
-        if ctx.empty:  # an empty batch: zero weight gradients, an empty input gradient
-            dev = gy.device
-            if need_dx:
-                dx = torch.empty((0, c, h, wd), dtype=x_dtype, device=dev, memory_format=torch.channels_last)
-            if need_dw:
-                dw = torch.zeros((k, c, r, s), dtype=w_dtype, device=dev)
-            if need_db:
-                db = torch.zeros((k,), dtype=b_dtype, device=dev)
-            return dx, dw, db, None, None, None
+def _nchw_empty(shape: tuple, kernel_dtype: str, device: torch.device) -> torch.Tensor:
+    """A (N, C, H, W)-logical output in channels_last memory: its NHWC permutation is the
+    dense array the kernel writes."""
+    dtype = torch.float16 if kernel_dtype == "float16" else torch.float32
+    return torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+
+
+def _device_index(t: torch.Tensor) -> int:
+    if t.device.index is not None:
+        return t.device.index
+    return torch.cuda.current_device() if t.device.type == "cuda" else 0  # (CPU tensors: the CPU tests)
+
+
+def _geo(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> tuple:
+    return (tuple(stride), tuple(padding), tuple(dilation))
+
+
+def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    geo = _geo(stride, padding, dilation)
+    g = ConvGeometry(h, wd, c, k, r, s, *geo)  # validates; gives P, Q
+    out_dtype = _out_dtype(x.dtype)
+    y = _nchw_empty((n, k, g.p, g.q), out_dtype, x.device)
+    if n == 0:  # nothing to launch
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+    x16 = _nhwc_half(x.detach())
+    w16 = _dense_half(w.detach().permute(0, 2, 3, 1))  # KRSC
+    b32 = None if bias is None else bias.detach().to(torch.float32).contiguous()  # the epilogue reads fp32
+    with _launch_scope(x.device):
+        op = _op("fprop", (n, h, wd, c), (k, r, s, c), geo, b32 is not None, out_dtype, _device_index(x))
+        op(_as_array(x16), _as_array(w16), None if b32 is None else _as_array(b32),
+           out=_as_array(y.permute(0, 2, 3, 1)), workspace=_workspace(op, x.device))
+    return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+def _dgrad_impl(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dtype: torch.dtype,
+                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+    n, c, h, wd = x_shape
+    k, _, r, s = w.shape
+    geo = _geo(stride, padding, dilation)
+    out_dtype = _out_dtype(x_dtype)
+    dx = _nchw_empty((n, c, h, wd), out_dtype, gy.device)
+    if n:
         gy16 = _nhwc_half(gy.detach())  # dense NHWC float16 dy (a view when gy is channels_last fp16)
-        if need_dx or need_dw:
-            with _launch_scope(gy.device):
-                dy = _as_array(gy16)
-                if need_dx:
-                    dxa = convgen.conv2d_dgrad(dy, _as_array(w16), ctx.x_shape, stride, padding, dilation,
-                                               out_dtype=_out_dtype(x_dtype))
-                    dx = _nchw_result(dxa, x_dtype)
-                if need_dw:
-                    dwa, dba = convgen.conv2d_wgrad(
-                        _as_array(x16), dy, ctx.w_shape, stride, padding, dilation, bias=need_db,
-                        out_dtype=_out_dtype(w_dtype, b_dtype if need_db else None),
-                    )
-                    dw = _nchw_result(dwa, w_dtype)  # KRSC -> (K, C, R, S), channels_last memory
-                    if need_db:
-                        db = _as_tensor(dba)
-                        db = db if db.dtype == b_dtype else db.to(b_dtype)
-        if need_db and db is None:
-            # Only the bias trains: db is a plain reduction of dy, not worth a wgrad launch.
-            db = gy16.sum(dim=(0, 1, 2), dtype=torch.float32).to(b_dtype)
-        return dx, dw, db, None, None, None
+        w16 = _dense_half(w.detach().permute(0, 2, 3, 1))
+        with _launch_scope(gy.device):
+            op = _op("dgrad", (n, h, wd, c), (k, r, s, c), geo, False, out_dtype, _device_index(gy))
+            op(_as_array(gy16), _as_array(w16), out=_as_array(dx.permute(0, 2, 3, 1)),
+               workspace=_workspace(op, gy.device))
+    return dx if dx.dtype == x_dtype else dx.to(x_dtype)
+
+
+def _wgrad_impl(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dtype: torch.dtype,
+                b_dtype: Optional[torch.dtype], stride: Sequence[int], padding: Sequence[int],
+                dilation: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    n, c, h, wd = x.shape
+    k, _, r, s = w_shape
+    geo = _geo(stride, padding, dilation)
+    out_dtype = _out_dtype(w_dtype, b_dtype)
+    dw = _nchw_empty((k, c, r, s), out_dtype, x.device)  # KRSC memory, (K, C, R, S) logical
+    db = torch.empty((k,) if b_dtype is not None else (0,), dtype=dw.dtype, device=x.device)
+    if n == 0:  # an empty batch contributes nothing: the gradients are exactly zero
+        dw.zero_()
+        db.zero_()
+    else:
+        gy16 = _nhwc_half(gy.detach())
+        x16 = _nhwc_half(x.detach())
+        with _launch_scope(x.device):
+            op = _op("wgrad", (n, h, wd, c), (k, r, s, c), geo, b_dtype is not None, out_dtype, _device_index(x))
+            op(_as_array(x16), _as_array(gy16),
+               out=(_as_array(dw.permute(0, 2, 3, 1)),) + ((_as_array(db),) if b_dtype is not None else ()),
+               workspace=_workspace(op, x.device))
+    return (dw if dw.dtype == w_dtype else dw.to(w_dtype),
+            db if b_dtype is None or db.dtype == b_dtype else db.to(b_dtype))
+
+
+# --------------------------------------------------------------------------- operators and autograd
+# Registered PyTorch operators, so torch.compile traces a convgen layer as one node (no graph
+# break) and CUDA-graph modes capture it; the fake implementations give the outputs' shapes,
+# dtypes and channels_last strides without running anything.
+
+_GEO_SCHEMA = "int[] stride, int[] padding, int[] dilation"
+
+
+@torch.library.custom_op("convgen::conv2d", mutates_args=(),
+                         schema=f"(Tensor x, Tensor w, Tensor? bias, {_GEO_SCHEMA}) -> Tensor")
+def _fprop_op(x, w, bias, stride, padding, dilation):
+    return _fprop_impl(x, w, bias, stride, padding, dilation)
+
+
+@_fprop_op.register_fake
+def _(x, w, bias, stride, padding, dilation):
+    # Plain arithmetic, not ConvGeometry: under dynamic shapes the sizes are symbolic.
+    n, _, h, wd = x.shape
+    k, _, r, s = w.shape
+    p = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    q = (wd + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return torch.empty((n, k, p, q), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("convgen::conv2d_dgrad", mutates_args=(),
+                         schema=f"(Tensor gy, Tensor w, int[] x_shape, ScalarType x_dtype, {_GEO_SCHEMA}) -> Tensor")
+def _dgrad_op(gy, w, x_shape, x_dtype, stride, padding, dilation):
+    return _dgrad_impl(gy, w, x_shape, x_dtype, stride, padding, dilation)
+
+
+@_dgrad_op.register_fake
+def _(gy, w, x_shape, x_dtype, stride, padding, dilation):
+    return torch.empty(tuple(x_shape), dtype=x_dtype, device=gy.device, memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("convgen::conv2d_wgrad", mutates_args=(),
+                         schema=f"(Tensor gy, Tensor x, int[] w_shape, ScalarType w_dtype, ScalarType? b_dtype, "
+                                f"{_GEO_SCHEMA}) -> (Tensor, Tensor)")
+def _wgrad_op(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation):
+    return _wgrad_impl(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation)
+
+
+@_wgrad_op.register_fake
+def _(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation):
+    dw = torch.empty(tuple(w_shape), dtype=w_dtype, device=x.device, memory_format=torch.channels_last)
+    db = torch.empty((w_shape[0],) if b_dtype is not None else (0,), dtype=b_dtype or w_dtype, device=x.device)
+    return dw, db
+
+
+def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
+    x, w, bias, stride, padding, dilation = inputs
+    need_dx, need_dw, _ = ctx.needs_input_grad[:3]
+    # Keep only what the requested gradients read: x for wgrad, w for dgrad.
+    ctx.save_for_backward(x if need_dw else None, w if need_dx else None)
+    ctx.x_meta = (tuple(x.shape), x.dtype)
+    ctx.w_meta = (tuple(w.shape), w.dtype)
+    ctx.b_dtype = None if bias is None else bias.dtype
+    ctx.geo = (list(stride), list(padding), list(dilation))
+
+
+def _backward(ctx: Any, gy: torch.Tensor):
+    """dgrad and wgrad, each only when autograd asks for it.  They are operators without
+    an autograd formula of their own: a double backward through them raises."""
+    need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
+    x, w = ctx.saved_tensors
+    dx = dw = db = None
+    if need_dx:
+        dx = torch.ops.convgen.conv2d_dgrad(gy, w, list(ctx.x_meta[0]), ctx.x_meta[1], *ctx.geo)
+    if need_dw:
+        dw, db_ = torch.ops.convgen.conv2d_wgrad(gy, x, list(ctx.w_meta[0]), ctx.w_meta[1],
+                                                 ctx.b_dtype if need_db else None, *ctx.geo)
+        db = db_ if need_db else None
+    elif need_db:
+        # Only the bias trains: db is a plain reduction of dy (rounded to float16, as the
+        # kernels see it), not worth a wgrad launch.
+        db = gy.to(torch.float16).sum(dim=(0, 2, 3), dtype=torch.float32).to(ctx.b_dtype)
+    return dx, dw, db, None, None, None
+
+
+_fprop_op.register_autograd(_backward, setup_context=_setup_context)
+# Under autocast the inputs are cast to float16 first, like nn.Conv2d's under a float16
+# autocast (also under a bfloat16 one, where nn.Conv2d's output would be bfloat16).
+torch.library.register_autocast("convgen::conv2d", "cuda", torch.float16)
 
 
 def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: _PairArg,
@@ -406,7 +491,7 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     pad, extra = _plan_padding(padding, (w.shape[2], w.shape[3]), stride_, dilation_)
     if extra != (0, 0):
         x = F.pad(x, (0, extra[1], 0, extra[0]))
-    return _Conv2dFunction.apply(x, w, bias, stride_, pad, dilation_)
+    return _fprop_op(x, w, bias, list(stride_), list(pad), list(dilation_))
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: _PairArg = 1,

@@ -37,7 +37,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even k
 
 
 class FakeKernels:
-    """convgen.conv2d / conv2d_dgrad / conv2d_wgrad on NumPy arrays, checking what they are given."""
+    """convgen.prepare on NumPy arrays: ops that check what they are given (the run-time
+    contract: dense float16 NHWC/KRSC operands, a float32 bias, dense outputs of the op's
+    shape and dtype, explicit (h, w) geometry) and write the float64 reference into the
+    caller's outputs, as the kernels do."""
 
     def __init__(self) -> None:
         self.calls: dict[str, list[dict]] = {"conv2d": [], "dgrad": [], "wgrad": []}
@@ -52,36 +55,61 @@ class FakeKernels:
             assert a.shape == tuple(shape), f"{name}: shape {a.shape}, expected {tuple(shape)}"
 
     @staticmethod
+    def _output(name: str, a, shape, dtype) -> None:
+        assert isinstance(a, np.ndarray) and a.flags.c_contiguous, f"{name}: outputs must be dense arrays"
+        assert a.shape == tuple(shape) and a.dtype == np.dtype(dtype), (name, a.shape, a.dtype, shape, dtype)
+
+    @staticmethod
     def _geometry(stride, padding, dilation) -> None:
         for name, v in (("stride", stride), ("padding", padding), ("dilation", dilation)):
             assert isinstance(v, tuple) and len(v) == 2 and all(isinstance(i, int) for i in v), (
                 f"{name} reaches the kernels as {v!r}; expected an explicit (h, w) pair of ints"
             )
 
-    def conv2d(self, x, w, bias=None, stride=1, padding=0, dilation=1, activation=None, out_dtype="float16"):
-        self._operand("x", x)
-        self._operand("w", w)
+    def prepare(self, pass_, x_shape, w_shape, *, stride, padding, dilation, bias=False, out_dtype="float16",
+                device=None, **kw):
         self._geometry(stride, padding, dilation)
-        if bias is not None:
-            assert bias.dtype == np.float32 and bias.shape == (w.shape[0],), (bias.dtype, bias.shape)
-        assert activation is None
-        self.calls["conv2d"].append(dict(x_ptr=x.ctypes.data, w_ptr=w.ctypes.data, out_dtype=out_dtype))
-        return reference.fprop(x, w, bias, stride, padding, dilation).astype(out_dtype)
+        assert not kw, kw
+        fake = self
+        n, h, wd, c = x_shape
+        k, r, s, _ = w_shape
+        geo = dict(stride=stride, padding=padding, dilation=dilation)
+        p = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+        q = (wd + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
 
-    def dgrad(self, dy, w, input_shape, stride=1, padding=0, dilation=1, out_dtype="float16"):
-        self._operand("dy", dy)
-        self._operand("w", w)
-        self._geometry(stride, padding, dilation)
-        self.calls["dgrad"].append(dict(out_dtype=out_dtype))
-        return reference.dgrad(dy, w, input_shape, stride, padding, dilation).astype(out_dtype)
+        class Op:
+            workspace_elems = 0
 
-    def wgrad(self, x, dy, weight_shape, stride=1, padding=0, dilation=1, bias=True, out_dtype="float16"):
-        self._operand("x", x)
-        self._operand("dy", dy)
-        self._geometry(stride, padding, dilation)
-        self.calls["wgrad"].append(dict(bias=bias, out_dtype=out_dtype))
-        dw, db = reference.wgrad(x, dy, weight_shape, stride, padding, dilation)
-        return dw.astype(out_dtype), (db.astype(out_dtype) if bias else None)
+            def __call__(self, a, b, bias_arr=None, *, out, workspace=None):
+                if pass_ == "fprop":
+                    fake._operand("x", a, x_shape)
+                    fake._operand("w", b, w_shape)
+                    if bias:
+                        assert bias_arr.dtype == np.float32 and bias_arr.shape == (k,), (bias_arr.dtype, bias_arr.shape)
+                    else:
+                        assert bias_arr is None
+                    fake._output("y", out, (n, p, q, k), out_dtype)
+                    fake.calls["conv2d"].append(dict(x_ptr=a.ctypes.data, w_ptr=b.ctypes.data, out_dtype=out_dtype))
+                    out[...] = reference.fprop(a, b, bias_arr, **geo)
+                elif pass_ == "dgrad":
+                    fake._operand("dy", a, (n, p, q, k))
+                    fake._operand("w", b, w_shape)
+                    fake._output("dx", out, x_shape, out_dtype)
+                    fake.calls["dgrad"].append(dict(out_dtype=out_dtype))
+                    out[...] = reference.dgrad(a, b, x_shape, **geo)
+                else:
+                    fake._operand("x", a, x_shape)
+                    fake._operand("dy", b, (n, p, q, k))
+                    assert len(out) == (2 if bias else 1)
+                    fake._output("dw", out[0], w_shape, out_dtype)
+                    fake.calls["wgrad"].append(dict(bias=bias, out_dtype=out_dtype))
+                    dw, db = reference.wgrad(a, b, w_shape, **geo)
+                    out[0][...] = dw
+                    if bias:
+                        fake._output("db", out[1], (k,), out_dtype)
+                        out[1][...] = db
+
+        return Op()
 
 
 @pytest.fixture
@@ -93,11 +121,9 @@ def fake(monkeypatch):
         return t.numpy()
 
     monkeypatch.setattr(cgt, "_as_array", as_array)
-    monkeypatch.setattr(cgt, "_as_tensor", lambda a: torch.from_numpy(a))
     monkeypatch.setattr(cgt, "_launch_scope", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(convgen, "conv2d", k.conv2d)
-    monkeypatch.setattr(convgen, "conv2d_dgrad", k.dgrad)
-    monkeypatch.setattr(convgen, "conv2d_wgrad", k.wgrad)
+    monkeypatch.setattr(cgt, "_prepared", {})
+    monkeypatch.setattr(convgen, "prepare", k.prepare)
     return k
 
 
@@ -341,3 +367,45 @@ def test_module_is_a_drop_in(fake, args, kwargs):
 def test_import_convgen_does_not_import_torch():
     code = "import sys, convgen, convgen.cli, convgen.planner, convgen.emit; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0, "import convgen must not load torch"
+
+
+# --------------------------------------------------------------------------- operators and torch.compile
+
+
+def test_operators_pass_torch_library_opcheck(fake):
+    """Schema, fake implementations (shapes, dtypes, strides) and autograd registration, as
+    torch.library.opcheck checks them, on each of the three operators."""
+    x = make((2, 4, 7, 7), torch.float16, True, 1)
+    w = make((6, 4, 3, 3), torch.float16, False, 2)
+    b = make((6,), torch.float32, False, 3)
+    gy = make((2, 6, 4, 4), torch.float16, True, 4, requires_grad=False)
+    geo = ([2, 2], [1, 1], [1, 1])
+    torch.library.opcheck(torch.ops.convgen.conv2d.default, (x, w, b, *geo))
+    torch.library.opcheck(torch.ops.convgen.conv2d_dgrad.default, (gy, w.detach(), [2, 4, 7, 7], torch.float16, *geo))
+    torch.library.opcheck(torch.ops.convgen.conv2d_wgrad.default,
+                          (gy, x.detach(), [6, 4, 3, 3], torch.float16, torch.float32, *geo))
+
+
+def test_torch_compile_fullgraph_traces_forward_and_backward(fake):
+    """One graph, no break: fullgraph=True raises on any graph break, and the compiled
+    forward and backward must call convgen's operators and match the reference."""
+    torch._dynamo.reset()
+    layer = cgt.Conv2d(4, 6, 3, padding=1).double()
+    x = make((2, 4, 7, 7), torch.float64, False, 1)
+
+    def step(x):
+        return cgt._conv2d(x, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation).relu().sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss = compiled(x)
+    loss.backward()
+    loss = loss.detach()
+    xr = x.detach().half().double().requires_grad_()
+    wr = layer.weight.detach().half().double().requires_grad_()
+    br = layer.bias.detach().float().double().requires_grad_()
+    ref = F.conv2d(xr, wr, br, 1, 1).relu().sum()
+    ref.backward()
+    ref = ref.detach()
+    assert abs(loss.item() - ref.item()) <= 1e-6 * abs(ref.item())
+    assert rel_err(x.grad, xr.grad) <= 1e-6 and rel_err(layer.weight.grad, wr.grad) <= 1e-6
+    assert len(fake.calls["conv2d"]) == 1 and len(fake.calls["dgrad"]) == 1 and len(fake.calls["wgrad"]) == 1

@@ -178,28 +178,41 @@ def test_drawn_shapes(case):
 
 
 class Spy:
-    """Wraps convgen's run-time functions (looked up on the package by convgen.torch at call
-    time) to record what they were called with and on which CuPy stream, then calls them."""
+    """Wraps convgen.prepare (which convgen.torch looks up on the package when it builds an
+    op) so that every call of every op it builds records its operands, its output, its
+    options and the CuPy stream it ran on; the ops still run."""
+
+    NAMES = {"fprop": "conv2d", "dgrad": "conv2d_dgrad", "wgrad": "conv2d_wgrad"}
 
     def __init__(self, monkeypatch):
         import cupy
 
         self.calls: list[dict] = []
-        for name in ("conv2d", "conv2d_dgrad", "conv2d_wgrad"):
-            real = getattr(convgen, name)
+        real = convgen.prepare
+        monkeypatch.setattr(cgt, "_prepared", {})  # ops cached by earlier tests would not be seen
 
-            def wrapper(*args, _real=real, _name=name, **kwargs):
-                result = _real(*args, **kwargs)
-                first = result[0] if isinstance(result, tuple) else result
-                self.calls.append(dict(
-                    name=_name, args=args, kwargs=kwargs, stream=cupy.cuda.get_current_stream().ptr,
-                    ptrs=[a.data.ptr for a in args if hasattr(a, "data") and hasattr(a.data, "ptr")],
-                    dtypes=[a.dtype.name for a in args if hasattr(a, "dtype")],
-                    result_ptr=first.data.ptr,
-                ))
-                return result
+        def prepare(pass_, *args, **kwargs):
+            op = real(pass_, *args, **kwargs)
+            spy = self
 
-            monkeypatch.setattr(convgen, name, wrapper)
+            class Recorded:
+                workspace_elems = op.workspace_elems
+
+                def __call__(self, *operands, out=None, workspace=None):
+                    result = op(*operands, out=out, workspace=workspace)
+                    first = result[0] if isinstance(result, tuple) else result
+                    spy.calls.append(dict(
+                        name=spy.NAMES[pass_], stream=cupy.cuda.get_current_stream().ptr,
+                        ptrs=[a.data.ptr for a in operands if a is not None],
+                        dtypes=[a.dtype.name for a in operands if a is not None],
+                        result_ptr=first.data.ptr,
+                        kwargs=dict(bias=bool(kwargs.get("bias")), out_dtype=kwargs.get("out_dtype")),
+                    ))
+                    return result
+
+            return Recorded()
+
+        monkeypatch.setattr(convgen, "prepare", prepare)
 
     def count(self, name: str) -> int:
         return sum(c["name"] == name for c in self.calls)
@@ -452,3 +465,48 @@ def test_cuda_graph_capture_and_replay():
         if previous is not None:
             assert not torch.equal(static_y, previous), "the replay did not recompute y (stale output)"
         previous = static_y.clone()
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+def _small_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        cgt.Conv2d(8, 16, 3, padding=1), nn.ReLU(), cgt.Conv2d(16, 16, 3, stride=2, padding=1, bias=False),
+        nn.ReLU(), cgt.Conv2d(16, 8, 1),
+    ).to(DEV, torch.float16).to(memory_format=CL)
+
+
+def _step(model, x, gy):
+    for p in model.parameters():
+        p.grad = None
+    x = x.detach().requires_grad_()
+    y = model(x)
+    y.backward(gy)
+    return [y.detach(), x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "reduce-overhead"])
+def test_torch_compile_fullgraph(mode):
+    """torch.compile(fullgraph=True) raises on any graph break; the compiled model (with
+    CUDA graphs under reduce-overhead) must give what the eager model gives, bit for bit
+    (the same kernels on the same data), replay after replay on new data."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _small_model()
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    for trial in range(4):
+        g = gen("compile", mode, trial)
+        x = tensor((4, 8, 16, 16), torch.float16, g)
+        gy = tensor((4, 8, 8, 8), torch.float16, g)
+        got = [t.clone() for t in _step(compiled, x, gy)]
+        want = _step(model, x, gy)
+        for i, (a, e) in enumerate(zip(got, want)):
+            assert a.shape == e.shape and torch.isfinite(a).all(), f"trial {trial}, output {i}"
+            assert torch.equal(a, e), f"trial {trial}, output {i}: max |diff| {float((a - e).abs().max()):.3g}"
+    assert counters["stats"]["unique_graphs"] >= 1
+    if mode == "reduce-overhead":
+        assert not counters["inductor"]["cudagraph_skips"], f"CUDA graphs were skipped: {dict(counters['inductor'])}"
