@@ -11,12 +11,11 @@ strided view, an fp32 array where fp16 is read, a misaligned pointer) takes the 
 function's path through :func:`convgen.runtime._operand`, so a prepared op is never wrong
 where the plain function is right, only faster where the arrays are as expected.
 
-Launches go through the CUDA driver's ``cuLaunchKernel`` when NVIDIA's ``cuda-bindings``
-package is importable (``pip install cuda-bindings``; CuPy does not bring it), with the
-kernel's parameter block packed once per op and only the pointers rewritten per call: that
-skips CuPy's per-argument dispatch, which is most of a CuPy launch's host cost.  Without
-``cuda-bindings`` (or with ``CONVGEN_LAUNCH=cupy``) the op launches through CuPy's
-``Function``, as the plain functions do.  Both put the kernel on CuPy's current stream.
+Launches go straight to the CUDA driver's ``cuLaunchKernel`` (see :func:`_launch_mode`),
+with the kernel's parameter block laid out once per op and only the pointers rewritten per
+call: that skips CuPy's per-argument dispatch, which is most of a CuPy launch's host cost.
+``CONVGEN_LAUNCH=cupy`` launches through CuPy's ``Function`` instead, as the plain
+functions do.  Every path puts the kernel on CuPy's current stream.
 
 Split-K workspaces come from a per-(device, stream) arena that only grows.  Work on one
 stream runs in order, so one buffer serves every op of that stream; a buffer that is
@@ -25,7 +24,10 @@ outgrown is kept alive too, so a CUDA graph captured with it stays valid.
 
 from __future__ import annotations
 
+import ctypes
+import operator
 import os
+import struct
 import threading
 from typing import Any, Optional
 
@@ -71,48 +73,98 @@ class _Arena:
 _ARENA = _Arena()
 
 
-def _driver() -> Any:
-    """cuda-bindings' driver module, or None when it is absent or CONVGEN_LAUNCH=cupy."""
-    if os.environ.get("CONVGEN_LAUNCH", "").lower() == "cupy":
+_LAUNCH_MODES = ("ctypes", "cuda-bindings", "cupy")
+
+
+def _launch_mode() -> str:
+    """How prepared ops launch: CONVGEN_LAUNCH=ctypes|cuda-bindings|cupy, default ctypes.
+
+    "ctypes" calls the driver's ``cuLaunchKernel`` in libcuda (which every CUDA driver
+    install has; its C ABI is stable) through the standard library's ctypes.
+    "cuda-bindings" calls the same function through NVIDIA's cuda-bindings package (when
+    installed), "cupy" through CuPy's Function.  benchmarks/probes/host_cost.py measures
+    the host time of each.
+    """
+    mode = os.environ.get("CONVGEN_LAUNCH", "ctypes").lower() or "ctypes"
+    if mode not in _LAUNCH_MODES:
+        raise ValueError(f"CONVGEN_LAUNCH must be one of {', '.join(_LAUNCH_MODES)}, got {mode!r}")
+    return mode
+
+
+_libcuda: Any = None
+
+
+def _cu_launch_kernel(mode: str) -> Optional[Any]:
+    """The driver's cuLaunchKernel for `mode`, or None to launch through CuPy."""
+    global _libcuda
+    if mode == "cupy":
         return None
-    try:
-        from cuda.bindings import driver
-    except ImportError:
-        return None
-    return driver
+    if mode == "cuda-bindings":
+        try:
+            from cuda.bindings import driver
+        except ImportError:
+            return None
+        fn = driver.cuLaunchKernel
+        return lambda *args: int(fn(*args)[0])
+    if _libcuda is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
+        except OSError:
+            return None
+        f = lib.cuLaunchKernel
+        f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+        f.restype = ctypes.c_int
+        _libcuda = f
+    return _libcuda
+
+
+# The values a launch may pass, by slot: the two inputs, bias, the two outputs, the two
+# workspaces, then the batch (int32) and the reduction's row count (int64).
+_SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8}
+_ARG_SLOT = {
+    Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0"},
+    Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0"},
+    Pass.WGRAD: {"x": "a", "dy": "b", "dw": "out0", "db": "out1"},
+}
 
 
 class _Launcher:
     """One kernel's launch with a fixed grid, block and shared memory.
 
-    ``slots`` holds one 8-byte cell per kernel parameter (pointers, and int32/int64
-    scalars in the low bytes, little-endian), ``params`` the cells' addresses: the
-    ``void**`` that cuLaunchKernel reads.  The driver copies the parameters at launch, so
-    the cells may be rewritten for the next call as soon as the launch returns.
+    On the driver path ``cells`` holds one 8-byte cell per kernel parameter (pointers, and
+    the int32/int64 scalars in their low bytes, little-endian) and ``params`` their
+    addresses, the ``void**`` cuLaunchKernel reads.  The driver copies the parameters when
+    the launch is issued, so the cells may be rewritten for the next call right after it;
+    a lock keeps two threads from interleaving a fill and a launch.
     """
 
     def __init__(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
-                 args: tuple[str, ...], driver: Any) -> None:
-        self.fn, self.grid, self.block, self.shared_mem, self.names = fn, grid, block, shared_mem, args
-        self.driver = driver
-        self.slots = np.zeros(max(len(args), 1), dtype=np.uint64)
-        self.params = np.array([self.slots.ctypes.data + 8 * i for i in range(len(args))] or [0], dtype=np.uint64)
-        self.params_ptr = int(self.params.ctypes.data)
-        self.fn_ptr = int(fn.ptr)
-        self.lock = threading.Lock()
+                 args: tuple[str, ...], pass_: Pass, mode: str) -> None:
+        self.fn, self.names, self.shared_mem = fn, args, shared_mem
+        self.grid, self.block = grid, block
+        slots = [_SLOT[_ARG_SLOT[pass_].get(name, name)] for name in args]
+        self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda v, _i=slots[0]: (v[_i],))
+        self.cu_launch = _cu_launch_kernel(mode)
+        if self.cu_launch is not None:
+            self.cells = ctypes.create_string_buffer(8 * len(args))
+            base = ctypes.addressof(self.cells)
+            self.params = (ctypes.c_void_p * len(args))(*[base + 8 * i for i in range(len(args))])
+            self.params_ptr = ctypes.addressof(self.params)
+            self.pack = struct.Struct("<" + "Q" * len(args)).pack_into
+            self.head = (int(fn.ptr), *grid, *block, shared_mem)
+            self.lock = threading.Lock()
 
-    def launch(self, values: tuple[Any, ...], stream_ptr: int) -> None:
-        """``values``: device pointers (ints, 0 for none) and ints, in argument order."""
-        if self.driver is None:
-            raise AssertionError("launch() needs the driver path")
-        gx, gy, gz = self.grid
-        bx, by, bz = self.block
+    def launch(self, ptrs: list, objs: list, stream_ptr: int) -> None:
+        """``ptrs``: the slots as integers (device pointers, 0 for none, and the scalars);
+        ``objs``: the same slots as CuPy takes them (arrays, None, NumPy scalars)."""
+        if self.cu_launch is None:
+            self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem)
+            return
         with self.lock:
-            self.slots[: len(values)] = values
-            err, = self.driver.cuLaunchKernel(self.fn_ptr, gx, gy, gz, bx, by, bz, self.shared_mem,
-                                              stream_ptr, self.params_ptr, 0)
-        if err != 0:
-            raise RuntimeError(f"cuLaunchKernel failed for {self.names}: {err!r}")
+            self.pack(self.cells, 0, *self.pick(ptrs))
+            err = self.cu_launch(*self.head, stream_ptr, self.params_ptr, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernel failed with CUresult {err} for a kernel taking {self.names}")
 
 
 class PreparedConv:
@@ -124,54 +176,63 @@ class PreparedConv:
         self.in_dtype = in_dtype
         self.out_dtype = np.dtype(epilogue.out_dtype)
         p = problem
-        # (name, shape) of the array operands, in the order __call__ takes them
         if pass_ is Pass.FPROP:
-            self._inputs = (("x", p.x_shape), ("w", p.w_shape))
+            inputs = (("x", p.x_shape), ("w", p.w_shape))
             self.out_shapes: tuple[tuple[int, ...], ...] = (p.y_shape,)
         elif pass_ is Pass.DGRAD:
-            self._inputs = (("dy", p.y_shape), ("w", p.w_shape))
+            inputs = (("dy", p.y_shape), ("w", p.w_shape))
             self.out_shapes = (p.x_shape,)
         else:
-            self._inputs = (("x", p.x_shape), ("dy", p.y_shape))
+            inputs = (("x", p.x_shape), ("dy", p.y_shape))
             self.out_shapes = (p.w_shape,) + (((p.k,),) if epilogue.bias else ())
+        self._out_strides = tuple(_contiguous_strides(s, self.out_dtype.itemsize) for s in self.out_shapes)
+        self._n_out = len(self.out_shapes)
+        self._bias = pass_ is Pass.FPROP and epilogue.bias
         self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, False)
+        self._ws_elems = self._db_ws_elems = 0
         if self._kernel is None:
             return
         src = self._kernel.source
         splan = src.spec.plan
-        # read dtype and vector width per input, by name (fprop/dgrad: A then B; wgrad: dy is A)
+        # what the kernel reads for each input: (dtype, vector width); wgrad's A operand is dy
         reads = {"x": (splan.read_a, splan.vec_a), "dy": (splan.read_a, splan.vec_a), "w": (splan.read_b, splan.vec_b)}
         if pass_ is Pass.WGRAD:
             reads["x"] = (splan.read_b, splan.vec_b)
         self._expect = tuple(
             (name, shape, np.dtype(reads[name][0]), _contiguous_strides(shape, np.dtype(reads[name][0]).itemsize),
-             reads[name][1] * np.dtype(reads[name][0]).itemsize, reads[name][0])
-            for name, shape in self._inputs
+             reads[name][1] * np.dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])
+            for name, shape in inputs
         )
-        self._reads = reads
+        mode = _launch_mode()
         batch = p.n
-        self._batch = batch
-        drv = _driver()
-        self._main = _Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,
-                               src.main.args, drv)
-        self._reduce = None
-        # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one arena buffer
+        # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one workspace
         self._ws_elems = -(-src.workspace_elems(batch) // 4) * 4
         self._db_ws_elems = src.main.grid_z * p.k if src.reduce is not None and "db" in src.reduce.args else 0
-        self._ws_buf: Any = None
-        self._ws_views: tuple[Any, Any] = (None, None)
+        self._arena_buf: Any = None
+        self._arena_views: tuple[Any, Any] = (None, None)
+        self._launchers = [_Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,
+                                     src.main.args, pass_, mode)]
         if src.reduce is not None:
-            self._reduce = _Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block, 0,
-                                     src.reduce.args, drv)
-        self._m_rows = self._kernel.gemm_m(batch)
+            self._launchers.append(_Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block,
+                                             0, src.reduce.args, pass_, mode))
+        m_rows = self._kernel.gemm_m(batch)
+        self._scalars = (batch, m_rows)
+        self._scalar_objs = (np.int32(batch), np.int64(m_rows))
+
+    @property
+    def workspace_elems(self) -> int:
+        """fp32 elements of split-K workspace a call needs (0 without split-K): the size of
+        a caller-supplied ``workspace``."""
+        return self._ws_elems + self._db_ws_elems
 
     # -- the call ------------------------------------------------------------
-    def _input(self, name: str, a: Any, shape: tuple, dtype: Any, strides: tuple, align: int, read: str) -> Any:
+    def _input(self, a: Any, name: str, shape: tuple, dtype: Any, strides: tuple, align: int, read: str,
+               vec: int) -> Any:
         """`a` itself when the kernel reads it as it is, else the plain path's copy; the
         full checks (naming the argument) run only off the fast path."""
         try:
             mem = a.data
-            if (a.shape == shape and a.dtype == dtype and a.strides == strides and mem.ptr % align == 0
+            if (a.shape == shape and a.dtype is dtype and a.strides == strides and not mem.ptr % align
                     and mem.device_id == self.device):
                 return a
         except AttributeError:
@@ -181,27 +242,27 @@ class PreparedConv:
             raise ValueError(f"{name} has shape {a.shape}; this prepared {self.pass_.value} was built for {shape}")
         if a.data.device_id != self.device:
             raise ValueError(f"{name} is on device {a.data.device_id}; this op was built for device {self.device}")
-        return _rt._operand(name, a, read, self._reads[name][1])
+        return _rt._operand(name, a, read, vec)
 
-    def _output(self, name: str, out: Any, shape: tuple) -> Any:
+    def _output(self, out: Any, i: int) -> Any:
+        shape = self.out_shapes[i]
         if out is None:
             return _rt._empty(shape, self.out_dtype)
+        try:
+            mem = out.data
+            if (out.shape == shape and out.dtype is self.out_dtype and out.strides == self._out_strides[i]
+                    and not mem.ptr % 16 and mem.device_id == self.device):
+                return out
+        except AttributeError:
+            pass
+        name = "out" if self._n_out == 1 else f"out[{i}]"
         cupy = _rt._cupy()
         if not isinstance(out, cupy.ndarray):
             raise TypeError(f"{name} must be a cupy.ndarray, got {type(out).__name__}")
-        if (out.shape != shape or out.dtype != self.out_dtype
-                or out.strides != _contiguous_strides(shape, self.out_dtype.itemsize) or out.data.ptr % 16):
-            raise ValueError(f"{name} must be a C-contiguous, 16-byte aligned {self.out_dtype.name} array of shape "
-                             f"{shape}, got {out.dtype.name} {out.shape} with strides {out.strides}")
         if out.data.device_id != self.device:
             raise ValueError(f"{name} is on device {out.data.device_id}; this op runs on device {self.device}")
-        return out
-
-    @property
-    def workspace_elems(self) -> int:
-        """fp32 elements of split-K workspace a call needs (0 without split-K): the size of
-        a caller-supplied ``workspace``."""
-        return 0 if self._kernel is None else self._ws_elems + self._db_ws_elems
+        raise ValueError(f"{name} must be a C-contiguous, 16-byte aligned {self.out_dtype.name} array of shape "
+                         f"{shape}, got {out.dtype.name} {out.shape} with strides {out.strides}")
 
     def __call__(self, a: Any, b: Any, bias: Any = None, *, out: Any = None, workspace: Any = None) -> Any:
         """fprop: ``op(x, w[, bias], out=y)`` -> y.  dgrad: ``op(dy, w, out=dx)`` -> dx.
@@ -210,71 +271,62 @@ class PreparedConv:
         ``workspace``: an fp32 CuPy array of at least :attr:`workspace_elems` elements that
         the call may overwrite, instead of the stream's arena buffer (a framework that owns
         its memory, or a graph capture with its own pool, passes one)."""
+        if out is None or not isinstance(out, tuple):
+            outs = (out, None) if self._n_out == 2 else (out,)
+        elif len(out) == self._n_out:
+            outs = out
+        else:
+            raise ValueError(f"out must hold {self._n_out} array(s) for this {self.pass_.value}, got {len(out)}")
+        if (bias is not None) != self._bias:
+            raise ValueError("bias: this prepared op was built " + ("with" if self.epilogue.bias else "without")
+                             + " a bias" + ("" if self.pass_ is Pass.FPROP else f"; {self.pass_.value} takes none"))
         cupy = _rt._cupy()
-        outs = out if isinstance(out, tuple) else (out,) + (None,) * (len(self.out_shapes) - 1)
-        if len(outs) != len(self.out_shapes):
-            raise ValueError(f"out must hold {len(self.out_shapes)} arrays for this {self.pass_.value}, got {len(outs)}")
         if self._kernel is None:  # an empty batch: no output element, and zero gradients
-            res = [self._output(n, o, s) for n, o, s in zip(("out", "out[1]"), outs, self.out_shapes)]
+            res = [self._output(o, i) for i, o in enumerate(outs)]
             for r in res:
                 r.fill(0)
             return self._result(res)
-        if (bias is not None) != (self.pass_ is Pass.FPROP and self.epilogue.bias):
-            raise ValueError("bias: this prepared op was built " + ("with" if self.epilogue.bias else "without")
-                             + " a bias" + ("" if self.pass_ is Pass.FPROP else f"; {self.pass_.value} takes none"))
         switch = cupy.cuda.runtime.getDevice() != self.device
         if switch:
             ctx = cupy.cuda.Device(self.device)
             ctx.__enter__()
         try:
-            (na, sa, da, ta, la, ra), (nb, sb, db_, tb, lb, rb) = self._expect
-            a = self._input(na, a, sa, da, ta, la, ra)
-            b = self._input(nb, b, sb, db_, tb, lb, rb)
-            res = [self._output(n, o, s) for n, o, s in zip(("out", "out[1]"), outs, self.out_shapes)]
-            args: dict[str, Any] = {"batch": self._batch}
-            if self.pass_ is Pass.FPROP:
-                args.update(x=a, w=b, y=res[0])
-                if bias is not None:
-                    args["bias"] = _rt._operand("bias", bias, "float32", 4)
-            elif self.pass_ is Pass.DGRAD:
-                args.update(dy=a, w=b, dx=res[0])
-            else:
-                args.update(x=a, dy=b, dw=res[0], db=res[1] if len(res) > 1 else None)
-            self._launch(args, workspace)
+            ea, eb = self._expect
+            a = self._input(a, *ea)
+            b = self._input(b, *eb)
+            res = [self._output(o, i) for i, o in enumerate(outs)]
+            if bias is not None:
+                bias = _rt._operand("bias", bias, "float32", 4)
+            ws, dbws = self._workspaces(workspace)
+            objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalar_objs]
+            ptrs = [0 if o is None else o.data.ptr for o in objs[:7]]
+            ptrs += self._scalars
+            stream = cupy.cuda.get_current_stream().ptr
+            for launcher in self._launchers:
+                launcher.launch(ptrs, objs, stream)
         finally:
             if switch:
                 ctx.__exit__(None, None, None)
         return self._result(res)
 
+    def _workspaces(self, workspace: Any) -> tuple[Any, Any]:
+        if not self._ws_elems:
+            return None, None
+        elems = self._ws_elems + self._db_ws_elems
+        if workspace is not None:  # the caller's: never kept past the call
+            _check_workspace(workspace, elems, self.device)
+            return workspace, (workspace[self._ws_elems:] if self._db_ws_elems else None)
+        cupy = _rt._cupy()
+        buf = _ARENA.get(self.device, cupy.cuda.get_current_stream().ptr, elems)
+        if buf is not self._arena_buf:  # views of a new arena buffer, made once per buffer
+            self._arena_buf = buf
+            self._arena_views = (buf, buf[self._ws_elems:] if self._db_ws_elems else None)
+        return self._arena_views
+
     def _result(self, res: list) -> Any:
         if self.pass_ is Pass.WGRAD:
             return (res[0], res[1] if len(res) > 1 else None)
         return res[0]
-
-    def _launch(self, args: dict[str, Any], workspace: Any) -> None:
-        cupy = _rt._cupy()
-        stream = cupy.cuda.get_current_stream()
-        if self._ws_elems:
-            if workspace is not None:
-                _check_workspace(workspace, self._ws_elems + self._db_ws_elems, self.device)
-            buf = workspace if workspace is not None else _ARENA.get(self.device, stream.ptr,
-                                                                     self._ws_elems + self._db_ws_elems)
-            if buf is not self._ws_buf:  # views of a new buffer, made once per buffer
-                self._ws_buf = buf
-                self._ws_views = (buf, buf[self._ws_elems:] if self._db_ws_elems else None)
-            args["workspace"], args["db_workspace"] = self._ws_views
-        else:
-            args["workspace"] = None
-            args.setdefault("db_workspace", None)
-        args["m_rows"] = self._m_rows
-        for launcher in (self._main, self._reduce):
-            if launcher is None:
-                continue
-            if launcher.driver is not None:
-                launcher.launch(tuple(_value(args[n]) for n in launcher.names), stream.ptr)
-            else:
-                launcher.fn(launcher.grid, launcher.block, tuple(_cupy_arg(n, args[n]) for n in launcher.names),
-                            shared_mem=launcher.shared_mem)
 
 
 def _check_workspace(ws: Any, elems: int, device: int) -> None:
@@ -284,23 +336,6 @@ def _check_workspace(ws: Any, elems: int, device: int) -> None:
         raise ValueError(f"workspace must be a contiguous, 16-byte aligned 1-D float32 array of at least {elems} "
                          f"elements on device {device}, got {getattr(ws, 'dtype', type(ws).__name__)} "
                          f"{getattr(ws, 'shape', '')}")
-
-
-def _value(v: Any) -> int:
-    """A kernel parameter as the 8-byte cell holds it: a device pointer or an integer."""
-    if v is None:
-        return 0
-    if isinstance(v, int):
-        return v
-    return v.data.ptr
-
-
-def _cupy_arg(name: str, v: Any) -> Any:
-    if name == "batch":
-        return np.int32(v)
-    if name == "m_rows":
-        return np.int64(v)
-    return v
 
 
 def prepare(

@@ -70,6 +70,19 @@ def floors(calls: int) -> dict[str, float]:
         slots[:] = (ptr, ptr, ptr, ptr, 1)
         driver.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, cp.cuda.get_current_stream().ptr, pp, 0)
     res["cuda-bindings cuLaunchKernel, empty kernel, 5 args"] = host_us(drv, calls)
+    from convgen.prepared import _cu_launch_kernel
+
+    launch = _cu_launch_kernel("ctypes")
+    res["ctypes libcuda cuLaunchKernel, empty kernel, 5 args (params packed once)"] = host_us(
+        lambda: launch(fn, 1, 1, 1, 32, 1, 1, 0, 0, pp, None), calls)
+    # what a prepared call does besides the launch, piece by piece
+    x = cp.empty((8, 8, 8, 16), cp.float16)
+    res["component: cupy.cuda.runtime.getDevice()"] = host_us(cp.cuda.runtime.getDevice, calls)
+    res["component: cupy.cuda.get_current_stream().ptr"] = host_us(lambda: cp.cuda.get_current_stream().ptr, calls)
+    res["component: shape/dtype/strides/ptr/device checks of one array"] = host_us(
+        lambda: (x.shape == (8, 8, 8, 16) and x.dtype is x.dtype and x.strides == (2048, 256, 32, 2)
+                 and not x.data.ptr % 16 and x.data.device_id == 0), calls)
+    res["component: cupy.empty of a 64 KiB output"] = host_us(lambda: cp.empty((8, 8, 8, 64), cp.float16), calls)
     return res
 
 
@@ -93,15 +106,11 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
     add("dgrad", "convgen.conv2d_dgrad (repeat call)", lambda: convgen.conv2d_dgrad(dy, w, p.x_shape, **geo))
     add("wgrad", "convgen.conv2d_wgrad(bias=False) (repeat call)",
         lambda: convgen.conv2d_wgrad(x, dy, p.w_shape, bias=False, **geo))
-    for path in ("driver", "cupy"):
-        if path == "cupy":
-            os.environ["CONVGEN_LAUNCH"] = "cupy"
-        else:
-            os.environ.pop("CONVGEN_LAUNCH", None)
+    for launch in ("ctypes", "cuda-bindings", "cupy"):
+        os.environ["CONVGEN_LAUNCH"] = launch
         f = convgen.prepare("fprop", p.x_shape, p.w_shape, **geo)
         d = convgen.prepare("dgrad", p.x_shape, p.w_shape, **geo)
         g = convgen.prepare("wgrad", p.x_shape, p.w_shape, **geo)
-        launch = "cuLaunchKernel" if f._main.driver is not None else "CuPy Function"
         add("fprop", f"prepare op, out= given ({launch})", lambda: f(x, w, out=y))
         add("fprop", f"prepare op, allocates y ({launch})", lambda: f(x, w))
         add("dgrad", f"prepare op, out= given ({launch})", lambda: d(dy, w, out=dx))
