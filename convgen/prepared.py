@@ -105,7 +105,7 @@ def _cu_launch_kernel(mode: str) -> Optional[Any]:
         except ImportError:
             return None
         fn = driver.cuLaunchKernel
-        return lambda *args: int(fn(*args)[0])
+        return lambda *args: int(fn(*args[:-1], 0)[0])  # its `extra` takes an int, not None
     if _libcuda is None:
         try:
             lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
