@@ -11,11 +11,12 @@ strided view, an fp32 array where fp16 is read, a misaligned pointer) takes the 
 function's path through :func:`convgen.runtime._operand`, so a prepared op is never wrong
 where the plain function is right, only faster where the arrays are as expected.
 
-Launches go straight to the CUDA driver's ``cuLaunchKernel`` (see :func:`_launch_mode`),
-with the kernel's parameter block laid out once per op and only the pointers rewritten per
-call: that skips CuPy's per-argument dispatch, which is most of a CuPy launch's host cost.
-``CONVGEN_LAUNCH=cupy`` launches through CuPy's ``Function`` instead, as the plain
-functions do.  Every path puts the kernel on CuPy's current stream.
+Launches go through CuPy's ``Function`` on CuPy's current stream.  Calling the driver's
+``cuLaunchKernel`` directly (through cuda-bindings, or ctypes into libcuda, with the
+parameter block packed once per op) was measured on the H200 machine and saved nothing:
+an empty kernel took 6.1 us of host time through CuPy, 6.6 through cuda-bindings and 7.4
+through ctypes, and prepared calls cost the same on all three within the run's noise
+(benchmarks/probes/host_cost.py; benchmarks/NOTES.md).
 
 Split-K workspaces come from a per-(device, stream) arena that only grows.  Work on one
 stream runs in order, so one buffer serves every op of that stream; a buffer that is
@@ -24,10 +25,7 @@ outgrown is kept alive too, so a CUDA graph captured with it stays valid.
 
 from __future__ import annotations
 
-import ctypes
 import operator
-import os
-import struct
 import threading
 from typing import Any, Optional
 
@@ -73,51 +71,6 @@ class _Arena:
 _ARENA = _Arena()
 
 
-_LAUNCH_MODES = ("ctypes", "cuda-bindings", "cupy")
-
-
-def _launch_mode() -> str:
-    """How prepared ops launch: CONVGEN_LAUNCH=ctypes|cuda-bindings|cupy, default ctypes.
-
-    "ctypes" calls the driver's ``cuLaunchKernel`` in libcuda (which every CUDA driver
-    install has; its C ABI is stable) through the standard library's ctypes.
-    "cuda-bindings" calls the same function through NVIDIA's cuda-bindings package (when
-    installed), "cupy" through CuPy's Function.  benchmarks/probes/host_cost.py measures
-    the host time of each.
-    """
-    mode = os.environ.get("CONVGEN_LAUNCH", "ctypes").lower() or "ctypes"
-    if mode not in _LAUNCH_MODES:
-        raise ValueError(f"CONVGEN_LAUNCH must be one of {', '.join(_LAUNCH_MODES)}, got {mode!r}")
-    return mode
-
-
-_libcuda: Any = None
-
-
-def _cu_launch_kernel(mode: str) -> Optional[Any]:
-    """The driver's cuLaunchKernel for `mode`, or None to launch through CuPy."""
-    global _libcuda
-    if mode == "cupy":
-        return None
-    if mode == "cuda-bindings":
-        try:
-            from cuda.bindings import driver
-        except ImportError:
-            return None
-        fn = driver.cuLaunchKernel
-        return lambda *args: int(fn(*args[:-1], 0)[0])  # its `extra` takes an int, not None
-    if _libcuda is None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1" if os.name != "nt" else "nvcuda.dll")
-        except OSError:
-            return None
-        f = lib.cuLaunchKernel
-        f.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-        f.restype = ctypes.c_int
-        _libcuda = f
-    return _libcuda
-
-
 # The values a launch may pass, by slot: the two inputs, bias, the two outputs, the two
 # workspaces, then the batch (int32) and the reduction's row count (int64).
 _SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8}
@@ -129,42 +82,17 @@ _ARG_SLOT = {
 
 
 class _Launcher:
-    """One kernel's launch with a fixed grid, block and shared memory.
-
-    On the driver path ``cells`` holds one 8-byte cell per kernel parameter (pointers, and
-    the int32/int64 scalars in their low bytes, little-endian) and ``params`` their
-    addresses, the ``void**`` cuLaunchKernel reads.  The driver copies the parameters when
-    the launch is issued, so the cells may be rewritten for the next call right after it;
-    a lock keeps two threads from interleaving a fill and a launch.
-    """
+    """One kernel's launch through CuPy's Function, with a fixed grid, block and shared
+    memory and its arguments picked from a call's slots by one precomputed itemgetter."""
 
     def __init__(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
-                 args: tuple[str, ...], pass_: Pass, mode: str) -> None:
-        self.fn, self.names, self.shared_mem = fn, args, shared_mem
-        self.grid, self.block = grid, block
+                 args: tuple[str, ...], pass_: Pass) -> None:
+        self.fn, self.grid, self.block, self.shared_mem = fn, grid, block, shared_mem
         slots = [_SLOT[_ARG_SLOT[pass_].get(name, name)] for name in args]
         self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda v, _i=slots[0]: (v[_i],))
-        self.cu_launch = _cu_launch_kernel(mode)
-        if self.cu_launch is not None:
-            self.cells = ctypes.create_string_buffer(8 * len(args))
-            base = ctypes.addressof(self.cells)
-            self.params = (ctypes.c_void_p * len(args))(*[base + 8 * i for i in range(len(args))])
-            self.params_ptr = ctypes.addressof(self.params)
-            self.pack = struct.Struct("<" + "Q" * len(args)).pack_into
-            self.head = (int(fn.ptr), *grid, *block, shared_mem)
-            self.lock = threading.Lock()
 
-    def launch(self, ptrs: list, objs: list, stream_ptr: int) -> None:
-        """``ptrs``: the slots as integers (device pointers, 0 for none, and the scalars);
-        ``objs``: the same slots as CuPy takes them (arrays, None, NumPy scalars)."""
-        if self.cu_launch is None:
-            self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem)
-            return
-        with self.lock:
-            self.pack(self.cells, 0, *self.pick(ptrs))
-            err = self.cu_launch(*self.head, stream_ptr, self.params_ptr, None)
-        if err:
-            raise RuntimeError(f"cuLaunchKernel failed with CUresult {err} for a kernel taking {self.names}")
+    def launch(self, objs: list) -> None:
+        self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem)
 
 
 class PreparedConv:
@@ -203,7 +131,6 @@ class PreparedConv:
              reads[name][1] * np.dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])
             for name, shape in inputs
         )
-        mode = _launch_mode()
         batch = p.n
         # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one workspace
         self._ws_elems = -(-src.workspace_elems(batch) // 4) * 4
@@ -211,13 +138,11 @@ class PreparedConv:
         self._arena_buf: Any = None
         self._arena_views: tuple[Any, Any] = (None, None)
         self._launchers = [_Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,
-                                     src.main.args, pass_, mode)]
+                                     src.main.args, pass_)]
         if src.reduce is not None:
             self._launchers.append(_Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block,
-                                             0, src.reduce.args, pass_, mode))
-        m_rows = self._kernel.gemm_m(batch)
-        self._scalars = (batch, m_rows)
-        self._scalar_objs = (np.int32(batch), np.int64(m_rows))
+                                             0, src.reduce.args, pass_))
+        self._scalars = (np.int32(batch), np.int64(self._kernel.gemm_m(batch)))
 
     @property
     def workspace_elems(self) -> int:
@@ -298,12 +223,9 @@ class PreparedConv:
             if bias is not None:
                 bias = _rt._operand("bias", bias, "float32", 4)
             ws, dbws = self._workspaces(workspace)
-            objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalar_objs]
-            ptrs = [0 if o is None else o.data.ptr for o in objs[:7]]
-            ptrs += self._scalars
-            stream = cupy.cuda.get_current_stream().ptr
+            objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars]
             for launcher in self._launchers:
-                launcher.launch(ptrs, objs, stream)
+                launcher.launch(objs)
         finally:
             if switch:
                 ctx.__exit__(None, None, None)

@@ -5,7 +5,7 @@ Host cost is wall-clock time per call while a spin kernel holds the GPU, so no G
 is in it (the same method as `convgen bench`).  Rows: an empty kernel through CuPy's
 RawKernel and through cuda-bindings' cuLaunchKernel (the floors), then per layer and pass:
 the plain function's repeat call, a prepared op (convgen.prepare) with and without a
-caller-supplied output, on both launch paths, and PyTorch's cuDNN call for comparison.
+caller-supplied output, and PyTorch's cuDNN call for comparison.
 """
 
 from __future__ import annotations
@@ -70,11 +70,6 @@ def floors(calls: int) -> dict[str, float]:
         slots[:] = (ptr, ptr, ptr, ptr, 1)
         driver.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, cp.cuda.get_current_stream().ptr, pp, 0)
     res["cuda-bindings cuLaunchKernel, empty kernel, 5 args"] = host_us(drv, calls)
-    from convgen.prepared import _cu_launch_kernel
-
-    launch = _cu_launch_kernel("ctypes")
-    res["ctypes libcuda cuLaunchKernel, empty kernel, 5 args (params packed once)"] = host_us(
-        lambda: launch(fn, 1, 1, 1, 32, 1, 1, 0, 0, pp, None), calls)
     # what a prepared call does besides the launch, piece by piece
     x = cp.empty((8, 8, 8, 16), cp.float16)
     res["component: cupy.cuda.runtime.getDevice()"] = host_us(cp.cuda.runtime.getDevice, calls)
@@ -112,8 +107,7 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
     add("dgrad", "convgen.conv2d_dgrad (repeat call)", lambda: convgen.conv2d_dgrad(dy, w, p.x_shape, **geo))
     add("wgrad", "convgen.conv2d_wgrad(bias=False) (repeat call)",
         lambda: convgen.conv2d_wgrad(x, dy, p.w_shape, bias=False, **geo))
-    for launch in ("ctypes", "cuda-bindings", "cupy"):
-        os.environ["CONVGEN_LAUNCH"] = launch
+    for launch in ("CuPy Function",):
         f = convgen.prepare("fprop", p.x_shape, p.w_shape, **geo)
         d = convgen.prepare("dgrad", p.x_shape, p.w_shape, **geo)
         g = convgen.prepare("wgrad", p.x_shape, p.w_shape, **geo)
@@ -122,7 +116,6 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         add("dgrad", f"prepare op, out= given ({launch})", lambda: d(dy, w, out=dx))
         add("wgrad", f"prepare op, out= given ({launch}; split-K {g._kernel.source.spec.plan.split_k})",
             lambda: g(x, dy, out=(dw,)))
-    os.environ.pop("CONVGEN_LAUNCH", None)
     try:
         import torch
         import torch.nn.functional as F
