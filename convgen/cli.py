@@ -118,6 +118,7 @@ def _specs(args: argparse.Namespace) -> Iterable[tuple[Layer, Pass, "object"]]:
 
 def cmd_emit(args: argparse.Namespace) -> int:
     from .emit import emit
+    from .resources import device_headers, include_dir
 
     out = Path(args.output)
     # Plan and render everything first: bad input then writes nothing, not half a folder.
@@ -132,7 +133,15 @@ def cmd_emit(args: argparse.Namespace) -> int:
         manifest.append(entry)
         if not args.quiet:
             print(f"{out / filename}  {src.main.kernel}")
-    (out / "manifest.json").write_text(json.dumps({"kernels": manifest}, indent=2, sort_keys=True) + "\n")
+    # The kernels include "convgen/device.h": a copy next to them compiles with `nvcc -I DIR`.
+    headers = []
+    for rel in device_headers():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes((include_dir() / rel).read_bytes())
+        headers.append(rel.as_posix())
+    (out / "manifest.json").write_text(
+        json.dumps({"kernels": manifest, "headers": headers, "include_dir": "."}, indent=2, sort_keys=True) + "\n"
+    )
     return 0
 
 

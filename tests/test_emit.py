@@ -336,6 +336,8 @@ def test_hip_source_is_rocwmma_only(name, spec, sources):
     for banned in ("nvcuda", "cp.async", "asm", "__syncwarp", "__cvta_generic_to_shared", "<mma.h>", "<cuda_fp16.h>"):
         assert banned not in code, banned
     assert "ASYNC = true" not in code  # every operand is register-staged on HIP
+    # convgen/device.h's stubs for cp.async, and plain 16-byte stores
+    assert "#define CONVGEN_CP_ASYNC 0\n#define CONVGEN_PTX_STORE16 0\n#include \"convgen/device.h\"" in code
     assert constant(src, "WARP_SIZE") == ARCHES[spec.target.arch].warp_size
 
 
@@ -346,8 +348,9 @@ def test_cuda_without_cp_async_has_no_async_copies(arch, sources):
         if spec.target.arch != arch:
             continue
         code = code_only(sources[name].source)
-        assert "cp.async" not in code and "__cvta_generic_to_shared" not in code, name
-        assert all("st.global.v4" in line for line in code.splitlines() if "asm" in line), name  # the 16-byte store only
+        assert "cp.async" not in code and "__cvta_generic_to_shared" not in code and "asm" not in code, name
+        # convgen/device.h's stubs for cp.async; 16-byte stores in PTX, as on every CUDA arch
+        assert "#define CONVGEN_CP_ASYNC 0\n#define CONVGEN_PTX_STORE16 1\n" in code, name
         assert "ASYNC = true" not in code, name
         assert "nvcuda::wmma" in code and "rocwmma" not in code, name
         checked += 1
@@ -362,7 +365,7 @@ def test_cuda_with_cp_async_uses_it_for_vector_fp16_gathers(sources):
         vector_fp16 = any(read == "float16" and vec >= 2 for read, vec in
                           ((spec.plan.read_a, spec.plan.vec_a), (spec.plan.read_b, spec.plan.vec_b)))
         assert ("ASYNC = true" in code) == vector_fp16, name
-        assert ("cp.async.cg.shared.global" in code or "cp.async.ca.shared.global" in code), name
+        assert "#define CONVGEN_CP_ASYNC 1\n#define CONVGEN_PTX_STORE16 1\n" in code, name  # device.h's cp.async
         assert "nvcuda::wmma" in code and "rocwmma" not in code, name
 
 

@@ -1,4 +1,21 @@
-{#- Fixed device helpers: vector types, index math, cp.async, the operand Stager. -#}
+// convgen's fixed device helpers: vector types, index math, asynchronous copies, the operand
+// Stager, element-type traits, stores and the split-K sums.  Nothing here depends on a kernel's
+// shape (those constants are emitted with each kernel), so every kernel includes this one
+// header instead of carrying its own copy.  NVRTC and hiprtc find it through the -I that
+// convgen/compile.py passes; `convgen emit -o DIR` writes it to DIR/convgen/, for nvcc -I DIR.
+//
+// The including kernel first includes its backend's headers, defines half_t, and says what the
+// target has (convgen/backends.py decides, the kernel template writes it down):
+//   CONVGEN_CP_ASYNC     1: cp.async global->shared copies (sm_80+); 0: stubs, staging goes through registers
+//   CONVGEN_PTX_STORE16  1: 16-byte global stores written in PTX (NVVM splits some uint4 stores)
+#pragma once
+
+#if !defined(CONVGEN_CP_ASYNC) || !defined(CONVGEN_PTX_STORE16)
+#error "define CONVGEN_CP_ASYNC and CONVGEN_PTX_STORE16 (0 or 1) before including convgen/device.h"
+#endif
+
+namespace {
+
 // ---- vector types: V fp16 values moved as one access of 2*V bytes ----
 template <int V> struct HalfVec;
 template <> struct HalfVec<1> { typedef unsigned short T; };
@@ -44,7 +61,7 @@ template <int V> __device__ __forceinline__ typename HalfVec<V>::T to_halves(con
   return out;
 }
 
-{% if ctx.be.cp_async %}
+#if CONVGEN_CP_ASYNC
 // ---- cp.async (sm_80+): global -> shared without a register round trip;
 //      src_bytes = 0 zero-fills, which is how the padding halo and tile edges are staged ----
 // .ca keeps the line in L1: an im2col gather reads each input pixel once per filter tap.
@@ -55,12 +72,12 @@ template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const 
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-{% else %}
+#else
 // No asynchronous copies on this target: every operand is staged through registers.
 template <int BYTES> __device__ __forceinline__ void cp_async(void*, const void*, bool) {}
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N> __device__ __forceinline__ void cp_async_wait() {}
-{% endif %}
+#endif
 
 // ---- Stager: moves one operand's tile from its gather to a shared-memory stage ----
 // A Gather (defined per pass, like CUTLASS's conv iterators) says where access i of
@@ -116,3 +133,76 @@ struct Stager {
     if constexpr (!Gather::ASYNC) store(stage);
   }
 };
+
+// Element-type traits of a gather: what it reads from global memory and how that
+// becomes fp16 in shared memory.
+template <typename TIn, int VEC> struct ReadAs;
+template <int VEC> struct ReadAs<half_t, VEC> {
+  static constexpr int V = VEC;
+  typedef half_t T;
+  typedef typename HalfVec<VEC>::T Reg;
+  __device__ __forceinline__ static Reg load(const T* p) { return load_halves<VEC>(p); }
+  __device__ __forceinline__ static typename HalfVec<VEC>::T to_half(const Reg& r) { return r; }
+};
+template <int VEC> struct ReadAs<float, VEC> {
+  static constexpr int V = VEC;
+  typedef float T;
+  typedef FloatVec<VEC> Reg;
+  __device__ __forceinline__ static Reg load(const T* p) { return load_floats<VEC>(p); }
+  __device__ __forceinline__ static typename HalfVec<VEC>::T to_half(const Reg& r) { return to_halves<VEC>(r); }
+};
+
+template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ half_t from_float<half_t>(float v) { return __float2half_rn(v); }
+
+// One 16-byte global store.
+__device__ __forceinline__ void store16(void* p, const uint4& w) {
+#if CONVGEN_PTX_STORE16
+  // In PTX: NVVM splits a uint4 store whose words come from fp16 conversions into four
+  // 4-byte stores (seen with NVRTC 13 for sm_90), which quadruples the epilogue's stores.
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+#else
+  *reinterpret_cast<uint4*>(p) = w;
+#endif
+}
+
+// Stores v[0..N) at out[0..N), converted to OutT, in the widest stores the run's size
+// allows (out aligned to the run): 16-byte words, one 8-byte word, or element by element.
+template <typename OutT, int N>
+__device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
+  constexpr int BYTES = N * static_cast<int>(sizeof(OutT));
+  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[N]; };  // the run as vector words
+  Words tmp;
+#pragma unroll
+  for (int e = 0; e < N; ++e) tmp.e[e] = from_float<OutT>(v[e]);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2*>(out) = tmp.w8;
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = tmp.e[e];
+  }
+}
+
+// ---- the split-K reduction's sums ----
+template <int V> struct Sum { float v[V]; };
+
+template <int V> __device__ __forceinline__ void add_slice(Sum<V>& s, const float* __restrict__ p) {
+  if constexpr (V == 4) {  // the launcher keeps every slice 16-byte aligned (N % 4 == 0)
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    s.v[0] += f.x; s.v[1] += f.y; s.v[2] += f.z; s.v[3] += f.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) s.v[e] += p[e];
+  }
+}
+
+template <int V> __device__ __forceinline__ void add_sum(Sum<V>& s, const Sum<V>& t) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) s.v[e] += t.v[e];
+}
+
+}  // namespace
