@@ -215,8 +215,9 @@ class SplitK:
     db_vec: int
 
 
-# The main-loop kinds, and the kernel template each one's pass is written in.
+# The main-loop kinds (`_kind`), and the MMA flavours they compute with.
 KINDS = ("im2col", "im2col_wgmma", "halo", "halo_ldsm", "halo_flat", "staged_halo")
+MMAS = ("wmma", "ldsm", "wgmma")
 
 
 @dataclass(frozen=True)
@@ -240,6 +241,12 @@ class Context:
     gemm_n_axis: str
     smem_bytes: int
     wgmma_regs: int  # wgmma: accumulator registers per m64 step (BN / 2)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS or self.mma not in MMAS:
+            raise ValueError(f"unknown main-loop kind {self.kind!r} or MMA flavour {self.mma!r}")
+        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma")):
+            raise ValueError(f"kind {self.kind!r} with halo facts {self.halo!r}")
 
     @property
     def taps(self) -> bool:
@@ -279,11 +286,13 @@ def _banner(spec: KernelSpec) -> tuple[str, ...]:
         f"  in {spec.in_dtype}, out {spec.epilogue.out_dtype}, bias {str(spec.epilogue.bias).lower()}, "
         f"relu {str(spec.epilogue.relu).lower()}",
         f"  target {spec.target.arch} ({spec.target.backend}, {spec.target.sm_count} SMs)",
-        *spec.plan.explain().splitlines()[0].splitlines(),
+        spec.plan.explain().splitlines()[0],
     )
 
 
 def _context(spec: KernelSpec, be: Backend) -> Context:
+    """The templates' one input.  Every derived fact is computed here, once, from the plan
+    and the planner's helpers, so no template re-derives one (or reads the plan itself)."""
     p, plan, g = spec.pass_, spec.plan, spec.geometry
     threads = plan.warps * be.warp_size
     gemm = g.gemm(p, 1)
