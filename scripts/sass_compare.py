@@ -55,6 +55,14 @@ EPILOGUES = {
 }
 
 
+def _candidates():
+    try:
+        from convgen.tools.tune import candidates  # after the tools moved apart
+    except ImportError:
+        from convgen.tune import candidates
+    return candidates
+
+
 def sample(count: int) -> tuple[list[tuple[str, str, str, int, dict]], set[tuple]]:
     """(suite, layer, pass, candidate index, epilogue) covering every kind x pass x variant
     seen among the suites' sm_90 candidates, then more of the commonest until `count`."""
@@ -62,8 +70,8 @@ def sample(count: int) -> tuple[list[tuple[str, str, str, int, dict]], set[tuple
     from convgen.emit import _context
     from convgen.ir import Epilogue, KernelSpec, Pass, Target
     from convgen.suites import SUITES
-    from convgen.tune import candidates
 
+    candidates = _candidates()
     target = Target("sm_90")
     be = backend_for(target)
     groups: dict[tuple, list] = {}
@@ -92,8 +100,8 @@ def emit_now(specs: list) -> list[dict]:
     from convgen.emit import emit
     from convgen.ir import Epilogue, KernelSpec, Pass, Target
     from convgen.suites import SUITES
-    from convgen.tune import candidates
 
+    candidates = _candidates()
     out = []
     for suite, layer_name, pass_, i, epi in specs:
         layer = next(l for l in SUITES[suite] if l.name == layer_name)
