@@ -6,13 +6,14 @@ Bad user input ends in one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn, Sequence
 
-from .ir import ARCHES, ConvProblem, Epilogue, Pass, Target
+from .ir import ARCHES, ConvProblem, Epilogue, Pass, Plan, Target
 from .suites import SUITE_INFO, SUITES, Layer, get_suite
 
 DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx1201"}
@@ -106,18 +107,49 @@ def _epilogue(args: argparse.Namespace, pass_: Pass) -> Epilogue:
     )
 
 
+def _shipped_plans(gpu: str, arch: str) -> dict[tuple[object, Pass, str], Plan]:
+    """The plans the tuning database shipped for `gpu` (convgen/tuning/<gpu>.json) holds
+    for `arch`, by (geometry, pass, input dtype): what convgen.conv2d runs on that GPU when
+    the user has tuned nothing.  Read here, not through the tuner's lookup, so that a user's
+    own database never changes what `convgen emit --tuned` writes."""
+    from . import tune
+
+    path = tune.SHIPPED_DIR / f"{tune.gpu_slug(gpu)}.json"
+    if not path.is_file():
+        raise UsageError(f"--tuned {gpu}: no shipped tuning database {path.name} "
+                         f"(shipped: {', '.join(sorted(p.stem for p in tune.SHIPPED_DIR.glob('*.json')))})")
+    db = json.loads(path.read_text()).get("gpus", {}).get(tune.gpu_slug(gpu), {})
+    fields = {f.name for f in dataclasses.fields(Plan)} - {"reasons"}
+    plans = {}
+    for key, entry in db.items():
+        for dtype in ("float16", "float32"):
+            geometry = ConvProblem.create(**entry["shape"]).geometry
+            if tune.tune_key(geometry, Pass(entry["pass"]), dtype, arch) == key:
+                plans[(geometry, Pass(entry["pass"]), dtype)] = Plan(
+                    **{k: v for k, v in entry["plan"].items() if k in fields},
+                    reasons=(f"tuned on {gpu}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
+    return plans
+
+
 def _specs(args: argparse.Namespace) -> Iterable[tuple[Layer, Pass, "object"]]:
     from .planner import make_spec
 
     target = _target(args)
+    tuned = _shipped_plans(args.tuned, target.arch) if getattr(args, "tuned", None) else None
     for layer in _layers(args):
         for pass_ in _passes(args):
-            yield layer, pass_, make_spec(layer.problem, pass_, target=target,
-                                          epilogue=_epilogue(args, pass_), in_dtype=args.in_dtype)
+            plan_ = None
+            if tuned is not None:
+                plan_ = tuned.get((layer.problem.geometry, pass_, args.in_dtype))
+                if plan_ is None:
+                    continue  # `--tuned`: only the kernels the database runs
+            yield layer, pass_, make_spec(layer.problem, pass_, target=target, epilogue=_epilogue(args, pass_),
+                                          in_dtype=args.in_dtype, plan_=plan_)
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
     from .emit import emit
+    from .resources import device_headers, include_dir
 
     out = Path(args.output)
     # Plan and render everything first: bad input then writes nothing, not half a folder.
@@ -132,7 +164,15 @@ def cmd_emit(args: argparse.Namespace) -> int:
         manifest.append(entry)
         if not args.quiet:
             print(f"{out / filename}  {src.main.kernel}")
-    (out / "manifest.json").write_text(json.dumps({"kernels": manifest}, indent=2, sort_keys=True) + "\n")
+    # The kernels include "convgen/device.h": a copy next to them compiles with `nvcc -I DIR`.
+    headers = []
+    for rel in device_headers():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_bytes((include_dir() / rel).read_bytes())
+        headers.append(rel.as_posix())
+    (out / "manifest.json").write_text(
+        json.dumps({"kernels": manifest, "headers": headers, "include_dir": "."}, indent=2, sort_keys=True) + "\n"
+    )
     return 0
 
 
@@ -167,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_shape_args(p)
     _add_target_args(p)
     p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("--tuned", metavar="GPU",
+                   help="only the layers the tuning database shipped for GPU (e.g. nvidia-h200) holds, with its plans")
     p.add_argument("-q", "--quiet", action="store_true")
     p.set_defaults(func=cmd_emit)
 

@@ -416,7 +416,11 @@ def compile_binary(
     the source.  No caching here; see :func:`cached_binary` and :func:`load_kernels`.
     """
     hip = _is_hip()
-    includes = hip_include_dirs() if hip else cuda_include_dirs()
+    from .resources import include_dir
+
+    # convgen's own device header first (convgen/device.h; its bytes are in the cache key
+    # through resources.templates_hash), then the toolkit's.
+    includes = [str(include_dir())] + (hip_include_dirs() if hip else cuda_include_dirs())
     opts = _fixed_flags(arch, hip) + [f"-I{d}" for d in includes] + list(options)
     binary, log = _nvrtc_compile(source, name, opts)
     if not binary:

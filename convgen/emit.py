@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -58,7 +58,6 @@ class KernelSource:
     filename: str
     main: Launch
     reduce: Launch | None  # the split-K reduction, when plan.split_k > 1
-    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def compile_arch(self) -> str:
@@ -126,83 +125,255 @@ def _row_map(vec: int, rows: int, cols: int, threads: int) -> bool:
     return rows % threads == 0
 
 
-def _context(spec: KernelSpec, be: Backend) -> dict[str, Any]:
-    p, plan = spec.pass_, spec.plan
+# ---- the emission context: every fact a template reads, computed once, each in one place ----
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The convolution's compile-time shape (every value but the batch)."""
+
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    p: int
+    q: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The block's GEMM tile, its warps and its shared-memory pipeline."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps_m: int
+    warps_n: int
+    warps_k: int  # > 1: sliced K (im2col WMMA only)
+    stages: int
+    ring: int  # stages allocated: planner.ring_stages
+    pad: int  # halves of padding per staged row
+    a_col: bool  # A staged [BK][BM] (wgrad's dy^T) rather than [BM][BK]
+    b_col: bool  # B staged [BN][BK] (fprop's w) rather than [BK][BN]
+
+
+@dataclass(frozen=True)
+class Gathers:
+    """What the operand gathers read and how they move it."""
+
+    ta: str  # C type read for A
+    tb: str
+    vec_a: int
+    vec_b: int
+    async_a: bool  # cp.async moves 4, 8 or 16 bytes of fp16; scalar and fp32 gathers go through registers
+    async_b: bool
+    rowmap_a: bool  # the im2col-like operand's scalar gather owns whole rows (RowMap)
+    rowmap_b: bool
+
+
+@dataclass(frozen=True)
+class Halo:
+    """A halo kind's pixel tile and its staged halo."""
+
+    ld: int  # halves per staged halo pixel of a 16-channel slab
+    tile: tuple[int, int, int, int]  # (tile rows, tile columns, halo rows, halo columns); zeros for a flat tile
+    imgs: int  # whole images stacked in one 8-wide tile (planner.halo_images), else 1
+    flat_grid: tuple[int, int]  # a flat tile's grid (rows, columns per image); zeros otherwise
+    pix: int  # pixels of one staged halo (the "taps" kinds)
+    flip: bool  # the taps walk the halo flipped (dgrad reads dy at h + PH - r*DH)
+    staged_halves: int  # the staged-halo kind's whole input halo, in halves; 0 otherwise
+    tiles: int  # pixel tiles one block computes in turn
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    out_t: str
+    bias_add: bool  # fprop adds the bias
+    relu: bool
+    db: bool  # wgrad sums db
+    drain_group: int  # fragments drained side by side (planner.drain_group)
+    pad: int  # floats of padding per scratch row
+
+
+@dataclass(frozen=True)
+class SplitK:
+    """The split-K reduction kernel's layout."""
+
+    slices: int
+    reduce_name: str
+    rows: int
+    ways: int
+    vec: int
+    db_vec: int
+
+
+# The main-loop kinds (`_kind`), and the MMA flavours they compute with.
+KINDS = ("im2col", "im2col_wgmma", "halo", "halo_ldsm", "halo_flat", "staged_halo")
+MMAS = ("wmma", "ldsm", "wgmma")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a kernel template reads.  ``kind`` names the main loop; ``mma`` the MMA
+    flavour it computes with ("wmma", "ldsm": ldmatrix + mma.sync, "wgmma")."""
+
+    name: str
+    pass_: str
+    kind: str
+    mma: str
+    banner: tuple[str, ...]  # the header comment's lines
+    be: Backend
+    shape: Shape
+    tile: Tile
+    gathers: Gathers
+    halo: Halo | None
+    epi: Epilogue
+    split: SplitK | None
+    gemm_n: int
+    gemm_n_axis: str
+    smem_bytes: int
+    wgmma_regs: int  # wgmma: accumulator registers per m64 step (BN / 2)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS or self.mma not in MMAS:
+            raise ValueError(f"unknown main-loop kind {self.kind!r} or MMA flavour {self.mma!r}")
+        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma")):
+            raise ValueError(f"kind {self.kind!r} with halo facts {self.halo!r}")
+
+    @property
+    def taps(self) -> bool:
+        """The halo kinds that stage BK channels of the halo per step and read each tap's
+        fragments in place (the staged-halo kind runs the im2col gather on its copy instead)."""
+        return self.kind in ("halo", "halo_ldsm", "halo_flat")
+
+    @property
+    def loop(self) -> str:
+        """The kernel body's structure, which picks its template: "im2col" (from global
+        memory), "staged_halo", "halo" (the taps read in place) or "halo_tiles" (several
+        pixel tiles per block)."""
+        if self.kind in ("im2col", "im2col_wgmma", "staged_halo"):
+            return self.kind.replace("_wgmma", "")
+        return "halo_tiles" if self.halo is not None and self.halo.tiles > 1 else "halo"
+
+    @property
+    def template(self) -> str:
+        return f"kernels/{self.pass_}_{self.loop}.j2"
+
+
+def _kind(spec: KernelSpec) -> str:
+    plan, path = spec.plan, halo_path(spec.plan, spec.geometry, spec.pass_)
+    if path == "im2col":
+        return "staged_halo"
+    if path == "taps":
+        return "halo_flat" if plan.flat else "halo_ldsm" if plan.tile_w % 16 else "halo"
+    return "im2col_wgmma" if plan.wgmma else "im2col"
+
+
+def _banner(spec: KernelSpec) -> tuple[str, ...]:
+    # Only the plan's fields, not its reasons: reasons quote the batch the plan was made
+    # for, which is not part of the kernel (the same spec must give the same source).
+    return (
+        f"Generated by convgen {__version__}. Do not edit: regenerate with `convgen emit`.",
+        f"spec {spec.key}: {spec.pass_.value} {spec.geometry.describe()}",
+        f"  in {spec.in_dtype}, out {spec.epilogue.out_dtype}, bias {str(spec.epilogue.bias).lower()}, "
+        f"relu {str(spec.epilogue.relu).lower()}",
+        f"  target {spec.target.arch} ({spec.target.backend}, {spec.target.sm_count} SMs)",
+        spec.plan.explain().splitlines()[0],
+    )
+
+
+def _context(spec: KernelSpec, be: Backend) -> Context:
+    """The templates' one input.  Every derived fact is computed here, once, from the plan
+    and the planner's helpers, so no template re-derives one (or reads the plan itself)."""
+    p, plan, g = spec.pass_, spec.plan, spec.geometry
     threads = plan.warps * be.warp_size
-    gemm = spec.geometry.gemm(p, 1)
-    reads = {"a": _C_TYPES[plan.read_a], "b": _C_TYPES[plan.read_b]}
-    split = plan.split_k > 1
-    imgs = halo_images(plan, spec.geometry, p)  # 1 unless an 8-wide halo tile stacks whole images
-    return {
-        "name": spec.name,
-        "reduce_name": spec.name + "_reduce",
-        "a_col": a_is_col(p),
-        "b_col": b_is_col(p),
-        "smem_pad": stage_pad(plan),
-        "epi_pad": EPI_PAD,
-        "drain_group": drain_group(plan, be.warp_size),
-        "smem_bytes": smem_bytes(plan, p, be.warp_size, spec.geometry),
-        "ring": ring_stages(plan, p, spec.geometry),
-        "halo_ld": HALO_LD,
-        "halo": plan.halo,
-        "halo_path": halo_path(plan, spec.geometry, p),
-        "staged_halo": staged_halo_halves(plan, spec.geometry) if plan.halo and not plan.flat else 0,
-        "halo_tiles": plan.tiles,
-        "warps_k": plan.warps_k,
-        # wgmma: the accumulator registers per m64 step (BN / 2).  B's transpose flag is
-        # `not b_col` (dgrad's [BK][BN] weights are stored N-major).
-        "wgmma": plan.wgmma,
-        "wgmma_regs": plan.block_n // 2,
-        # (tile rows, tile columns, halo rows, halo columns) of a 2-D tile; a flat tile's grid
-        # (rows, columns per image) and halo pixels; and whether the taps walk the halo
-        # flipped (dgrad reads dy at h + PH - r*DH).
-        "halo_tile": halo_shape(plan, spec.geometry, imgs) if plan.tile_w else (0, 0, 0, 0),
-        # Whole images stacked in one 8-pixel-wide tile (planner.halo_images), 1 otherwise.
-        "halo_imgs": imgs,
-        "halo_flat": plan.flat,
-        # A 2-D tile narrower than a fragment: the halo MMAs load each row through ldmatrix.
-        "halo_ldsm": plan.tile_w % 16 != 0,
-        "flat_grid": flat_grid(spec.geometry, p) if plan.flat else (0, 0),
-        "halo_pix": halo_pixels(plan, spec.geometry, p) if plan.halo else 0,
-        "halo_flip": p is Pass.DGRAD,
-        "gemm_n": gemm.n,
-        "gemm_n_axis": gemm.n_axis,
-        "ta": reads["a"],
-        "tb": reads["b"],
-        # cp.async moves 4, 8 or 16 bytes of fp16; scalar and fp32 gathers go through registers.
-        "async_a": be.cp_async and plan.read_a == "float16" and plan.vec_a >= 2,
-        "async_b": be.cp_async and plan.read_b == "float16" and plan.vec_b >= 2,
-        # The im2col-like operands (fprop's and dgrad's A, wgrad's B) of a scalar gather.
-        "rowmap_a": p is not Pass.WGRAD and _row_map(plan.vec_a, plan.block_m, plan.block_k, threads),
-        "rowmap_b": p is Pass.WGRAD and _row_map(plan.vec_b, plan.block_k, plan.block_n, threads),
-        "out_t": _C_TYPES[spec.epilogue.out_dtype],
-        "split": split,
-        "bias_add": spec.epilogue.bias and p is Pass.FPROP,
-        "relu": spec.epilogue.relu,
-        "db": spec.epilogue.bias and p is Pass.WGRAD,
-        "reduce_rows": REDUCE_ROWS,
-        "reduce_ways": reduce_ways(plan.split_k),
-        "reduce_vec": reduce_vec(gemm.n),
-        "reduce_db_vec": reduce_vec(spec.geometry.k),
-    }
+    gemm = g.gemm(p, 1)
+    kind = _kind(spec)
+    halo = None
+    if plan.halo:
+        imgs = halo_images(plan, g, p)  # 1 unless an 8-wide halo tile stacks whole images
+        halo = Halo(
+            ld=HALO_LD,
+            tile=halo_shape(plan, g, imgs) if plan.tile_w else (0, 0, 0, 0),
+            imgs=imgs,
+            flat_grid=flat_grid(g, p) if plan.flat else (0, 0),
+            pix=halo_pixels(plan, g, p),
+            flip=p is Pass.DGRAD,
+            staged_halves=staged_halo_halves(plan, g) if kind == "staged_halo" else 0,
+            tiles=plan.tiles,
+        )
+    split = None
+    if plan.split_k > 1:
+        split = SplitK(
+            slices=plan.split_k, reduce_name=spec.name + "_reduce", rows=REDUCE_ROWS,
+            ways=reduce_ways(plan.split_k), vec=reduce_vec(gemm.n), db_vec=reduce_vec(g.k),
+        )
+    (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
+    return Context(
+        name=spec.name,
+        pass_=p.value,
+        kind=kind,
+        mma="wgmma" if plan.wgmma else "ldsm" if kind == "halo_ldsm" else "wmma",
+        banner=_banner(spec),
+        be=be,
+        shape=Shape(h=g.h, w=g.w, c=g.c, k=g.k, r=g.r, s=g.s, p=g.p, q=g.q, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw),
+        tile=Tile(
+            block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
+            warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
+            pad=stage_pad(plan), a_col=a_is_col(p), b_col=b_is_col(p),
+        ),
+        gathers=Gathers(
+            ta=_C_TYPES[plan.read_a],
+            tb=_C_TYPES[plan.read_b],
+            vec_a=plan.vec_a,
+            vec_b=plan.vec_b,
+            async_a=be.cp_async and plan.read_a == "float16" and plan.vec_a >= 2,
+            async_b=be.cp_async and plan.read_b == "float16" and plan.vec_b >= 2,
+            # The im2col-like operands (fprop's and dgrad's A, wgrad's B) of a scalar gather.
+            rowmap_a=p is not Pass.WGRAD and _row_map(plan.vec_a, plan.block_m, plan.block_k, threads),
+            rowmap_b=p is Pass.WGRAD and _row_map(plan.vec_b, plan.block_k, plan.block_n, threads),
+        ),
+        halo=halo,
+        epi=Epilogue(
+            out_t=_C_TYPES[spec.epilogue.out_dtype],
+            bias_add=spec.epilogue.bias and p is Pass.FPROP,
+            relu=spec.epilogue.relu,
+            db=spec.epilogue.bias and p is Pass.WGRAD,
+            drain_group=drain_group(plan, be.warp_size),
+            pad=EPI_PAD,
+        ),
+        split=split,
+        gemm_n=gemm.n,
+        gemm_n_axis=gemm.n_axis,
+        smem_bytes=smem_bytes(plan, p, be.warp_size, g),
+        wgmma_regs=plan.block_n // 2,
+    )
 
 
-def _args(spec: KernelSpec, k: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
-    p = spec.pass_
+def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
+    p, epi = spec.pass_, ctx.epi
     if p is Pass.FPROP:
-        main = ("x", "w") + (("bias",) if k["bias_add"] else ()) + ("y", "workspace", "batch")
+        main = ("x", "w") + (("bias",) if epi.bias_add else ()) + ("y", "workspace", "batch")
         out = "y"
     elif p is Pass.DGRAD:
         main = ("dy", "w", "dx", "workspace", "batch")
         out = "dx"
     else:
-        main = ("x", "dy", "dw") + (("db", "db_workspace") if k["db"] else ()) + ("workspace", "batch")
+        main = ("x", "dy", "dw") + (("db", "db_workspace") if epi.db else ()) + ("workspace", "batch")
         out = "dw"
-    if not k["split"]:
+    if ctx.split is None:
         return main, None
     reduce = (
-        ("workspace",) + (("bias",) if k["bias_add"] else ()) + (out,)
-        + (("db_workspace", "db") if k["db"] else ()) + ("m_rows",)
+        ("workspace",) + (("bias",) if epi.bias_add else ()) + (out,)
+        + (("db_workspace", "db") if epi.db else ()) + ("m_rows",)
     )
     return main, reduce
 
@@ -232,16 +403,11 @@ def reduce_outputs_per_block(split_k: int, n: int) -> int:
 
 def emit(spec: KernelSpec) -> KernelSource:
     be = backend_for(spec.target)
-    k = _context(spec, be)
-    template = _environment().get_template(f"{spec.pass_.value}.j2")
-    source = template.render(
-        # Only the plan's fields, not its reasons: reasons quote the batch the plan was made
-        # for, which is not part of the kernel (the same spec must give the same source).
-        spec=spec, be=be, k=k, version=__version__, plan_text=spec.plan.explain().splitlines()[0]
-    )
+    ctx = _context(spec, be)
+    source = _environment().get_template(ctx.template).render(ctx=ctx)
     plan = spec.plan
-    gemm_n = k["gemm_n"]
-    main_args, reduce_args = _args(spec, k)
+    gemm_n = ctx.gemm_n
+    main_args, reduce_args = _args(spec, ctx)
     g = spec.geometry
     if plan.flat:  # one block per block_m positions of the flat grid (times its tiles)
         gh, gw = flat_grid(g, spec.pass_)
@@ -258,32 +424,26 @@ def emit(spec: KernelSpec) -> KernelSource:
     else:
         rows = dict(grid_fixed_rows=g.k)
     main = Launch(
-        kernel=k["name"],
+        kernel=ctx.name,
         args=main_args,
         block=(plan.warps * be.warp_size, 1, 1),
-        shared_mem=smem_bytes(plan, spec.pass_, be.warp_size, g),
-        # a 2-D halo block computes `tiles` pixel tiles; a flat one `tiles` runs of block_m positions
-        grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * k["halo_imgs"] if plan.halo
+        shared_mem=ctx.smem_bytes,
+        # a 2-D halo block computes `tiles` pixel tiles (or stacks of whole images); a flat
+        # one `tiles` runs of block_m positions
+        grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
                      else plan.block_m),
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
         **rows,
     )
     reduce = None
-    if reduce_args:
+    if reduce_args and ctx.split is not None:
         # One block per run of outputs, so every load of the reduction is issued at once;
         # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).
         outputs = g.gemm(spec.pass_, 1).m * gemm_n
         per_image = dict(grid_fixed_rows=outputs) if spec.pass_ is Pass.WGRAD else dict(grid_rows_per_image=outputs)
         reduce = Launch(
-            kernel=k["reduce_name"], args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
+            kernel=ctx.split.reduce_name, args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
             grid_m_tile=reduce_outputs_per_block(plan.split_k, gemm_n), grid_n_tiles=1, grid_z=1, **per_image,
         )
-    return KernelSource(
-        spec=spec,
-        source=source,
-        filename=f"{spec.name}.{be.file_ext}",
-        main=main,
-        reduce=reduce,
-        metadata={"convgen_version": __version__, "backend": be.name},
-    )
+    return KernelSource(spec=spec, source=source, filename=f"{spec.name}.{be.file_ext}", main=main, reduce=reduce)

@@ -16,8 +16,8 @@ from convgen.cli import main
 from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass, Target
 from convgen.planner import make_spec
+from convgen.resources import include_dir
 from convgen.suites import SUITE_INFO, SUITES, get_suite
-from expectations import expected_grid_x
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,7 +76,7 @@ def test_suite_layer_names_are_unique():
 
 def read_manifest(folder: Path) -> list[dict]:
     data = json.loads((folder / "manifest.json").read_text())
-    assert set(data) == {"kernels"}
+    assert set(data) == {"kernels", "headers", "include_dir"}
     return data["kernels"]
 
 
@@ -86,8 +86,14 @@ def test_emit_suite_writes_one_file_per_layer_and_pass(cli, tmp_path):
     assert status == 0 and err == ""
     layers = SUITES["cifar-vgg"]
     expected = {f"{l.name}.{p.value}.cu" for l in layers for p in Pass}
-    assert {f.name for f in out.iterdir()} == expected | {"manifest.json"}
+    assert {f.name for f in out.iterdir()} == expected | {"manifest.json", "convgen"}
     assert len(stdout.splitlines()) == len(expected)  # one line per file written
+    # the kernels' #include "convgen/device.h", copied so that `nvcc -I out` finds it
+    assert [p.relative_to(out).as_posix() for p in (out / "convgen").iterdir()] == ["convgen/device.h"]
+    assert (out / "convgen" / "device.h").read_bytes() == (include_dir() / "convgen" / "device.h").read_bytes()
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["headers"] == ["convgen/device.h"] and data["include_dir"] == "."
+    assert all('#include "convgen/device.h"' in (out / f).read_text() for f in expected)
 
     entries = read_manifest(out)
     assert sorted(e["file"] for e in entries) == sorted(expected)
@@ -110,8 +116,7 @@ def test_emit_suite_writes_one_file_per_layer_and_pass(cli, tmp_path):
         main_k = e["kernels"][0]
         assert main_k["block"] == [spec.plan.warps * 32, 1, 1]
         assert main_k["shared_mem"] == ks.main.shared_mem
-        assert main_k["grid"] == {"x": expected_grid_x(spec), "y": ks.main.grid_n_tiles,
-                                  "z": spec.plan.split_k}
+        assert e["kernels"] == ks.manifest_entry()["kernels"]  # the launches emit() describes
         assert main_k["args"] == list(ks.main.args)
 
 
@@ -120,8 +125,9 @@ def test_emit_is_the_same_both_ways(tmp_path, capsys):
     assert run_cli("emit", "--suite", "cifar-resnet", "-q", "-o", str(a)).returncode == 0
     assert main(["emit", "--suite", "cifar-resnet", "--quiet", "-o", str(b)]) == 0
     assert capsys.readouterr().out == ""  # --quiet
-    names = sorted(f.name for f in a.iterdir())
-    assert names == sorted(f.name for f in b.iterdir()) and len(names) == 3 * 7 + 1
+    names = sorted(f.relative_to(a).as_posix() for f in a.rglob("*") if f.is_file())
+    assert names == sorted(f.relative_to(b).as_posix() for f in b.rglob("*") if f.is_file())
+    assert len(names) == 3 * 7 + 2  # the kernels, the manifest and convgen/device.h
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 
@@ -146,7 +152,7 @@ def test_emit_single_shape(cli, tmp_path, flags, create):
     status, _, err = cli("emit", *flags, "-o", str(out))
     assert status == 0 and err == ""
     prob = ConvProblem.create(**create)
-    assert {f.name for f in out.iterdir()} == {f"conv.{p.value}.cu" for p in Pass} | {"manifest.json"}
+    assert {f.name for f in out.iterdir()} == {f"conv.{p.value}.cu" for p in Pass} | {"manifest.json", "convgen"}
     for e in read_manifest(out):
         assert e["layer"] == "conv" and e["batch"] == prob.n
         assert e["spec"]["geometry"] == prob.geometry.as_dict()
@@ -159,7 +165,7 @@ def test_emit_one_pass(cli, tmp_path):
     out = tmp_path / "fp"
     status, _, _ = cli("emit", "--suite", "cifar-resnet", "--pass", "fprop", "-q", "-o", str(out))
     assert status == 0
-    files = {f.name for f in out.iterdir()} - {"manifest.json"}
+    files = {f.name for f in out.iterdir()} - {"manifest.json", "convgen"}
     assert files == {f"{l.name}.fprop.cu" for l in SUITES["cifar-resnet"]}
     assert {e["spec"]["pass"] for e in read_manifest(out)} == {"fprop"}
 
@@ -175,7 +181,7 @@ def test_emit_backends(cli, tmp_path, flags, arch):
     assert status == 0 and err == ""
     hip = arch.startswith("gfx")
     ext = "hip" if hip else "cu"
-    files = {f.name for f in out.iterdir()} - {"manifest.json"}
+    files = {f.name for f in out.iterdir()} - {"manifest.json", "convgen"}
     assert files == {f"{l.name}.{p.value}.{ext}" for l in SUITES["cifar-vgg"] for p in Pass}
     for e in read_manifest(out):
         assert e["spec"]["target"]["arch"] == arch

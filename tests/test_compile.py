@@ -97,6 +97,38 @@ def test_wmma_compiles_to_cubin_without_gpu(arch):
     assert b"wmma16" in binary
 
 
+def test_an_emitted_folder_compiles_with_only_its_own_include(tmp_path):
+    """`convgen emit -o DIR` writes convgen/device.h next to the kernels: with -I DIR (and the
+    CUDA headers), and not the package's include folder, every kernel of a suite compiles, so a
+    dumped folder is self-contained for nvcc -I DIR.  Without it, the include is not found."""
+    from convgen.cli import main
+
+    out = tmp_path / "emitted"
+    assert main(["emit", "--suite", "cifar-resnet", "--pass", "fprop", "-q", "-o", str(out)]) == 0
+    toolkit = cc._fixed_flags("sm_90", False) + [f"-I{d}" for d in cc.cuda_include_dirs()]
+    kernels = sorted(out.glob("*.cu"))
+    assert kernels
+    for path in kernels:
+        binary, log = cc._nvrtc_compile(path.read_text(), path.name, toolkit + [f"-I{out}"])
+        assert binary and binary[:4] == ELF, log
+    binary, log = cc._nvrtc_compile(kernels[0].read_text(), kernels[0].name, toolkit)
+    assert binary is None and "convgen/device.h" in log
+
+
+def test_key_covers_the_device_header(monkeypatch, tmp_path):
+    """The kernels include convgen/device.h, so its bytes are part of every cache key (through
+    resources.templates_hash): an edited header must never reuse a binary built from the old."""
+    import shutil
+
+    copy = tmp_path / "templates"
+    shutil.copytree(resources.templates_dir(), copy)
+    monkeypatch.setattr(resources, "templates_dir", lambda: copy)
+    before = cc.cache_key(WMMA_SRC, arch="sm_90")
+    header = copy / "include" / "convgen" / "device.h"
+    header.write_text(header.read_text() + "\n// edited\n")
+    assert cc.cache_key(WMMA_SRC, arch="sm_90") != before
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cubin_is_a_whole_elf_file(arch):
     """CuPy's getCUBIN drops the binary's last byte; compile_binary must return every byte the

@@ -21,10 +21,11 @@ import jinja2
 import pytest
 
 import convgen
-from convgen.emit import REDUCE_BLOCK, KernelSource, _environment, emit
+from convgen.backends import backend_for
+from convgen.emit import REDUCE_BLOCK, KernelSource, _context, _environment, emit
+from convgen.resources import templates_dir
 from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
 from convgen.planner import make_spec, plan, smem_bytes
-from expectations import expected_grid_x, expected_stacked_images
 from convgen.suites import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,25 +298,59 @@ def test_source_constants_are_the_spec(name, spec, sources):
         assert constant(src, const) == value, const
 
 
-def test_grid_and_workspace_follow_the_batch(sources):
+# (case, the plan's block_m, grid for a batch of 3, manifest grid.x, split-K workspace elements
+# for a batch of 3), worked out by hand from the shape and plan:
+GRIDS = [
+    # 32x32 outputs = 1024 rows per image, 3 * 1024 / 128 = 24 blocks; N = 16 channels, one tile
+    ("cifar-resnet/conv1/fprop/sm_90", 128, (24, 1, 1), "ceil(batch * 1024 / 128)", 0),
+    # stride 2: 4 residue classes of 16x16 = 256 dx pixels, 3 * 256 / 128 = 6 blocks each
+    ("cifar-resnet/res2-down/dgrad/sm_90", 128, (24, 1, 1), "4 * ceil(batch * 256 / 128)", 0),
+    # wgrad: M = K = 32 rows whatever the batch; N = 3*3*16 = 144 over BN 128: 2; 66 slices of 32 x 144
+    ("cifar-resnet/res2-down/wgrad/sm_90", 32, (1, 2, 66), "ceil(32 / 32)", 66 * 32 * 144),
+    # split-K fprop: 8x8 = 64 rows per image, 3 slices of 192 x 64
+    ("split/fprop/relu-bias", 64, (3, 1, 3), "ceil(batch * 64 / 64)", 3 * 192 * 64),
+    # halo tiles: 8x16 tile over an 8x8 image: 1 tile per image
+    ("halo/N=2 8x8 64->32 3x3 stride 1,1 pad 1,1 dil 1,1/fprop/sm_90/bias-relu", 128, (3, 1, 1), "ceil(batch * 1 / 1)", 0),
+    # 4x32 tiles over 20x35 outputs: 5 * 2 = 10 per image; split-K 2 over 3 * 700 pixels x 24 channels
+    ("halo/N=2 20x36 16->24 3x2 stride 1,1 pad 2,0 dil 2,1/fprop/sm_90/bias-relu", 128, (30, 1, 2),
+     "ceil(batch * 10 / 1)", 2 * 3 * 700 * 24),
+    # 16x16 tiles over 20x36: 2 * 3 = 6 per image, 4 per block: 18 / 4 -> 5
+    ("halo-tiles/N=3 20x36 32->24 3x3 stride 1,1 pad 1,1 dil 1,1/fprop/sm_90", 256, (5, 1, 1), "ceil(batch * 6 / 4)", 0),
+    # 8x8 tiles over a 7x20 image: 1 * 3 per image
+    ("ldsm/N=2 7x20 32->24 3x3 stride 1,1 pad 1,1 dil 1,1/fprop", 64, (9, 1, 1), "ceil(batch * 3 / 1)", 0),
+    # 8x8 images, two per 16x8 tile: 3 images -> 2 blocks; dx has 64 channels over BN 64
+    ("ldsm-stacked/dgrad/128", 128, (2, 1, 1), "ceil(batch * 1 / 2)", 0),
+    # four 8x8 images per 32x8 tile: 1 block; 128 output channels over BN 64: 2
+    ("ldsm-stacked/fprop/256", 256, (1, 2, 1), "ceil(batch * 1 / 4)", 0),
+]
+
+
+@pytest.mark.parametrize("name, block_m, grid, grid_x, workspace", GRIDS, ids=[g[0] for g in GRIDS])
+def test_grid_and_workspace_for_a_batch_of_three(name, block_m, grid, grid_x, workspace, sources):
+    ks = sources[name]
+    assert ks.spec.plan.block_m == block_m  # the plan the values were worked out for
+    assert ks.grid(3) == grid
+    assert ks.manifest_entry()["kernels"][0]["grid"] == {"x": grid_x, "y": grid[1], "z": grid[2]}
+    assert ks.workspace_elems(3) == workspace
+
+
+def _manifest_grid_x(text: str, batch: int) -> int:
+    """Evaluates the manifest's grid.x text, "[G * ]ceil(A / B)" with A "batch * R" or "R"."""
+    m = re.fullmatch(r"(?:(\d+) \* )?ceil\((?:(batch) \* )?(\d+) / (\d+)\)", text)
+    assert m, text
+    groups, per, rows, tile = int(m.group(1) or 1), m.group(2), int(m.group(3)), int(m.group(4))
+    return groups * max(1, -(-(batch * rows if per else rows) // tile))
+
+
+def test_grid_follows_the_batch_as_the_manifest_says(sources):
+    """The launcher's grid and the manifest's formula agree for every case and batch, and a
+    grid never has zero blocks (an empty batch still launches one per class)."""
     for name, spec in CASES:
         ks = sources[name]
+        x = ks.manifest_entry()["kernels"][0]["grid"]["x"]
         for batch in (0, 1, 5, 300):
-            g = spec.geometry.gemm(spec.pass_, batch)
-            geo = spec.geometry
-            if spec.plan.tile_w:  # halo path: one block per pixel tile of each image
-                th, tw = spec.plan.block_m // spec.plan.tile_w, spec.plan.tile_w
-                out_h, out_w = (geo.p, geo.q) if spec.pass_ is Pass.FPROP else (geo.h, geo.w)
-                imgs = expected_stacked_images(spec)  # one block per stack of whole images
-                grid_x = max(1, math.ceil(batch * math.ceil(out_h / th) * math.ceil(out_w / tw) / (spec.plan.tiles * imgs)))
-            elif spec.pass_ is Pass.DGRAD:  # one run of M tiles per stride residue class
-                sh, sw = geo.stride
-                rows = batch * math.ceil(geo.h / sh) * math.ceil(geo.w / sw)
-                grid_x = sh * sw * max(1, math.ceil(rows / spec.plan.block_m))
-            else:
-                grid_x = max(1, math.ceil(g.m / spec.plan.block_m))
-            assert ks.grid(batch) == (grid_x, math.ceil(g.n / spec.plan.block_n), spec.plan.split_k)
-            assert ks.workspace_elems(batch) == (spec.plan.split_k * g.m * g.n if spec.plan.split_k > 1 else 0)
+            assert ks.grid(batch)[0] == _manifest_grid_x(x, batch) >= 1, (name, batch)
+            assert ks.grid(batch)[1:] == ks.grid(1)[1:]
 
 
 # --------------------------------------------------------------------------- backends
@@ -334,6 +369,8 @@ def test_hip_source_is_rocwmma_only(name, spec, sources):
     for banned in ("nvcuda", "cp.async", "asm", "__syncwarp", "__cvta_generic_to_shared", "<mma.h>", "<cuda_fp16.h>"):
         assert banned not in code, banned
     assert "ASYNC = true" not in code  # every operand is register-staged on HIP
+    # convgen/device.h's stubs for cp.async, and plain 16-byte stores
+    assert "#define CONVGEN_CP_ASYNC 0\n#define CONVGEN_PTX_STORE16 0\n#include \"convgen/device.h\"" in code
     assert constant(src, "WARP_SIZE") == ARCHES[spec.target.arch].warp_size
 
 
@@ -344,8 +381,9 @@ def test_cuda_without_cp_async_has_no_async_copies(arch, sources):
         if spec.target.arch != arch:
             continue
         code = code_only(sources[name].source)
-        assert "cp.async" not in code and "__cvta_generic_to_shared" not in code, name
-        assert all("st.global.v4" in line for line in code.splitlines() if "asm" in line), name  # the 16-byte store only
+        assert "cp.async" not in code and "__cvta_generic_to_shared" not in code and "asm" not in code, name
+        # convgen/device.h's stubs for cp.async; 16-byte stores in PTX, as on every CUDA arch
+        assert "#define CONVGEN_CP_ASYNC 0\n#define CONVGEN_PTX_STORE16 1\n" in code, name
         assert "ASYNC = true" not in code, name
         assert "nvcuda::wmma" in code and "rocwmma" not in code, name
         checked += 1
@@ -360,26 +398,36 @@ def test_cuda_with_cp_async_uses_it_for_vector_fp16_gathers(sources):
         vector_fp16 = any(read == "float16" and vec >= 2 for read, vec in
                           ((spec.plan.read_a, spec.plan.vec_a), (spec.plan.read_b, spec.plan.vec_b)))
         assert ("ASYNC = true" in code) == vector_fp16, name
-        assert ("cp.async.cg.shared.global" in code or "cp.async.ca.shared.global" in code), name
+        assert "#define CONVGEN_CP_ASYNC 1\n#define CONVGEN_PTX_STORE16 1\n" in code, name  # device.h's cp.async
         assert "nvcuda::wmma" in code and "rocwmma" not in code, name
 
 
-def test_scalar_im2col_gathers_own_whole_rows(sources):
-    """A scalar gather of im2col (fprop/dgrad A, wgrad B) uses RowMap whenever its threads tile
-    the rows evenly; vector gathers, and w's gathers, keep the per-vector TileMap."""
-    seen = 0
-    for name, spec in CASES:
-        code = code_only(sources[name].source)
-        p, plan_ = spec.pass_, spec.plan
-        threads = plan_.warps * spec.target.warp_size
-        vec, rows, cols, rowmap = (
-            (plan_.vec_b, plan_.block_k, plan_.block_n, "RowMap<BK, BN>") if p is Pass.WGRAD
-            else (plan_.vec_a, plan_.block_m, plan_.block_k, "RowMap<BM, BK>"))
-        fits = threads % rows == 0 and cols % (threads // rows) == 0 if threads >= rows else rows % threads == 0
-        assert (rowmap in code) == (vec == 1 and fits), name
-        assert code.count("RowMap<") == (rowmap in code), name  # used by at most one gather
-        seen += rowmap in code
-    assert seen >= 8  # the C=3 layers and the forced-scalar variants
+# A scalar gather of im2col (fprop/dgrad A, wgrad B) gives each thread whole rows (RowMap) when
+# the threads tile the rows and the lanes sharing a row split its columns evenly; otherwise, and
+# for vector gathers and w's, the per-vector TileMap.  (pass, plan, the im2col gather's map), by hand:
+ROW_MAPS = [
+    # 128 threads over 128 rows: one lane per row, all 32 columns
+    (Pass.FPROP, Plan(128, 16, 32, 4, 1, 2, 1, 1), "RowMap<BM, BK>"),
+    # 128 threads over 256 rows: two passes of 128
+    (Pass.FPROP, Plan(256, 16, 32, 4, 1, 2, 1, 1), "RowMap<BM, BK>"),
+    # 128 threads over 96 rows: 128 % 96 != 0
+    (Pass.FPROP, Plan(96, 32, 32, 2, 2, 2, 1, 1), "TileMap<BM, BK, V>"),
+    # 8 channels per access (C = 16): a vector gather
+    (Pass.FPROP, Plan(128, 16, 32, 4, 1, 2, 8, 8), "TileMap<BM, BK, V>"),
+    (Pass.DGRAD, Plan(128, 16, 32, 4, 1, 2, 1, 1), "RowMap<BM, BK>"),
+    # wgrad's B: 64 threads over BK = 32 rows, two lanes splitting BN = 32 columns
+    (Pass.WGRAD, Plan(16, 32, 32, 1, 2, 2, 8, 1), "RowMap<BK, BN>"),
+    # 96 threads over 32 rows: three lanes cannot split 32 columns
+    (Pass.WGRAD, Plan(48, 32, 32, 3, 1, 2, 8, 1), "TileMap<BK, BN, V>"),
+]
+
+
+@pytest.mark.parametrize("pass_, plan_, gather_map", ROW_MAPS, ids=[f"{p.value}-{q.brief()}" for p, q, _ in ROW_MAPS])
+def test_scalar_im2col_gathers_own_whole_rows(pass_, plan_, gather_map):
+    channels = 16 if plan_.vec_a == plan_.vec_b == 8 else 3
+    code = code_only(emit(make_spec(ConvProblem(32, 32, channels, 16, 3, 3, 1, 1, n=2), pass_, plan_=plan_)).source)
+    assert f"typedef {gather_map} Map;" in code
+    assert code.count("RowMap<") == ("RowMap" in gather_map)  # used by at most one gather
 
 
 @pytest.mark.parametrize("name, spec", CASES[::2], ids=IDS[::2])
@@ -493,7 +541,7 @@ def test_manifest_entry_is_json(name, spec, sources):
     main = entry["kernels"][0]
     assert main["args"] == list(ks.main.args) and main["block"] == list(ks.main.block)
     assert main["shared_mem"] == ks.main.shared_mem
-    assert main["grid"] == {"x": expected_grid_x(spec), "y": ks.main.grid_n_tiles, "z": spec.plan.split_k}
+    assert main["grid"]["y"] == ks.main.grid_n_tiles and main["grid"]["z"] == spec.plan.split_k
     if ks.reduce:
         gemm = spec.geometry.gemm(spec.pass_, 1)
         rows = f"{gemm.m * gemm.n}" if spec.pass_ is Pass.WGRAD else f"batch * {gemm.m * gemm.n}"
@@ -515,14 +563,48 @@ def test_strict_undefined_on_a_tiny_template():
         env.from_string("{% if flag %}1{% endif %}").render()
 
 
-@pytest.mark.parametrize("template", ["fprop.j2", "dgrad.j2", "wgrad.j2"])
+KERNEL_TEMPLATES = sorted(p.relative_to(templates_dir()).as_posix() for p in (templates_dir() / "kernels").glob("*.j2"))
+
+
+@pytest.mark.parametrize("template", KERNEL_TEMPLATES)
 def test_real_templates_refuse_an_incomplete_context(template):
-    spec = make_spec(SUITES["cifar-resnet"][1].problem, template[:5])
-    with pytest.raises(jinja2.UndefinedError):
-        _environment().get_template(template).render(spec=spec, version="0", plan_text="")  # no be, no k
+    with pytest.raises(jinja2.UndefinedError, match="ctx"):
+        _environment().get_template(template).render()  # no emission context
+
+
+def test_every_kernel_template_is_reached():
+    """Each (pass, loop) kernel template is the one some case emits through: a template no
+    kind reaches would rot unseen, and a kind without a template would fail to emit."""
+    reached = {_context(spec, backend_for(spec.target)).template for _, spec in CASES}
+    assert reached == set(KERNEL_TEMPLATES), set(KERNEL_TEMPLATES) ^ reached
 
 
 HALO = [(name, spec) for name, spec in CASES if spec.plan.tile_w]
+# (TILE_H, TILE_W, HALO_H, HALO_W): the tile is block_m / tile_w rows of tile_w pixels; its halo
+# reaches (tile - 1) * stride + (taps - 1) * dilation + 1 input pixels each way, once per
+# stacked image.  Worked out by hand:
+HALO_TILES = {
+    # 128 / 16 = 8 rows; 3x3 taps: 8 + 2 = 10 by 16 + 2 = 18
+    "halo/N=2 8x8 64->32 3x3 stride 1,1 pad 1,1 dil 1,1/fprop/sm_90/bias-relu": (8, 16, 10, 18),
+    "halo/N=2 8x8 64->32 3x3 stride 1,1 pad 1,1 dil 1,1/dgrad/sm_90/plain": (8, 16, 10, 18),
+    # 128 / 32 = 4 rows; r = 3 at dilation 2: 3 + 4 + 1 = 8; s = 2 at dilation 1: 31 + 1 + 1 = 33
+    "halo/N=2 20x36 16->24 3x2 stride 1,1 pad 2,0 dil 2,1/fprop/sm_90/bias-relu": (4, 32, 8, 33),
+    # 64 / 16 = 4 rows; 5x5: 4 + 4 = 8 by 16 + 4 = 20
+    "halo/N=2 16x16 32->64 5x5 stride 1,1 pad 2,2 dil 1,1/dgrad/sm_90/plain": (4, 16, 8, 20),
+    # staged halo, stride 2, 7x7: 7 * 2 + 6 + 1 = 21 by 15 * 2 + 6 + 1 = 37
+    "halo/N=1 40x44 4->16 7x7 stride 2,2 pad 3,3 dil 1,1/fprop/sm_90/staged-im2col": (8, 16, 21, 37),
+    "halo-tiles/N=3 20x36 32->24 3x3 stride 1,1 pad 1,1 dil 1,1/fprop/sm_90": (16, 16, 18, 18),
+    "ldsm/N=2 7x20 32->24 3x3 stride 1,1 pad 1,1 dil 1,1/fprop": (8, 8, 10, 10),
+    # two 8x8 images stacked in 16 rows: two halos of 8 + 2 = 10 rows
+    "ldsm-stacked/dgrad/128": (16, 8, 20, 10),
+    # four: 4 * 10 = 40 rows
+    "ldsm-stacked/fprop/256": (32, 8, 40, 10),
+}
+STACKED = {"ldsm-stacked/dgrad/128": 2, "ldsm-stacked/fprop/256": 4}  # IMGS
+
+
+def test_the_halo_table_names_real_cases():
+    assert set(HALO_TILES) <= {n for n, _ in HALO} and set(STACKED) <= set(HALO_TILES)
 
 
 @pytest.mark.parametrize("name, spec", HALO, ids=[n for n, _ in HALO])
@@ -530,13 +612,10 @@ def test_halo_kernels_carry_the_tile_and_only_the_halo_gathers(name, spec, sourc
     """The halo constants are the plan's tile and the pixels the filter reaches from it
     (worked out here from the geometry); the im2col gathers are not emitted at all."""
     src = sources[name].source
-    g, p = spec.geometry, spec.plan
-    th, tw = p.block_m // p.tile_w, p.tile_w
-    assert constant(src, "TILE_W") == tw and constant(src, "TILE_H") == th
-    (sh, sw), (dh, dw) = g.stride, g.dilation
-    assert constant(src, "HALO_W") == (tw - 1) * sw + (g.s - 1) * dw + 1
-    imgs = expected_stacked_images(spec)  # one halo per stacked image
-    assert constant(src, "HALO_H") == imgs * ((th // imgs - 1) * sh + (g.r - 1) * dh + 1)
+    g = spec.geometry
+    if name in HALO_TILES:
+        assert tuple(constant(src, c) for c in ("TILE_H", "TILE_W", "HALO_H", "HALO_W")) == HALO_TILES[name]
+        assert ("IMGS" in src) == (name in STACKED) and (name not in STACKED or constant(src, "IMGS") == STACKED[name])
     code = code_only(src)
     if spec.pass_ is Pass.FPROP and g.c % 8:  # the staged-halo im2col path: the whole input halo, then im2col
         assert "stage_input_halo(x, tile, halo)" in code and "GatherStagedX" in code

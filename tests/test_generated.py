@@ -18,6 +18,9 @@ GENERATED = ROOT / "generated"
 SNAPSHOTS: dict[str, list[str]] = {
     "cuda/cifar-resnet": ["--suite", "cifar-resnet"],
     "hip/cifar-resnet": ["--suite", "cifar-resnet", "--backend", "hip", "--arch", "gfx1201"],
+    # the kernels the shipped tuning database (convgen/tuning/nvidia-h200.json) runs
+    **{f"cuda/tuned-h200/{suite}": ["--suite", suite, "--tuned", "nvidia-h200"]
+       for suite in ("cifar-resnet", "cifar-vgg", "resnet50")},
 }
 
 
@@ -80,3 +83,28 @@ def test_the_failure_message_names_the_command():
         "rm -rf generated/cuda/cifar-resnet && "
         "python3 -m convgen.cli emit --suite cifar-resnet -o generated/cuda/cifar-resnet"
     )
+
+
+def test_the_tuned_snapshot_is_what_the_runtime_runs_on_an_h200(tmp_path, monkeypatch):
+    """generated/cuda/tuned-h200 holds, for every entry of the shipped database, the plan the
+    run-time lookup (convgen.tune.tuned_plan, with no user database) picks on an H200: no entry
+    is missing, none is extra."""
+    import json
+
+    from convgen import tune
+    from convgen.ir import Pass
+    from convgen.suites import SUITES
+
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))  # no user tuning database
+    monkeypatch.delenv("CONVGEN_TUNED", raising=False)
+    monkeypatch.setattr(tune, "_loaded", {})
+    shipped = json.loads((tune.SHIPPED_DIR / "nvidia-h200.json").read_text())["gpus"]["nvidia-h200"]
+    seen = set()
+    for folder in sorted(f for f in SNAPSHOTS if f.startswith("cuda/tuned-h200/")):
+        layers = {l.name: l for l in SUITES[folder.rsplit("/", 1)[1]]}
+        for e in json.loads((GENERATED / folder / "manifest.json").read_text())["kernels"]:
+            layer, pass_ = layers[e["layer"]], Pass(e["spec"]["pass"])
+            plan = tune.tuned_plan("NVIDIA H200", layer.problem.geometry, pass_, "float16", "sm_90")
+            assert plan is not None and e["spec"]["plan"] == plan.as_dict(), (folder, e["file"])
+            seen.add(tune.tune_key(layer.problem.geometry, pass_, "float16", "sm_90"))
+    assert seen == set(shipped)

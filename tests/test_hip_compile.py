@@ -88,6 +88,7 @@ if TOOLS is None:
 from convgen.emit import KernelSource, emit  # noqa: E402
 from convgen.ir import Epilogue, Pass, Plan, Target  # noqa: E402
 from convgen.planner import halo_vec_b, make_spec  # noqa: E402
+from convgen.resources import include_dir  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
 
 
@@ -188,6 +189,7 @@ def compile_command(arch: str, src: Path, out: Path) -> list[str]:
     cmd = [
         t["clang"], "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-nogpulib",
         f"--hip-path={t['hip']}", "-isystem", t["rocwmma"], "-isystem", f"{t['hip']}/include",
+        f"-I{include_dir()}",  # convgen/device.h, the kernels' fixed helpers
         "-std=c++17", "-O3",
     ]
     if t["shim"]:

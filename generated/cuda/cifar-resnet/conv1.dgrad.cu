@@ -9,6 +9,9 @@
 namespace wmma = nvcuda::wmma;
 typedef __half half_t;
 typedef __half frag_half_t;
+#define CONVGEN_CP_ASYNC 1
+#define CONVGEN_PTX_STORE16 1
+#include "convgen/device.h"
 
 namespace {
 
@@ -40,117 +43,6 @@ static_assert(RING <= STAGES && RING * (A_STAGE + B_STAGE) * 2 <= SMEM_BYTES, "p
 static_assert(WARPS_M * WARPS_N * 16 * EPI_LD * 4 <= SMEM_BYTES, "epilogue scratch overflows shared memory");
 constexpr int GEMM_N = 3;                           // C
 constexpr int HOIST_LIMIT = 8;  // a gather keeps per-access index state in registers up to this many accesses
-
-// ---- vector types: V fp16 values moved as one access of 2*V bytes ----
-template <int V> struct HalfVec;
-template <> struct HalfVec<1> { typedef unsigned short T; };
-template <> struct HalfVec<2> { typedef unsigned int T; };
-template <> struct HalfVec<4> { typedef uint2 T; };
-template <> struct HalfVec<8> { typedef uint4 T; };
-
-// V fp32 values read by a gather that casts on the fly.
-template <int V> struct FloatVec { float v[V]; };
-
-// Index math on values known to be non-negative divides as unsigned: a division by a
-// compile-time constant then needs no sign fix-ups, and the compiler can prove that
-// (t + i*THREADS) % VECS is the same column for every access i of a thread.
-// (D = 0 is an empty stride class, which has no rows: never called.)
-template <int D> __device__ __forceinline__ int udiv(int a) {
-  if constexpr (D == 0) return 0; else return static_cast<int>(static_cast<unsigned>(a) / D);
-}
-template <long long D> __device__ __forceinline__ long long udiv64(long long a) {
-  if constexpr (D == 0) return 0; else return static_cast<long long>(static_cast<unsigned long long>(a) / D);
-}
-
-__device__ __forceinline__ unsigned short f2h_bits(float f) {
-  half_t h = __float2half_rn(f);  // round to nearest even: the same as numpy's astype(float16)
-  return *reinterpret_cast<unsigned short*>(&h);
-}
-
-template <int V> __device__ __forceinline__ typename HalfVec<V>::T load_halves(const half_t* p) {
-  return *reinterpret_cast<const typename HalfVec<V>::T*>(p);
-}
-
-template <int V> __device__ __forceinline__ FloatVec<V> load_floats(const float* p) {
-  FloatVec<V> out;
-#pragma unroll
-  for (int i = 0; i < V; ++i) out.v[i] = p[i];
-  return out;
-}
-
-template <int V> __device__ __forceinline__ typename HalfVec<V>::T to_halves(const FloatVec<V>& f) {
-  typename HalfVec<V>::T out;
-  unsigned short* h = reinterpret_cast<unsigned short*>(&out);
-#pragma unroll
-  for (int i = 0; i < V; ++i) h[i] = f2h_bits(f.v[i]);
-  return out;
-}
-
-// ---- cp.async (sm_80+): global -> shared without a register round trip;
-//      src_bytes = 0 zero-fills, which is how the padding halo and tile edges are staged ----
-// .ca keeps the line in L1: an im2col gather reads each input pixel once per filter tap.
-template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool pred) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = pred ? BYTES : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(BYTES), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-// ---- Stager: moves one operand's tile from its gather to a shared-memory stage ----
-// A Gather (defined per pass, like CUTLASS's conv iterators) says where access i of
-// this thread reads at k-step kt and where it lands in the stage; the Stager does
-// the copy, asynchronously (cp.async) when Gather::ASYNC, else through registers so
-// the global loads of tile kt+STAGES-1 overlap the MMAs of tile kt.
-template <class Gather>
-struct Stager {
-  Gather g;
-  typename Gather::Reg regs[Gather::ITERS];
-
-  __device__ __forceinline__ void async_copy(half_t* stage, int kt) {
-#pragma unroll
-    for (int i = 0; i < Gather::ITERS; ++i) {
-      if (!g.slot_valid(i)) continue;
-      bool ok;
-      const typename Gather::T* src = g.address(i, kt, ok);
-      cp_async<2 * Gather::V>(stage + g.smem_offset(i), src, ok);
-    }
-  }
-
-  __device__ __forceinline__ void fetch(int kt) {
-#pragma unroll
-    for (int i = 0; i < Gather::ITERS; ++i) {
-      bool ok;
-      const typename Gather::T* src = g.address(i, kt, ok);
-      regs[i] = ok && g.slot_valid(i) ? Gather::load(src) : typename Gather::Reg{};
-    }
-  }
-
-  __device__ __forceinline__ void store(half_t* stage) {
-    if constexpr (Gather::Map::PAIRED) {  // accesses i and i+1 are neighbouring fp16 columns
-#pragma unroll
-      for (int i = 0; i < Gather::ITERS; i += 2) {
-        const unsigned lo = Gather::to_half(regs[i]), hi = Gather::to_half(regs[i + 1]);
-        *reinterpret_cast<unsigned*>(stage + g.smem_offset(i)) = lo | (hi << 16);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < Gather::ITERS; ++i) {
-        if (!g.slot_valid(i)) continue;
-        *reinterpret_cast<typename HalfVec<Gather::V>::T*>(stage + g.smem_offset(i)) = Gather::to_half(regs[i]);
-      }
-    }
-  }
-
-  // Stage tile kt: async operands are in flight on return, register operands are
-  // in registers until store().
-  __device__ __forceinline__ void issue(half_t* stage, int kt) {
-    if constexpr (Gather::ASYNC) async_copy(stage, kt); else fetch(kt);
-  }
-  __device__ __forceinline__ void finish(half_t* stage) {
-    if constexpr (!Gather::ASYNC) store(stage);
-  }
-};
 
 // Per-thread access layout shared by all gathers: the tile is ROWS x COLS elements,
 // contiguous along COLS, moved V at a time; access i of thread t is vector
@@ -211,24 +103,6 @@ struct RowMap {
   __host__ __device__ static constexpr int row_slot_access(int j) { return j * RUN; }
   __host__ __device__ static constexpr int col_slot_access(int j) { return j; }
   static constexpr bool PAIRED = RUN % 2 == 0;
-};
-
-// Element-type traits of a gather: what it reads from global memory and how that
-// becomes fp16 in shared memory.
-template <typename TIn, int VEC> struct ReadAs;
-template <int VEC> struct ReadAs<half_t, VEC> {
-  static constexpr int V = VEC;
-  typedef half_t T;
-  typedef typename HalfVec<VEC>::T Reg;
-  __device__ __forceinline__ static Reg load(const T* p) { return load_halves<VEC>(p); }
-  __device__ __forceinline__ static typename HalfVec<VEC>::T to_half(const Reg& r) { return r; }
-};
-template <int VEC> struct ReadAs<float, VEC> {
-  static constexpr int V = VEC;
-  typedef float T;
-  typedef FloatVec<VEC> Reg;
-  __device__ __forceinline__ static Reg load(const T* p) { return load_floats<VEC>(p); }
-  __device__ __forceinline__ static typename HalfVec<VEC>::T to_half(const Reg& r) { return to_halves<VEC>(r); }
 };
 
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
@@ -327,37 +201,6 @@ constexpr int ROWS_PER_PASS = WARP_SIZE / LANES_PER_ROW;
 constexpr int DRAIN_PASSES = 16 / ROWS_PER_PASS;  // = DRAIN_G: each lane emits one run per fragment
 static_assert(FN % DRAIN_G == 0 && WARP_SIZE % LANES_PER_ROW == 0 && 16 % ROWS_PER_PASS == 0,
               "the drain strip must tile the warp's fragments and lanes evenly");
-
-template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ half_t from_float<half_t>(float v) { return __float2half_rn(v); }
-
-// One 16-byte global store.
-__device__ __forceinline__ void store16(void* p, const uint4& w) {
-  // In PTX: NVVM splits a uint4 store whose words come from fp16 conversions into four
-  // 4-byte stores (seen with NVRTC 13 for sm_90), which quadruples the epilogue's stores.
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
-}
-
-// Stores v[0..N) at out[0..N), converted to OutT, in the widest stores the run's size
-// allows (out aligned to the run): 16-byte words, one 8-byte word, or element by element.
-template <typename OutT, int N>
-__device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
-  constexpr int BYTES = N * static_cast<int>(sizeof(OutT));
-  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[N]; };  // the run as vector words
-  Words tmp;
-#pragma unroll
-  for (int e = 0; e < N; ++e) tmp.e[e] = from_float<OutT>(v[e]);
-  if constexpr (BYTES % 16 == 0) {
-#pragma unroll
-    for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
-  } else if constexpr (BYTES == 8) {
-    *reinterpret_cast<uint2*>(out) = tmp.w8;
-  } else {
-#pragma unroll
-    for (int e = 0; e < N; ++e) out[e] = tmp.e[e];
-  }
-}
 
 // Stores EPT values at out[0..EPT) (columns col..col+EPT of an N-wide row).
 template <typename OutT>

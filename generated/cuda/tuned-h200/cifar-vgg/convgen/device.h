@@ -1,0 +1,208 @@
+// convgen's fixed device helpers: vector types, index math, asynchronous copies, the operand
+// Stager, element-type traits, stores and the split-K sums.  Nothing here depends on a kernel's
+// shape (those constants are emitted with each kernel), so every kernel includes this one
+// header instead of carrying its own copy.  NVRTC and hiprtc find it through the -I that
+// convgen/compile.py passes; `convgen emit -o DIR` writes it to DIR/convgen/, for nvcc -I DIR.
+//
+// The including kernel first includes its backend's headers, defines half_t, and says what the
+// target has (convgen/backends.py decides, the kernel template writes it down):
+//   CONVGEN_CP_ASYNC     1: cp.async global->shared copies (sm_80+); 0: stubs, staging goes through registers
+//   CONVGEN_PTX_STORE16  1: 16-byte global stores written in PTX (NVVM splits some uint4 stores)
+#pragma once
+
+#if !defined(CONVGEN_CP_ASYNC) || !defined(CONVGEN_PTX_STORE16)
+#error "define CONVGEN_CP_ASYNC and CONVGEN_PTX_STORE16 (0 or 1) before including convgen/device.h"
+#endif
+
+namespace {
+
+// ---- vector types: V fp16 values moved as one access of 2*V bytes ----
+template <int V> struct HalfVec;
+template <> struct HalfVec<1> { typedef unsigned short T; };
+template <> struct HalfVec<2> { typedef unsigned int T; };
+template <> struct HalfVec<4> { typedef uint2 T; };
+template <> struct HalfVec<8> { typedef uint4 T; };
+
+// V fp32 values read by a gather that casts on the fly.
+template <int V> struct FloatVec { float v[V]; };
+
+// Index math on values known to be non-negative divides as unsigned: a division by a
+// compile-time constant then needs no sign fix-ups, and the compiler can prove that
+// (t + i*THREADS) % VECS is the same column for every access i of a thread.
+// (D = 0 is an empty stride class, which has no rows: never called.)
+template <int D> __device__ __forceinline__ int udiv(int a) {
+  if constexpr (D == 0) return 0; else return static_cast<int>(static_cast<unsigned>(a) / D);
+}
+template <long long D> __device__ __forceinline__ long long udiv64(long long a) {
+  if constexpr (D == 0) return 0; else return static_cast<long long>(static_cast<unsigned long long>(a) / D);
+}
+
+__device__ __forceinline__ unsigned short f2h_bits(float f) {
+  half_t h = __float2half_rn(f);  // round to nearest even: the same as numpy's astype(float16)
+  return *reinterpret_cast<unsigned short*>(&h);
+}
+
+template <int V> __device__ __forceinline__ typename HalfVec<V>::T load_halves(const half_t* p) {
+  return *reinterpret_cast<const typename HalfVec<V>::T*>(p);
+}
+
+template <int V> __device__ __forceinline__ FloatVec<V> load_floats(const float* p) {
+  FloatVec<V> out;
+#pragma unroll
+  for (int i = 0; i < V; ++i) out.v[i] = p[i];
+  return out;
+}
+
+template <int V> __device__ __forceinline__ typename HalfVec<V>::T to_halves(const FloatVec<V>& f) {
+  typename HalfVec<V>::T out;
+  unsigned short* h = reinterpret_cast<unsigned short*>(&out);
+#pragma unroll
+  for (int i = 0; i < V; ++i) h[i] = f2h_bits(f.v[i]);
+  return out;
+}
+
+#if CONVGEN_CP_ASYNC
+// ---- cp.async (sm_80+): global -> shared without a register round trip;
+//      src_bytes = 0 zero-fills, which is how the padding halo and tile edges are staged ----
+// .ca keeps the line in L1: an im2col gather reads each input pixel once per filter tap.
+template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool pred) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = pred ? BYTES : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(BYTES), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#else
+// No asynchronous copies on this target: every operand is staged through registers.
+template <int BYTES> __device__ __forceinline__ void cp_async(void*, const void*, bool) {}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N> __device__ __forceinline__ void cp_async_wait() {}
+#endif
+
+// ---- Stager: moves one operand's tile from its gather to a shared-memory stage ----
+// A Gather (defined per pass, like CUTLASS's conv iterators) says where access i of
+// this thread reads at k-step kt and where it lands in the stage; the Stager does
+// the copy, asynchronously (cp.async) when Gather::ASYNC, else through registers so
+// the global loads of tile kt+STAGES-1 overlap the MMAs of tile kt.
+template <class Gather>
+struct Stager {
+  Gather g;
+  typename Gather::Reg regs[Gather::ITERS];
+
+  __device__ __forceinline__ void async_copy(half_t* stage, int kt) {
+#pragma unroll
+    for (int i = 0; i < Gather::ITERS; ++i) {
+      if (!g.slot_valid(i)) continue;
+      bool ok;
+      const typename Gather::T* src = g.address(i, kt, ok);
+      cp_async<2 * Gather::V>(stage + g.smem_offset(i), src, ok);
+    }
+  }
+
+  __device__ __forceinline__ void fetch(int kt) {
+#pragma unroll
+    for (int i = 0; i < Gather::ITERS; ++i) {
+      bool ok;
+      const typename Gather::T* src = g.address(i, kt, ok);
+      regs[i] = ok && g.slot_valid(i) ? Gather::load(src) : typename Gather::Reg{};
+    }
+  }
+
+  __device__ __forceinline__ void store(half_t* stage) {
+    if constexpr (Gather::Map::PAIRED) {  // accesses i and i+1 are neighbouring fp16 columns
+#pragma unroll
+      for (int i = 0; i < Gather::ITERS; i += 2) {
+        const unsigned lo = Gather::to_half(regs[i]), hi = Gather::to_half(regs[i + 1]);
+        *reinterpret_cast<unsigned*>(stage + g.smem_offset(i)) = lo | (hi << 16);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < Gather::ITERS; ++i) {
+        if (!g.slot_valid(i)) continue;
+        *reinterpret_cast<typename HalfVec<Gather::V>::T*>(stage + g.smem_offset(i)) = Gather::to_half(regs[i]);
+      }
+    }
+  }
+
+  // Stage tile kt: async operands are in flight on return, register operands are
+  // in registers until store().
+  __device__ __forceinline__ void issue(half_t* stage, int kt) {
+    if constexpr (Gather::ASYNC) async_copy(stage, kt); else fetch(kt);
+  }
+  __device__ __forceinline__ void finish(half_t* stage) {
+    if constexpr (!Gather::ASYNC) store(stage);
+  }
+};
+
+// Element-type traits of a gather: what it reads from global memory and how that
+// becomes fp16 in shared memory.
+template <typename TIn, int VEC> struct ReadAs;
+template <int VEC> struct ReadAs<half_t, VEC> {
+  static constexpr int V = VEC;
+  typedef half_t T;
+  typedef typename HalfVec<VEC>::T Reg;
+  __device__ __forceinline__ static Reg load(const T* p) { return load_halves<VEC>(p); }
+  __device__ __forceinline__ static typename HalfVec<VEC>::T to_half(const Reg& r) { return r; }
+};
+template <int VEC> struct ReadAs<float, VEC> {
+  static constexpr int V = VEC;
+  typedef float T;
+  typedef FloatVec<VEC> Reg;
+  __device__ __forceinline__ static Reg load(const T* p) { return load_floats<VEC>(p); }
+  __device__ __forceinline__ static typename HalfVec<VEC>::T to_half(const Reg& r) { return to_halves<VEC>(r); }
+};
+
+template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ half_t from_float<half_t>(float v) { return __float2half_rn(v); }
+
+// One 16-byte global store.
+__device__ __forceinline__ void store16(void* p, const uint4& w) {
+#if CONVGEN_PTX_STORE16
+  // In PTX: NVVM splits a uint4 store whose words come from fp16 conversions into four
+  // 4-byte stores (seen with NVRTC 13 for sm_90), which quadruples the epilogue's stores.
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+#else
+  *reinterpret_cast<uint4*>(p) = w;
+#endif
+}
+
+// Stores v[0..N) at out[0..N), converted to OutT, in the widest stores the run's size
+// allows (out aligned to the run): 16-byte words, one 8-byte word, or element by element.
+template <typename OutT, int N>
+__device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
+  constexpr int BYTES = N * static_cast<int>(sizeof(OutT));
+  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[N]; };  // the run as vector words
+  Words tmp;
+#pragma unroll
+  for (int e = 0; e < N; ++e) tmp.e[e] = from_float<OutT>(v[e]);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
+  } else if constexpr (BYTES == 8) {
+    *reinterpret_cast<uint2*>(out) = tmp.w8;
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) out[e] = tmp.e[e];
+  }
+}
+
+// ---- the split-K reduction's sums ----
+template <int V> struct Sum { float v[V]; };
+
+template <int V> __device__ __forceinline__ void add_slice(Sum<V>& s, const float* __restrict__ p) {
+  if constexpr (V == 4) {  // the launcher keeps every slice 16-byte aligned (N % 4 == 0)
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    s.v[0] += f.x; s.v[1] += f.y; s.v[2] += f.z; s.v[3] += f.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; ++e) s.v[e] += p[e];
+  }
+}
+
+template <int V> __device__ __forceinline__ void add_sum(Sum<V>& s, const Sum<V>& t) {
+#pragma unroll
+  for (int e = 0; e < V; ++e) s.v[e] += t.v[e];
+}
+
+}  // namespace
