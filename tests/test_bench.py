@@ -1,6 +1,7 @@
-"""`convgen bench` without a GPU: traffic and floor arithmetic, statistics, summaries,
-the table, file naming and JSON, the CLI, the timing loops against a fake device, and
-the no-GPU exit path.  The GPU run itself is exercised on the GPU machine."""
+"""`convgen bench` without a GPU: traffic and floor arithmetic, statistics, what each side
+computes (the same work by default), summaries, the table, file naming and JSON, the CLI,
+the timing loops and a row's harness against a fake device, and the no-GPU exit path.
+The GPU run itself is exercised on the GPU machine (benchmarks/gpu_smoke.sh)."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ STRIDED = ConvProblem(8, 8, 4, 6, 3, 3, 2, 1, 1, n=2)  # y 2x4x4x6
 
 
 def test_traffic_per_pass():
-    x, w, y = 2 * 8 * 8 * 4, 6 * 3 * 3 * 4, 2 * 8 * 8 * 6
-    assert rows.traffic(PROB, "fprop") == {"x": 2 * x, "w": 2 * w, "bias": 4 * 6, "y": 2 * y}
-    assert rows.traffic(PROB, "fprop", bias=False) == {"x": 2 * x, "w": 2 * w, "y": 2 * y}
-    assert rows.traffic(PROB, Pass.DGRAD) == {"dy": 2 * y, "w": 2 * w, "dx": 2 * x}
-    assert rows.traffic(PROB, "wgrad") == {"x": 2 * x, "dy": 2 * y, "dw": 2 * w, "db": 2 * 6}
-    assert rows.traffic(PROB, "wgrad", bias=False) == {"x": 2 * x, "dy": 2 * y, "dw": 2 * w}
+    # x 2x8x8x4 = 512, w 6x3x3x4 = 216, y 2x8x8x6 = 768 elements, fp16
+    assert rows.traffic(PROB, "fprop") == {"x": 1024, "w": 432, "y": 1536}  # no bias by default
+    assert rows.traffic(PROB, "fprop", bias=True) == {"x": 1024, "w": 432, "bias": 24, "y": 1536}  # fp32 bias
+    assert rows.traffic(PROB, Pass.DGRAD) == {"dy": 1536, "w": 432, "dx": 1024}
+    assert rows.traffic(PROB, "wgrad") == {"x": 1024, "dy": 1536, "dw": 432}
+    assert rows.traffic(PROB, "wgrad", bias=True) == {"x": 1024, "dy": 1536, "dw": 432, "db": 12}
+    x, w, y = 512, 216, 768
     f32 = rows.traffic(PROB, "dgrad", out_dtype="float32")
     assert f32["dx"] == 4 * x and f32["dy"] == 2 * y
     assert rows.pass_bytes(PROB, "dgrad") == 2 * (x + w + y)
@@ -47,7 +49,7 @@ def test_useful_flops_same_for_all_passes():
     assert rows.useful_flops(STRIDED) == f
     # convgen's implicit dgrad GEMM spans every input pixel: 4x larger at stride 2
     assert STRIDED.flops("dgrad") == 4 * f
-    row = rows.new_row(rows.Item("s", Layer("l", STRIDED), Pass.DGRAD), bias=True, target=None, with_cudnn=True)
+    row = rows.new_row(rows.Item("s", Layer("l", STRIDED), Pass.DGRAD), target=None, with_cudnn=True)
     assert row["flops"] == f and row["gemm_flops"] == 4 * f
 
 
@@ -84,86 +86,236 @@ def test_time_stats():
     assert stats.time_stats([5.0])["p80"] == 5.0
 
 
+# --------------------------------------------------------------------------- the same work on both sides
+
+
+def test_default_rows_compute_the_same_work_on_both_sides():
+    """The headline rows: fprop without bias on both sides, dgrad dx alone, wgrad dW alone.
+    This fails if the default hands either side a bias or a db again."""
+    _, items = command.resolve_items(_args(["--suite", "cifar-resnet"]))
+    assert {it.variant for it in items} == {rows.SAME}
+    for it in items[:3]:
+        row = rows.new_row(it, target=None, with_cudnn=True)
+        assert "bias" not in row["traffic"] and "db" not in row["traffic"], row["traffic"]
+        assert row["variant"] == "same" and row["label"].startswith("same work")
+        for side in ("convgen", "cudnn"):
+            text = row[side]["computes"]
+            assert "db" not in text and "relu" not in text.lower(), text
+            assert "bias" not in text or "no bias" in text or "bias=False" in text or "bias_sizes=None" in text, text
+    e = {p: rows.epilogue_for(p) for p in Pass}
+    assert not any(x.bias or x.relu for x in e.values())
+    wg = rows.computes(Pass.WGRAD)
+    assert "bias=False" in wg["convgen"] and "output_mask=[False, True, False]" in wg["cudnn"]
+
+
+def test_fused_rows_are_apart_and_compute_bias_on_both_sides():
+    _, items = command.resolve_items(_args(["--suite", "cifar-resnet", "--layers", "res3", "--fused"]))
+    assert [(it.pass_.value, it.variant) for it in items] == [
+        ("fprop", "same"), ("dgrad", "same"), ("wgrad", "same"), ("fprop", "fused"), ("wgrad", "fused")]
+    f = rows.new_row(items[3], target=None, with_cudnn=True)
+    assert "bias" in f["traffic"] and "relu(" in f["cudnn"]["computes"] and "activation='relu'" in f["convgen"]["computes"]
+    w = rows.new_row(items[4], target=None, with_cudnn=True)
+    assert "db" in w["traffic"] and "[False, True, True]" in w["cudnn"]["computes"] and "bias=True" in w["convgen"]["computes"]
+    assert rows.epilogue_for(Pass.FPROP, rows.FUSED) == rows.Epilogue(bias=True, relu=True, out_dtype="float16")
+    with pytest.raises(ValueError, match="no fused comparison"):
+        rows.Item("s", Layer("l", PROB), Pass.DGRAD, rows.FUSED)
+
+
+class _Recorder:
+    """Stands in for convgen's and torch's calls: records what each side was asked to compute."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name):
+        def fn(*args, **kw):
+            self.calls.append((name, args, kw))
+            return (None, "dw", None) if name == "convolution_backward" else name
+        return fn
+
+
+def _fake_torch(rec):
+    from types import SimpleNamespace
+
+    F = SimpleNamespace(conv2d=rec("conv2d"), relu=rec("relu"))
+    return SimpleNamespace(nn=SimpleNamespace(functional=F),
+                           ops=SimpleNamespace(aten=SimpleNamespace(convolution_backward=rec("convolution_backward"))))
+
+
+@pytest.mark.parametrize("variant", ["same", "fused"])
+def test_the_harness_hands_both_sides_the_same_work(variant, monkeypatch):
+    """Session.ops with convgen's and torch's calls recorded: the same-work rows give neither
+    side a bias or a db, and the fused rows give both."""
+    import convgen
+
+    rec = _Recorder()
+    for name in ("conv2d", "conv2d_dgrad", "conv2d_wgrad"):
+        monkeypatch.setattr(convgen, name, rec(name))
+    session = harness.Session(None, _fake_torch(rec), FakeDevice(), Target("sm_90", 132), _args(["--suite", "cifar-vgg"]))
+    data = {k: k for k in ("x", "w", "dy", "b32", "x_t", "w_t", "dy_t", "b_t")}
+    fused = variant == "fused"
+    cg, cd = session.ops(PROB, Pass.FPROP, data, variant)
+    cg(), cd()
+    (_, a, kw), (_, ta, _) = rec.calls[0], rec.calls[1]
+    assert a[2] == ("b32" if fused else None) and kw["activation"] == ("relu" if fused else None)
+    assert ta[2] == ("b_t" if fused else None)
+    assert [c[0] for c in rec.calls[2:]] == (["relu"] if fused else [])
+    rec.calls.clear()
+    cg, cd = session.ops(PROB, Pass.WGRAD, data, variant)
+    cg()
+    assert cd() == (("dw", None) if fused else ("dw",))
+    (_, _, kw), (_, ta, _) = rec.calls
+    assert kw["bias"] is fused
+    assert ta[3] == ([6] if fused else None) and ta[-1] == [False, True, fused]  # bias_sizes, output_mask
+    if not fused:
+        rec.calls.clear()
+        cg, cd = session.ops(PROB, Pass.DGRAD, data, variant)
+        cg(), cd()
+        assert rec.calls[1][1][-1] == [True, False, False]
+
+
 # --------------------------------------------------------------------------- rows and summaries
 
 CEILINGS = {"gemm_tflops": 500.0, "copy_gbps": 4000.0}
 
 
-def fake_row(suite: str, layer: Layer, pass_: Pass, cg_us, cd_us, err=1e-3, cudnn=True):
-    row = rows.new_row(rows.Item(suite, layer, pass_), bias=True, target=Target("sm_90", 132), with_cudnn=cudnn)
+def fake_row(suite: str, layer: Layer, pass_: Pass, cg_us, cd_us, err=1e-3, cudnn=True, variant="same",
+             cg_eager=None, cd_eager=None):
+    row = rows.new_row(rows.Item(suite, layer, pass_, variant), target=Target("sm_90", 132), with_cudnn=cudnn)
     row["convgen"]["time_us"] = stats.time_stats([cg_us] * 3) if cg_us is not None else None
+    row["convgen"]["eager_us"] = stats.time_stats([cg_eager or (cg_us or 0) + 20.0] * 3)
     row["convgen"]["host_us"] = 12.5
     if cudnn:
         row["cudnn"]["time_us"] = stats.time_stats([cd_us] * 3) if cd_us is not None else None
+        row["cudnn"]["eager_us"] = stats.time_stats([cd_eager or (cd_us or 0) + 20.0] * 3)
+        row["cudnn"]["host_us"] = 30.0
         row["check"] = {"rel_err": err, "parts": {}, "tol": rows.TOLERANCE, "ok": err < rows.TOLERANCE}
     return rows.finish_row(row, CEILINGS)
 
 
-def fake_result(cudnn=True):
-    rows = {}
+def fake_result(cudnn=True, fused=False):
+    by_suite, fused_by_suite = {}, {}
     for suite in ("cifar-resnet", "cifar-vgg"):
         rs = []
         for i, layer in enumerate(SUITES[suite][:3]):
             for p in Pass:
                 rs.append(fake_row(suite, layer, p, 10.0 + i, 20.0 + 2 * i if cudnn else None, cudnn=cudnn))
-        rows[suite] = rs
-    rows["cifar-vgg"][0] = fake_row("cifar-vgg", SUITES["cifar-vgg"][0], Pass.FPROP, 5.0, 50.0, err=0.5, cudnn=cudnn)
+        by_suite[suite] = rs
+        if fused:
+            fused_by_suite[suite] = [fake_row(suite, SUITES[suite][0], p, 10.0, 1000.0, cudnn=cudnn, variant="fused")
+                                     for p in (Pass.FPROP, Pass.WGRAD)]
+    by_suite["cifar-vgg"][0] = fake_row("cifar-vgg", SUITES["cifar-vgg"][0], Pass.FPROP, 5.0, 50.0, err=0.5, cudnn=cudnn)
     return report.build_result(
-        list(rows.items()), date="2026-01-02", timestamp="2026-01-02T00:00:00+00:00",
+        list(by_suite.items()), list(fused_by_suite.items()), date="2026-01-02",
+        timestamp="2026-01-02T00:00:00+00:00",
         git={"commit": "abc1234", "dirty": False}, gpu={"name": "NVIDIA H200", "sm_count": 132},
-        versions={}, settings={"reps": 3}, ceilings=CEILINGS, host_overhead_us={}, notes=[],
+        versions={}, settings={"reps": 3, "eager_calls": 50, "eager_trials": 5}, ceilings=CEILINGS,
+        reference={"gemm_tflops": 781.0, "copy_gbps": 4200.0, "source": rows.REFERENCE_SOURCE},
+        launch_floor={"host_us": 4.2}, host_overhead_us={}, notes=[],
     )
 
 
 def test_new_row_static_fields():
     layer = Layer("l", PROB)
-    row = rows.new_row(rows.Item("s", layer, Pass.WGRAD), bias=True, target=Target("sm_90", 132), with_cudnn=False)
+    row = rows.new_row(rows.Item("s", layer, Pass.WGRAD), target=Target("sm_90", 132), with_cudnn=False)
     assert row["cudnn"] is None
     assert row["bytes"] == sum(row["traffic"].values())
     assert row["convgen"]["key"] and row["convgen"]["plan"]["split_k"] >= 1
-    assert row["convgen"]["time_us"] is None and row["speedup"] is None  # nothing invented
+    assert row["convgen"]["time_us"] is None and row["convgen"]["eager_us"] is None
+    assert row["speedup"] is None and row["eager_speedup"] is None and row["cudnn_regime"] is None  # nothing invented
     assert row["problem"] == PROB.as_dict()
-    d = rows.new_row(rows.Item("s", layer, Pass.DGRAD), bias=True, target=None, with_cudnn=True)
+    d = rows.new_row(rows.Item("s", layer, Pass.DGRAD), target=None, with_cudnn=True)
     assert "db" not in d["traffic"] and "bias" not in d["traffic"] and d["convgen"]["key"] is None
 
 
+def test_rows_plan_the_kernel_of_their_work():
+    """A same-work fprop row names the kernel without bias; a fused one the bias+ReLU kernel."""
+    from convgen.planner import make_spec
+
+    layer, t = SUITES["cifar-vgg"][1], Target("sm_90", 132)
+    same = rows.new_row(rows.Item("s", layer, Pass.FPROP), target=t, with_cudnn=True)
+    fused = rows.new_row(rows.Item("s", layer, Pass.FPROP, "fused"), target=t, with_cudnn=True)
+    assert same["convgen"]["key"] == make_spec(layer.problem, Pass.FPROP, target=t, epilogue=rows.Epilogue()).key
+    assert fused["convgen"]["key"] == make_spec(layer.problem, Pass.FPROP, target=t,
+                                                epilogue=rows.Epilogue(bias=True, relu=True)).key
+    assert same["convgen"]["key"] != fused["convgen"]["key"]
+
+
 def test_finish_row_derived_fields():
-    r = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, 25.0)
-    assert r["speedup"] == pytest.approx(2.5)
+    r = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, 25.0, cg_eager=40.0, cd_eager=60.0)
+    assert r["speedup"] == pytest.approx(2.5) and r["eager_speedup"] == pytest.approx(1.5)
     assert r["convgen"]["tflops"] == pytest.approx(r["flops"] / 10.0 / 1e6)
     fl, _ = rows.floor_us(r["flops"], r["bytes"], 500.0, 4000.0)
     assert r["floor_us"] == pytest.approx(fl) and r["over_floor"] == pytest.approx(10.0 / fl)
+    # the constant reference: PROB moves 2992 bytes and does 82,944 FLOPs: memory-bound at 4.2 TB/s
+    assert r["bytes"] == 2992 and r["floor_ref_bound"] == "memory"
+    assert r["floor_ref_us"] == pytest.approx(2992 / 4200e3)
+    assert r["cudnn_regime"] == "latency/memory"  # a toy layer runs far below 300 TFLOP/s
     only = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, None)
-    assert only["speedup"] is None and only["over_floor"] is not None
+    assert only["speedup"] is None and only["over_floor"] is not None and only["cudnn_regime"] is None
+
+
+def test_regime_threshold():
+    assert rows.regime(299.9) == "latency/memory" and rows.regime(300.0) == "compute" and rows.regime(None) is None
+
+
+# A layer big enough to run compute-bound on the H200 (ResNet-50 l1-3x3 at batch 256: 945 GFLOP)
+BIG = ConvProblem(56, 56, 256, 256, 3, 3, 1, 1, 1, n=256)
 
 
 def test_summarize_per_pass_and_excludes_mismatch():
     layer = Layer("l", PROB)
-    rows = [
+    rs = [
         fake_row("s", layer, Pass.FPROP, 10.0, 20.0),  # 2x
         fake_row("s", layer, Pass.FPROP, 10.0, 80.0),  # 8x -> geomean 4x
         fake_row("s", layer, Pass.DGRAD, 10.0, 10.0),  # 1x
         fake_row("s", layer, Pass.WGRAD, 10.0, 1000.0, err=0.5),  # mismatch: left out
     ]
-    s = report.summarize(rows)
+    s = report.summarize(rs)
     assert s["speedup"]["fprop"] == pytest.approx(4.0)
     assert s["speedup"]["dgrad"] == pytest.approx(1.0)
     assert s["speedup"]["wgrad"] is None
     assert s["speedup"]["all"] == pytest.approx((2 * 8 * 1) ** (1 / 3))
+    # eager: +20 us on both sides: 40/30 and 100/30 for fprop, 30/30 for dgrad
+    assert s["eager_speedup"]["fprop"] == pytest.approx(math.sqrt(40 / 30 * 100 / 30))
+    assert s["eager_speedup"]["dgrad"] == pytest.approx(1.0)
     assert s["excluded_mismatch"] == 1
     assert s["count"] == {"fprop": 2, "dgrad": 1, "wgrad": 0, "all": 3}
     assert s["costs"]["convgen_host_us_median"] == pytest.approx(12.5)
     assert s["costs"]["compile_cold_ms_median"] is None  # not measured: null, not zero
 
 
+def test_summary_splits_rows_by_cudnn_regime_and_lists_the_compute_bound():
+    big, small = Layer("big", BIG), Layer("small", PROB)
+    flops = rows.useful_flops(BIG)
+    at = lambda tf: flops / (tf * 1e6)  # noqa: E731  the time of a given rate, us
+    rs = [
+        fake_row("s", big, Pass.FPROP, at(500.0), at(400.0)),  # cuDNN 400 TFLOP/s: compute-bound, 1.25x
+        fake_row("s", big, Pass.DGRAD, at(450.0), at(300.0)),  # cuDNN at 300: compute-bound, 1.5x
+        fake_row("s", small, Pass.FPROP, 10.0, 30.0),  # toy layer: latency-bound, 3x
+    ]
+    s = report.summarize(rs)
+    low, comp = s["by_regime"]["latency/memory"], s["by_regime"]["compute"]
+    assert low["count"]["all"] == 1 and low["speedup"]["all"] == pytest.approx(3.0)
+    assert comp["count"]["all"] == 2 and comp["speedup"]["all"] == pytest.approx(math.sqrt(1.25 * 1.5))
+    assert comp["speedup"]["fprop"] == pytest.approx(1.25)
+    listed = {(r["layer"], r["pass"]): r for r in s["compute_bound_rows"]}
+    assert set(listed) == {("big", "fprop"), ("big", "dgrad")}
+    assert listed[("big", "fprop")]["cudnn_tflops"] == pytest.approx(400.0)
+    assert listed[("big", "fprop")]["convgen_tflops"] == pytest.approx(500.0)
+    text = "\n".join(report.summary_lines(s))
+    assert "cuDNN below 300 TFLOP/s (latency/memory-bound), 1 rows: GPU fprop 3.00x" in text
+    assert "compute-bound: big fprop: convgen 500 TFLOP/s, cuDNN 400 TFLOP/s, 1.25x" in text
+
+
 def test_summary_costs_line():
     layer = Layer("l", PROB)
-    rows = [fake_row("s", layer, p, 10.0, 20.0) for p in Pass]
-    for i, r in enumerate(rows):
+    rs = [fake_row("s", layer, p, 10.0, 20.0) for p in Pass]
+    for i, r in enumerate(rs):
         r["convgen"]["compile_cold_ms"] = 100.0 * (i + 1)
         r["convgen"]["compile_warm_ms"] = 2.0
         r["cudnn"]["first_call_ms"] = 50.0
-    s = report.summarize(rows)
+    s = report.summarize(rs)
     assert s["costs"]["compile_cold_ms_median"] == 200.0 and s["costs"]["compile_cold_ms_max"] == 300.0
     text = "\n".join(report.summary_lines(s))
     assert "cold median 200 ms (max 300)" in text and "warm disk 2.0 ms" in text and "autotune) 50 ms" in text
@@ -173,29 +325,48 @@ def test_table_alignment_and_marks():
     res = fake_result()
     lines = report.table_lines(res["suites"][1]["rows"])
     header = lines[0]
-    assert header.split()[:2] == ["layer", "pass"] and "speedup" in header and "/floor" in header
-    end = header.index("speedup") + len("speedup")
-    for line in lines[2:]:
-        cell = line[:end].split()[-1]
-        assert cell.endswith("x") and line[end - len(cell):end] == cell  # right-aligned under the header
+    assert header.split()[:2] == ["layer", "pass"] and "GPU x" in header and "eager x" in header and "/floor" in header
+    for col in ("GPU x", "eager x"):
+        end = header.index(col) + len(col)
+        for line in lines[2:]:
+            cell = line[:end].split()[-1]
+            assert cell.endswith("x") and line[end - len(cell):end] == cell  # right-aligned under the header
     assert "MISMATCH err=5.0e-01" in lines[2]
     assert all(line.isascii() for line in lines)
+    cells = lines[3].split()  # cifar-vgg conv1 dgrad: 10 us vs 20 us; eager 30 vs 40; host 12.5 vs 30
+    assert cells[2:10] == ["10.0", "20.0", "2.00x", "30.0", "40.0", "1.33x", "12.5", "30.0"]
 
 
 def test_table_dashes_for_unmeasured():
     res = fake_result(cudnn=False)
     line = report.table_lines(res["suites"][0]["rows"])[2]
     cells = line.split()
-    assert cells[3] == "-" and cells[5] == "-"  # cuDNN us, speedup
+    assert cells[3] == "-" and cells[4] == "-" and cells[6] == "-"  # cuDNN GPU, GPU x, cuDNN eager
 
 
 def test_format_report():
     text = report.format_report(fake_result())
     assert "== cifar-resnet (9 rows) ==" in text and "== cifar-vgg (9 rows) ==" in text
     assert "== all suites ==" in text
-    assert "geomean speedup (cuDNN/convgen): fprop" in text
+    assert "geomean speedup (cuDNN/convgen), GPU time: fprop" in text
+    assert "geomean speedup (cuDNN/convgen), eager time: fprop" in text
     assert "1 row(s) left out of the means" in text
-    assert "NVIDIA H200" in text
+    assert "NVIDIA H200" in text and "781 TFLOP/s" in text and "4.2 TB/s" in text
+    assert "empty kernel costs 4.2 us" in text
+    assert "same work: fprop conv(x, w) without bias on both sides, dgrad dx alone, wgrad dW alone" in text
+    assert "fused" not in text  # no fused section unless asked for
+
+
+def test_fused_rows_never_enter_the_headline_means():
+    plain, with_fused = fake_result(), fake_result(fused=True)
+    assert with_fused["summary"] == plain["summary"]
+    assert [s["summary"] for s in with_fused["suites"]] == [s["summary"] for s in plain["suites"]]
+    f = with_fused["fused"]
+    assert f["label"].startswith("fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu")
+    assert f["summary"]["speedup"]["fprop"] == pytest.approx(100.0) and f["summary"]["count"]["all"] == 4
+    text = report.format_report(with_fused)
+    head, _, tail = text.partition("=== apart from the means above: fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu")
+    assert tail and "== cifar-vgg fused (2 rows) ==" in tail and "100.00x" in tail and "100.00x" not in head
 
 
 # --------------------------------------------------------------------------- files
@@ -314,9 +485,9 @@ def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):
     """The whole command around a faked GPU run: naming, JSON, .txt report, printed table."""
     seen = {}
 
-    def fake_run(args, suites, items, bias):
-        seen.update(suites=suites, n=len(items), bias=bias)
-        return fake_result()
+    def fake_run(args, suites, items):
+        seen.update(suites=suites, n=len(items), variants={it.variant for it in items})
+        return fake_result(fused=args.fused)
 
     monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: None)
     monkeypatch.setattr(harness, "run_bench", fake_run)
@@ -326,7 +497,7 @@ def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):
     have_mpl = importlib.util.find_spec("matplotlib") is not None
     assert main(argv + ["--plot", "auto"]) == 0
     captured = capsys.readouterr()
-    assert seen == {"suites": ["cifar-resnet", "cifar-vgg"], "n": 33, "bias": False}
+    assert seen == {"suites": ["cifar-resnet", "cifar-vgg"], "n": 33, "variants": {"same"}}  # --no-bias: still accepted
     path = tmp_path / "nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg.json"
     assert path.is_file() and path.with_suffix(".txt").is_file()
     assert "== cifar-vgg (9 rows) ==" in captured.out and f"JSON: {path}" in captured.out
@@ -336,15 +507,36 @@ def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):
         assert path.with_suffix(".png").stat().st_size > 1000
     else:
         assert "needs matplotlib" in captured.err
+    assert data["format"] == 2 and data["fused"] is None
+    row = data["suites"][0]["rows"][0]
+    assert row["convgen"]["computes"].startswith("convgen.conv2d(x, w):") and row["variant"] == "same"
     assert main(argv + ["--json-only"]) == 0
     assert capsys.readouterr().out.strip().endswith("cifar-resnet+cifar-vgg-2.json")
+    assert main(argv + ["--json-only", "--fused"]) == 0
+    assert seen["variants"] == {"same", "fused"} and seen["n"] == 33 + 22  # fprop and wgrad of each layer
+    fused = json.loads(tmp_path.joinpath("nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg-3.json").read_text())
+    assert fused["fused"]["suites"][0]["rows"][0]["variant"] == "fused"
+    assert "=== apart from the means above" in tmp_path.joinpath(
+        "nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg-3.txt").read_text()
 
 
 @pytest.mark.parametrize("cudnn", [True, False])
 def test_plot(tmp_path, cudnn):
     pytest.importorskip("matplotlib")
-    p = plot.plot(fake_result(cudnn=cudnn), tmp_path / "sub" / "speedup.png")
+    p = plot.plot(fake_result(cudnn=cudnn, fused=True), tmp_path / "sub" / "speedup.png")
     assert p.stat().st_size > 1000
+
+
+def test_plot_panels_keep_the_fused_comparison_apart():
+    titles = [t for t, _ in plot._panels(fake_result(fused=True))]
+    assert titles[:2] == ["cifar-resnet  (same work)", "cifar-vgg  (same work)"]
+    assert len(titles) == 4 and all("fused bias+ReLU" in t for t in titles[2:])
+
+
+def test_default_out_dir_is_the_repositorys():
+    from pathlib import Path
+
+    assert report.default_out_dir() == Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def test_progress_fallback_without_tqdm(capsys, monkeypatch):
@@ -435,13 +627,88 @@ def test_host_overhead_per_call():
     assert spins == ["spin1000"]  # at least 1 ms of spin in front of the calls
 
 
-def test_epilogue_and_computes():
-    assert rows.epilogue_for(Pass.DGRAD, True).bias is False
-    assert rows.epilogue_for(Pass.WGRAD, True).bias is True
-    assert rows.epilogue_for(Pass.FPROP, False).bias is False
-    c = rows.computes(Pass.WGRAD, True)
-    assert "db" in c["convgen"] and "[False, True, True]" in c["cudnn"]
-    assert "[False, True, False]" in rows.computes(Pass.WGRAD, False)["cudnn"]
+class AsyncDevice(FakeDevice):
+    """A GPU that runs behind the host: a call costs `host` us of the host's clock and queues
+    `gpu` us of work; sync waits for the queue.  What a user's eager loop meets."""
+
+    def __init__(self, host, gpu):
+        super().__init__()
+        self.host, self.gpu, self.now, self.free_at = host, gpu, 0.0, 0.0
+
+    def sync(self):
+        self.now = max(self.now, self.free_at)
+
+    def clock(self):
+        return self.now * 1e-6
+
+    def call(self):
+        self.now += self.host
+        self.free_at = max(self.free_at, self.now) + self.gpu
+
+
+@pytest.mark.parametrize("host, gpu, expect", [(5.0, 20.0, 20.0), (30.0, 10.0, 30.0)])
+def test_eager_time_is_the_larger_of_host_and_gpu_per_call(host, gpu, expect):
+    dev = AsyncDevice(host, gpu)
+    per_call = timing.eager_per_call(dev, dev.call, 100, clock=dev.clock)
+    assert per_call == pytest.approx(expect, rel=0.02)  # within the first call's latency
+
+
+def test_eager_interleaved_alternates_the_sides():
+    dev = FakeDevice()
+    out = timing.eager_interleaved(dev, [("A", dev.op("A", 1.0)), ("B", dev.op("B", 1.0))], calls=2, trials=3,
+                                   clock=lambda: 0.0)
+    assert [e for e in dev.log if e in "AB"] == ["A", "A", "B", "B"] * 3
+    assert {k: len(v) for k, v in out.items()} == {"A": 3, "B": 3}
+
+
+class RowSession(harness.Session):
+    """The harness's row logic on a fake device: each side is an op of known GPU time."""
+
+    def ops(self, problem, pass_, d, variant="same"):
+        def side(name, us):
+            op = self.dev.op(name, us)
+
+            def fn():
+                op()
+                return name  # an output, so the two sides get compared
+            return fn
+        return side("convgen", 7.0), (side("cudnn", 11.0) if self.torch is not None else None)
+
+    def compare(self, pass_, cg_out, cd_out):
+        return {"rel_err": 1e-4, "parts": {}, "tol": rows.TOLERANCE, "ok": True}
+
+
+def test_run_row_fills_the_three_figures_of_both_sides():
+    dev = FakeDevice()
+    dev.empty = dev.op("empty", 0.0)
+    args = _args(["--suite", "cifar-vgg", "--reps", "4", "--eager-calls", "3", "--eager-trials", "2", "--host-calls", "5"])
+    session = RowSession(None, object(), dev, Target("sm_90", 132), args)
+    item = rows.Item("s", Layer("l", PROB), Pass.FPROP)
+    row = rows.new_row(item, target=None, with_cudnn=True)
+    session.run_row(item, row, {"x": 1}, 0, None)
+    rows.finish_row(row, CEILINGS)
+    for side, us in (("convgen", 7.0), ("cudnn", 11.0)):
+        r = row[side]
+        assert r["time_us"]["median"] == pytest.approx(us) and r["time_us"]["n"] == 4, side
+        assert r["eager_us"]["n"] == 2 and r["eager_us"]["median"] >= 0.0
+        assert r["host_us"] is not None and r["host_clean"] is True
+        assert r["error"] is None
+    assert row["speedup"] == pytest.approx(11.0 / 7.0) and row["check"]["ok"] is True
+    assert row["cudnn"]["first_call_ms"] is not None and row["spin_us"] >= timing.MIN_SPIN_US
+    assert dev.log.count("convgen") == args.warmup + 3 + 5 + 4 + 2 * 3  # warm-up, host probe + calls, reps, eager
+    floor = session.launch_floor(10)
+    assert floor["host_us"] is not None and floor["error"] is None and "empty" in dev.log
+
+
+def test_run_row_without_eager_leaves_it_null():
+    dev = FakeDevice()
+    args = _args(["--suite", "cifar-vgg", "--reps", "2", "--eager-calls", "0", "--host-calls", "0"])
+    session = RowSession(None, object(), dev, Target("sm_90", 132), args)
+    item = rows.Item("s", Layer("l", PROB), Pass.WGRAD)
+    row = rows.new_row(item, target=None, with_cudnn=True)
+    session.run_row(item, row, {"x": 1}, 0, None)
+    assert row["convgen"]["eager_us"] is None and row["convgen"]["time_us"]["n"] == 2
+    assert row["spin_us"] == 100.0  # host cost not measured: the generous spin
 
 
 def test_bench_module_imports_no_gpu_libraries():
@@ -481,10 +748,57 @@ def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
     tuned = tuning_db.lookup("NVIDIA H200", layer.problem.geometry, Pass.DGRAD, "float16", "sm_90")
     assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.DGRAD, target).as_dict()
     item = rows.Item("resnet50", layer, Pass.DGRAD)
-    row = rows.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
+    row = rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
     assert row["convgen"]["plan"] == tuned.as_dict()
-    assert rows.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
+    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
         == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
     monkeypatch.setenv("CONVGEN_TUNED", "0")
-    assert rows.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
+    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
         == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
+
+
+def test_run_bench_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path):
+    """run_bench's orchestration (stream, device, ceilings, launch floor, one data set per
+    layer, rows of both variants, settings, grouping) with CuPy, the device and the session's
+    GPU calls faked: what the H200 run goes through, minus the kernels."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import convgen.compile
+    import convgen.runtime
+
+    dev = FakeDevice()
+    dev.empty = dev.op("empty", 0.0)
+    dev.recalibrate = lambda: None
+    dev.cycles_per_us = 1980.0
+    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Stream=SimpleNamespace(null=contextlib.nullcontext()),
+                                                     Device=lambda *a: SimpleNamespace(id=0)))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(convgen.compile, "detect_target", lambda: Target("sm_90", 132))
+    monkeypatch.setattr(convgen.runtime, "_gpu_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(harness, "CudaDevice", lambda cp, stream: dev)
+    monkeypatch.setattr(harness, "_environment", lambda cp, torch, target: {
+        "gpu": {"name": "NVIDIA H200", "arch": target.arch, "sm_count": target.sm_count}, "versions": {}})
+    monkeypatch.setattr(harness.Session, "ceilings", lambda self: {"gemm_tflops": 700.0, "copy_gbps": 4000.0})
+    made = []
+    monkeypatch.setattr(harness.Session, "make_data", lambda self, problem, seed: made.append(problem) or {"x": 1})
+    monkeypatch.setattr(harness.Session, "ops", RowSession.ops)
+    monkeypatch.setattr(harness.Session, "compare", RowSession.compare)
+    args = _args(["--suite", "cifar-resnet", "--layers", "conv1,res3", "--fused", "--no-torch", "--no-compile-time",
+                  "--no-progress", "--reps", "3", "--eager-calls", "2", "--eager-trials", "2", "--host-calls", "4"])
+    suites, items = command.resolve_items(args)
+    result = harness.run_bench(args, suites, items)
+    assert len(made) == 2  # one data set per layer, shared by its passes and variants
+    assert [r["pass"] for r in result["suites"][0]["rows"]] == ["fprop", "dgrad", "wgrad"] * 2
+    assert [(r["layer"], r["pass"]) for r in result["fused"]["suites"][0]["rows"]] == [
+        ("conv1", "fprop"), ("conv1", "wgrad"), ("res3", "fprop"), ("res3", "wgrad")]
+    row = result["suites"][0]["rows"][0]
+    assert row["convgen"]["time_us"]["median"] == pytest.approx(7.0) and row["convgen"]["eager_us"]["n"] == 2
+    assert row["cudnn"] is None and row["variant"] == "same" and "bias" not in row["traffic"]
+    assert row["convgen"]["plan"] is not None  # the tuned H200 plan it would run
+    assert result["launch_floor"]["host_us"] is not None and result["launch_floor"]["calls"] == 100
+    assert result["settings"]["fused"] is True and result["settings"]["eager_calls"] == 2
+    assert result["reference"]["gemm_tflops"] == 781.0 and result["format"] == report.RESULT_FORMAT
+    path = report.write_json(result, tmp_path, "r.json")
+    assert json.loads(path.read_text())["fused"]["summary"]["count"]["all"] == 0  # no cuDNN side: no speedups
+    assert "launch floor" in report.format_report(result)

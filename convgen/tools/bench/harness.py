@@ -1,5 +1,9 @@
 """`convgen bench` on the GPU: the session (CuPy, torch/cuDNN, the device, the data both
-sides read), the ceilings, and the timing of each row.
+sides read), the ceilings, the launch floor, and the timing of each row.
+
+Each row gets three figures per side: GPU time with the host hidden, eager time per call
+(calls back to back, wall clock), and host cost per call; see :mod:`convgen.tools.timing`.
+What each side computes comes from :func:`.rows.work`: by default the same work on both.
 
 Timing method (see benchmarks/README.md and :mod:`convgen.tools.timing`): CUDA events
 around only the op, one pair per rep; before every rep a short spin kernel (so the host
@@ -27,9 +31,10 @@ from typing import Any, Callable, Optional, Sequence
 
 from ... import config
 from ...ir import ConvProblem, Pass, Target
-from ..timing import L2_FLUSH_BYTES, MIN_SPIN_US, CudaDevice, host_overhead, time_interleaved
-from .report import _group, build_result, git_info
-from .rows import TOLERANCE, Item, _err, finish_row, new_row
+from ..timing import L2_FLUSH_BYTES, MIN_SPIN_US, CudaDevice, eager_interleaved, host_overhead, time_interleaved
+from .report import build_result, git_info, group
+from .rows import (FUSED, LABELS, LOW_RATE_TFLOPS, REFERENCE_GBPS, REFERENCE_SOURCE, REFERENCE_TFLOPS, SAME,
+                   TOLERANCE, Item, _err, finish_row, new_row, work)
 from .stats import time_stats
 
 GEMM_SIZE = 8192
@@ -237,17 +242,22 @@ class Session:
         return d
 
     # ----------------------------------------------------------------- ops
-    def ops(self, problem: ConvProblem, pass_: Pass, d: dict[str, Any], bias: bool
+    def ops(self, problem: ConvProblem, pass_: Pass, d: dict[str, Any], variant: str = SAME
             ) -> tuple[Callable[[], Any], Optional[Callable[[], Any]]]:
+        """convgen's call and cuDNN's for one row, computing the same outputs: without bias
+        in the same-work rows; with bias (fprop: and ReLU, PyTorch's as a separate op) in
+        the fused rows."""
         import convgen
 
         st, pad, dil = problem.stride, problem.padding, problem.dilation
         torch = self.torch
+        bias, relu = work(pass_, variant)
         if pass_ is Pass.FPROP:
             b32 = d["b32"] if bias else None
+            act = "relu" if relu else None
 
             def cg() -> Any:
-                return convgen.conv2d(d["x"], d["w"], b32, stride=st, padding=pad, dilation=dil)
+                return convgen.conv2d(d["x"], d["w"], b32, stride=st, padding=pad, dilation=dil, activation=act)
         elif pass_ is Pass.DGRAD:
             xs = problem.x_shape
 
@@ -265,9 +275,12 @@ class Session:
         sl, pl, dl = list(st), list(pad), list(dil)
         if pass_ is Pass.FPROP:
             bt = d["b_t"] if bias else None
-
-            def cd() -> Any:
-                return F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl)
+            if relu:
+                def cd() -> Any:
+                    return F.relu(F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl))
+            else:
+                def cd() -> Any:
+                    return F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl)
         elif pass_ is Pass.DGRAD:
             def cd() -> Any:
                 return aten.convolution_backward(d["dy_t"], d["x_t"], d["w_t"], None, sl, pl, dl, False, [0, 0], 1,
@@ -337,9 +350,9 @@ class Session:
     def run_row(self, item: Item, row: dict[str, Any], d: dict[str, Any], index: int,
                 tmp_root: Optional[Path]) -> None:
         args, dev = self.args, self.dev
-        prob, pass_, bias = item.layer.problem, item.pass_, not args.no_bias
+        prob, pass_ = item.layer.problem, item.pass_
         cgr, cdr = row["convgen"], row["cudnn"]
-        cg, cd = self.ops(prob, pass_, d, bias)
+        cg, cd = self.ops(prob, pass_, d, item.variant)
         ops: list[tuple[str, Callable[[], Any]]] = []
         cg_out = cd_out = None
         # convgen: compile (timed cold and warm), then warm up
@@ -399,6 +412,31 @@ class Session:
         except Exception as exc:
             cgr["error"] = cgr["error"] or ("timing: " + _err(exc))
             _recover(dev)
+        # eager time: calls back to back, wall clock to a final sync, per call; sides interleaved
+        if getattr(args, "eager_calls", 0) > 0:
+            try:
+                eager = eager_interleaved(dev, ops, args.eager_calls, args.eager_trials)
+                for name, samples in eager.items():
+                    (cgr if name == "convgen" else cdr)["eager_us"] = time_stats(samples)
+            except Exception as exc:
+                cgr["error"] = cgr["error"] or ("eager timing: " + _err(exc))
+                _recover(dev)
+
+    # ----------------------------------------------------------------- launch floor
+    def launch_floor(self, calls: int) -> dict[str, Any]:
+        """The host cost per call of a bare CuPy RawKernel launch of an empty kernel: what
+        any CuPy-launched call costs at the least, printed beside the rows' host costs."""
+        out: dict[str, Any] = {"host_us": None, "host_clean": None, "calls": calls,
+                               "what": "cupy.RawKernel launch of an empty kernel, grid 1, block 1, no arguments; "
+                                       "host cost per call with the GPU held busy", "error": None}
+        try:
+            self.dev.empty()  # compile and load it first
+            self.dev.sync()
+            out["host_us"], out["host_clean"] = host_overhead(self.dev, self.dev.empty, calls)
+        except Exception as exc:
+            out["error"] = _err(exc)
+            _recover(self.dev)
+        return out
 
 
 def _recover(dev: Any) -> None:
@@ -408,7 +446,7 @@ def _recover(dev: Any) -> None:
         pass
 
 
-def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[Item], bias: bool) -> dict[str, Any]:
+def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[Item]) -> dict[str, Any]:
     import cupy
 
     from ...compile import detect_target
@@ -434,13 +472,13 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
     else:
         stream = cupy.cuda.Stream.null
     now = _dt.datetime.now(_dt.timezone.utc)
-    git = git_info(override=args.commit)
+    git = git_info(override=args.commit or config.BENCH_COMMIT.get())
     tmp_root = None if args.no_compile_time else Path(tempfile.mkdtemp(prefix="convgen-bench-cache-"))
     grad = torch.no_grad() if torch is not None else contextlib.nullcontext()
     from ...runtime import _gpu_name
 
     gpu_name = _gpu_name(cupy.cuda.Device().id)
-    rows = [new_row(it, bias=bias, target=target, with_cudnn=torch is not None, gpu_name=gpu_name) for it in items]
+    rows = [new_row(it, target=target, with_cudnn=torch is not None, gpu_name=gpu_name) for it in items]
     try:
         with stream, grad:
             dev = CudaDevice(cupy, stream)
@@ -451,6 +489,7 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
             ceilings = session.ceilings()
             dev.recalibrate()  # the GEMM has brought the clocks up
             ceilings["spin_clock_mhz"] = dev.cycles_per_us
+            launch = session.launch_floor(max(args.host_calls, 100))
             progress.update()
             data_key = None
             data: dict[str, Any] = {}
@@ -480,7 +519,10 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
         host[side] = ({"median": statistics.median(vals), "min": min(vals), "max": max(vals), "rows": len(vals)}
                       if vals else None)
     settings = {
-        "reps": args.reps, "warmup": args.warmup, "host_calls": args.host_calls, "bias": bias,
+        "reps": args.reps, "warmup": args.warmup, "host_calls": args.host_calls,
+        "eager_calls": args.eager_calls, "eager_trials": args.eager_trials,
+        "work": LABELS[SAME], "fused": any(it.variant == FUSED for it in items),
+        "fused_work": LABELS[FUSED], "low_rate_tflops": LOW_RATE_TFLOPS,
         "passes": sorted({it.pass_.value for it in items}, key=[p.value for p in Pass].index),
         "suites": list(suites), "layers_filter": args.layers, "torch": torch is not None,
         "cudnn_benchmark": True if torch is not None else None, "tolerance": TOLERANCE,
@@ -488,11 +530,15 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
         "compile_time": not args.no_compile_time,
         "timing": "CUDA events around the op only, one pair per rep; spin kernel + L2 flush before every rep; "
                   "convgen/cuDNN reps interleaved; median reported",
+        "eager": "perf_counter from a synchronised start over eager_calls back-to-back calls to a final synchronise, "
+                 "per call, no flush; eager_trials trials per side, interleaved; median reported",
         "host_cost": "perf_counter over host_calls back-to-back calls while a spin kernel holds the GPU, per call",
         "data": "fp16 N(0,1) x and dy, w scaled by 1/sqrt(R*S*C), bias N(0,1) (fp16 values; convgen reads them as fp32)",
     }
     return build_result(
-        _group(items, rows),
+        group(items, rows, SAME), group(items, rows, FUSED),
+        reference={"gemm_tflops": REFERENCE_TFLOPS, "copy_gbps": REFERENCE_GBPS, "source": REFERENCE_SOURCE},
+        launch_floor=launch,
         date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), git=git,
         gpu=env["gpu"], versions=env["versions"], settings=settings, ceilings=ceilings,
         host_overhead_us=host, notes=notes,
