@@ -9,6 +9,10 @@
 #   REPS=20 benchmarks/run_all.sh --no-compile-time         # faster
 #   SUITES="cifar-resnet cifar-vgg" benchmarks/run_all.sh
 #   RESULTS_DIR=/tmp/out CONVGEN_BENCH_COMMIT=abc1234 benchmarks/run_all.sh
+#   benchmarks/run_all.sh --fused                          # also the fused-epilogue rows, reported apart
+#
+# Every row is the same work on both sides (fprop without bias, dgrad dx alone, wgrad dW
+# alone) and carries three figures per side: GPU time, eager time per call, host cost.
 #
 # CONVGEN_BENCH_COMMIT names the results where the tree is not a git checkout.
 # Any further arguments are passed to `convgen bench` as they are.
