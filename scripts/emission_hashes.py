@@ -30,7 +30,7 @@ def _candidates(problem, pass_, target):
     try:
         from convgen.tools.tune import candidates  # after the tools moved apart
     except ImportError:
-        from convgen.tools.tune import candidates
+        from convgen.tune import candidates
     return candidates(problem, pass_, target, wgmma=True)
 
 
