@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import tuning_db
+from ..fsio import atomic_write
 from ..ir import ConvProblem, Pass, Plan, Target
 from ..planner import FRAG, check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
 from . import timing
@@ -375,5 +376,5 @@ def cmd_tune(args: argparse.Namespace) -> int:
     tuning_db.record(path, gpu_name, entries)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")
     if args.log:
-        Path(args.log).write_text(json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
+        atomic_write(args.log, json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
     return 0
