@@ -250,6 +250,7 @@ def test_finish_row_derived_fields():
     # the constant reference: PROB moves 2992 bytes and does 82,944 FLOPs: memory-bound at 4.2 TB/s
     assert r["bytes"] == 2992 and r["floor_ref_bound"] == "memory"
     assert r["floor_ref_us"] == pytest.approx(2992 / 4200e3)
+    assert r["over_floor_ref"] == pytest.approx(10.0 / (2992 / 4200e3))
     assert r["cudnn_regime"] == "latency/memory"  # a toy layer runs far below 300 TFLOP/s
     only = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, None)
     assert only["speedup"] is None and only["over_floor"] is not None and only["cudnn_regime"] is None
