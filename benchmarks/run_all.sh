@@ -21,7 +21,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 RESULTS_DIR="${RESULTS_DIR:-benchmarks/results}"
 PYTHON="${PYTHON:-python3}"
-SUITES="${SUITES:-cifar-resnet cifar-vgg resnet50}"
+# Default: every built-in suite (`convgen suites` lists them), asked of convgen itself so a
+# new suite is never left out.
+SUITES="${SUITES:-$("$PYTHON" -c 'from convgen.suites import SUITES; print(" ".join(SUITES))')}"
+[ -n "$SUITES" ] || { echo "run_all.sh: no suites (is convgen importable by $PYTHON?)" >&2; exit 1; }
 mkdir -p "$RESULTS_DIR"
 
 status=0

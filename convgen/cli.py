@@ -79,9 +79,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_suites(args: argparse.Namespace) -> int:
-    for name, suite in SUITES.items():
-        print(f"{name} ({len(suite)} layers)")
-        for layer in suite:
+    for name, layers in SUITES.items():
+        print(f"{name} ({len(layers)} layers)")
+        for layer in layers:
             print(f"  {layer.name:<14} {layer.problem.describe()}")
     return 0
 
