@@ -9,6 +9,10 @@
 #   REPS=20 benchmarks/run_all.sh --no-compile-time         # faster
 #   SUITES="cifar-resnet cifar-vgg" benchmarks/run_all.sh
 #   RESULTS_DIR=/tmp/out CONVGEN_BENCH_COMMIT=abc1234 benchmarks/run_all.sh
+#   benchmarks/run_all.sh --fused                          # also the fused-epilogue rows, reported apart
+#
+# Every row is the same work on both sides (fprop without bias, dgrad dx alone, wgrad dW
+# alone) and carries three figures per side: GPU time, eager time per call, host cost.
 #
 # CONVGEN_BENCH_COMMIT names the results where the tree is not a git checkout.
 # Any further arguments are passed to `convgen bench` as they are.
@@ -17,7 +21,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 RESULTS_DIR="${RESULTS_DIR:-benchmarks/results}"
 PYTHON="${PYTHON:-python3}"
-SUITES="${SUITES:-cifar-resnet cifar-vgg resnet50}"
+# Default: every built-in suite (`convgen suites` lists them), asked of convgen itself so a
+# new suite is never left out.
+SUITES="${SUITES:-$("$PYTHON" -c 'from convgen.suites import SUITES; print(" ".join(SUITES))')}"
+[ -n "$SUITES" ] || { echo "run_all.sh: no suites (is convgen importable by $PYTHON?)" >&2; exit 1; }
 mkdir -p "$RESULTS_DIR"
 
 status=0

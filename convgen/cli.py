@@ -1,26 +1,27 @@
-"""The `convgen` command: emit, plan and list suites (bench, tune and sass live in their own modules).
+"""The `convgen` command: emit, plan and list suites here; bench, tune and sass are the
+tools' own modules (``convgen.tools``), registered below.
 
-Bad user input ends in one line on stderr and exit status 2, never a traceback.
+This module is a tool, not library: it sits at ``convgen/cli.py`` only because
+``python -m convgen.cli`` and the ``convgen`` console script name it.  Bad user input ends
+in one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import json
 import sys
 from pathlib import Path
 from typing import Callable, Iterable, NoReturn, Sequence
 
-from .ir import ARCHES, ConvProblem, Epilogue, Pass, Plan, Target
-from .suites import SUITE_INFO, SUITES, Layer, get_suite
+from . import tuning_db
+from .ir import ConvProblem, Pass, Plan
+from .suites import SUITE_INFO, SUITES, Layer
+from .tools import sass, tune
+from .tools.bench import command as bench_command
+from .tools.cli_common import UsageError, add_shape_args, add_target_args, epilogue, layers, passes, target
 
-DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx1201"}
-
-
-class UsageError(ValueError):
-    pass
+__all__ = ["UsageError", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,116 +35,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"convgen: error: {where}{message} (see `{self.prog} --help`)\n")
 
 
-def _pair(text: str) -> tuple[int, int]:
-    try:
-        parts = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or H,W, got {text!r}") from None
-    if len(parts) == 1:
-        return (parts[0], parts[0])
-    if len(parts) == 2:
-        return (parts[0], parts[1])
-    raise argparse.ArgumentTypeError(f"expected N or H,W, got {text!r}")
-
-
-def _add_shape_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("shape (instead of --suite)")
-    g.add_argument("--suite", help="a built-in suite (see `convgen suites`)")
-    for name, help_ in (("n", "batch size"), ("h", "input height"), ("w", "input width"),
-                        ("c", "input channels"), ("k", "output channels"), ("r", "filter height"),
-                        ("s", "filter width")):
-        g.add_argument(f"-{name}", type=int, dest=name, help=help_)
-    g.add_argument("--stride", type=_pair, default=(1, 1), help="N or H,W (default 1)")
-    g.add_argument("--padding", default="0", help="N, H,W, 'same' or 'valid' (default 0)")
-    g.add_argument("--dilation", type=_pair, default=(1, 1), help="N or H,W (default 1)")
-
-
-def _add_target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("cuda", "hip"), help="default: cuda, or the backend of --arch")
-    p.add_argument("--arch", choices=sorted(ARCHES), help="default: sm_90 (cuda) or gfx1201 (hip)")
-    p.add_argument("--sm-count", type=int, help="SMs / CUs for split-K sizing (default: a typical part of the arch)")
-    p.add_argument("--pass", dest="pass_", default="all", choices=("fprop", "dgrad", "wgrad", "all"))
-    p.add_argument("--in-dtype", default="float16", choices=("float16", "float32"))
-    p.add_argument("--out-dtype", default="float16", choices=("float16", "float32"))
-    p.add_argument("--no-bias", action="store_true", help="fprop without bias, wgrad without db")
-    p.add_argument("--relu", action="store_true", help="fused ReLU in fprop")
-
-
-def _target(args: argparse.Namespace) -> Target:
-    arch = args.arch or DEFAULT_ARCH[args.backend or "cuda"]
-    if args.backend and ARCHES[arch].backend != args.backend:
-        raise UsageError(f"--arch {arch} is a {ARCHES[arch].backend} target, not {args.backend}")
-    return Target(arch, args.sm_count)
-
-
-def _layers(args: argparse.Namespace) -> list[Layer]:
-    shape = [args.n, args.h, args.w, args.c, args.k, args.r, args.s]
-    if args.suite:
-        if any(v is not None for v in shape):
-            raise UsageError("give either --suite or a single shape (-n -h -w -c -k -r -s), not both")
-        return list(get_suite(args.suite))
-    missing = [f"-{n}" for n, v in zip("nhwckrs", shape) if v is None]
-    if missing:
-        raise UsageError(f"give --suite NAME or a full shape; missing {' '.join(missing)}")
-    padding: object = args.padding
-    if args.padding not in ("same", "valid"):
-        try:
-            padding = _pair(args.padding)
-        except argparse.ArgumentTypeError as exc:
-            raise UsageError(f"--padding: {exc}") from None
-    problem = ConvProblem.create(*shape, stride=args.stride, padding=padding, dilation=args.dilation)  # type: ignore[arg-type]
-    return [Layer("conv", problem)]
-
-
-def _passes(args: argparse.Namespace) -> list[Pass]:
-    return list(Pass) if args.pass_ == "all" else [Pass.parse(args.pass_)]
-
-
-def _epilogue(args: argparse.Namespace, pass_: Pass) -> Epilogue:
-    return Epilogue(
-        bias=not args.no_bias and pass_ is not Pass.DGRAD,
-        relu=args.relu and pass_ is Pass.FPROP,
-        out_dtype=args.out_dtype,
-    )
-
-
 def _shipped_plans(gpu: str, arch: str) -> dict[tuple[object, Pass, str], Plan]:
     """The plans the tuning database shipped for `gpu` (convgen/tuning/<gpu>.json) holds
     for `arch`, by (geometry, pass, input dtype): what convgen.conv2d runs on that GPU when
     the user has tuned nothing.  Read here, not through the tuner's lookup, so that a user's
     own database never changes what `convgen emit --tuned` writes."""
-    from . import tune
-
-    path = tune.SHIPPED_DIR / f"{tune.gpu_slug(gpu)}.json"
+    path = tuning_db.SHIPPED_DIR / f"{tuning_db.gpu_slug(gpu)}.json"
     if not path.is_file():
-        raise UsageError(f"--tuned {gpu}: no shipped tuning database {path.name} "
-                         f"(shipped: {', '.join(sorted(p.stem for p in tune.SHIPPED_DIR.glob('*.json')))})")
-    db = json.loads(path.read_text()).get("gpus", {}).get(tune.gpu_slug(gpu), {})
-    fields = {f.name for f in dataclasses.fields(Plan)} - {"reasons"}
+        shipped = ", ".join(sorted(p.stem for p in tuning_db.SHIPPED_DIR.glob("*.json")))
+        raise UsageError(f"--tuned {gpu}: no shipped tuning database {path.name} (shipped: {shipped})")
+    db = json.loads(path.read_text()).get("gpus", {}).get(tuning_db.gpu_slug(gpu), {})
     plans = {}
     for key, entry in db.items():
         for dtype in ("float16", "float32"):
             geometry = ConvProblem.create(**entry["shape"]).geometry
-            if tune.tune_key(geometry, Pass(entry["pass"]), dtype, arch) == key:
+            if tuning_db.tune_key(geometry, Pass(entry["pass"]), dtype, arch) == key:
                 plans[(geometry, Pass(entry["pass"]), dtype)] = Plan(
-                    **{k: v for k, v in entry["plan"].items() if k in fields},
-                    reasons=(f"tuned on {gpu}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
+                    **entry["plan"], reasons=(f"tuned on {gpu}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
     return plans
 
 
 def _specs(args: argparse.Namespace) -> Iterable[tuple[Layer, Pass, "object"]]:
     from .planner import make_spec
 
-    target = _target(args)
-    tuned = _shipped_plans(args.tuned, target.arch) if getattr(args, "tuned", None) else None
-    for layer in _layers(args):
-        for pass_ in _passes(args):
+    tgt = target(args)
+    tuned = _shipped_plans(args.tuned, tgt.arch) if getattr(args, "tuned", None) else None
+    for layer in layers(args):
+        for pass_ in passes(args):
             plan_ = None
             if tuned is not None:
                 plan_ = tuned.get((layer.problem.geometry, pass_, args.in_dtype))
                 if plan_ is None:
                     continue  # `--tuned`: only the kernels the database runs
-            yield layer, pass_, make_spec(layer.problem, pass_, target=target, epilogue=_epilogue(args, pass_),
+            yield layer, pass_, make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),
                                           in_dtype=args.in_dtype, plan_=plan_)
 
 
@@ -204,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("emit", help="write kernel sources and a manifest.json", conflict_handler="resolve")
-    _add_shape_args(p)
-    _add_target_args(p)
+    add_shape_args(p)
+    add_target_args(p)
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--tuned", metavar="GPU",
                    help="only the layers the tuning database shipped for GPU (e.g. nvidia-h200) holds, with its plans")
@@ -213,22 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_emit)
 
     p = sub.add_parser("plan", help="show the plan and the reason for each choice", conflict_handler="resolve")
-    _add_shape_args(p)
-    _add_target_args(p)
+    add_shape_args(p)
+    add_target_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("suites", help="list the built-in suites and their layers")
     p.set_defaults(func=cmd_suites)
 
-    for module in ("convgen.bench", "convgen.tune", "convgen.sass"):  # commands that live in their own modules
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        mod.add_parser(sub)
+    for command in (bench_command, tune, sass):  # the tools' commands
+        command.add_parser(sub)
     return parser
 
 

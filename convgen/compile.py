@@ -73,6 +73,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from . import config
+from .fsio import atomic_write
+
 if TYPE_CHECKING:  # pragma: no cover - type hints only; CuPy is imported lazily
     import cupy
 
@@ -294,7 +297,7 @@ def cuda_include_dirs() -> list[str]:
     at and the fix, when no source has ``crt/mma.h``.
     """
     tried: list[str] = []
-    explicit = os.environ.get("CONVGEN_CUDA_INCLUDE")
+    explicit = config.CUDA_INCLUDE.get()
     if explicit:
         dirs = [Path(d) for d in explicit.split(os.pathsep) if d]
         existing = [d for d in dirs if d.is_dir()]
@@ -445,9 +448,9 @@ def cache_dir() -> Path:
     else ``~/.cache`` (``%LOCALAPPDATA%`` on Windows) -- the XDG rule, done by
     hand so platformdirs is not a dependency.
     """
-    explicit = os.environ.get("CONVGEN_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
+    explicit = config.CACHE_DIR.path()
+    if explicit is not None:
+        return explicit
     if os.name == "nt" and os.environ.get("LOCALAPPDATA"):  # pragma: no cover
         return Path(os.environ["LOCALAPPDATA"]) / "convgen" / "cache"
     xdg = os.environ.get("XDG_CACHE_HOME", "")
@@ -547,34 +550,6 @@ def _read_entry(path: Path, arch: str) -> bytes | None:
     return payload
 
 
-def _write_entry(path: Path, arch: str, payload: bytes) -> None:
-    """Atomically publish an entry: own temp file in the same folder, fsync, rename."""
-    folder = path.parent
-    tmp: Path | None = None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(
-            prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=folder
-        )
-        tmp = Path(name)
-        with os.fdopen(fd, "wb") as f:
-            if hasattr(os, "fchmod"):  # mkstemp's 0600 would hide a shared cache from others
-                os.fchmod(f.fileno(), 0o644)
-            f.write(_pack(arch, payload))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as exc:
-        _disk_failed(cache_dir(), exc)
-    finally:
-        if tmp is not None:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-
-
 _binaries: dict[tuple, bytes] = {}
 _modules: dict[tuple, object] = {}
 
@@ -599,7 +574,10 @@ def cached_binary(
     if binary is None:
         binary = compile_binary(source, arch=arch, options=options, name=name)
         if path is not None:
-            _write_entry(path, arch, binary)
+            try:
+                atomic_write(path, _pack(arch, binary))
+            except OSError as exc:
+                _disk_failed(cache_dir(), exc)
     with _lock:
         _binaries[mem_key] = binary
     return binary

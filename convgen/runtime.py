@@ -139,7 +139,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
 
             target = _target(device_id)
             if plan is None and not scalar:
-                from .tune import tuned_plan
+                from .tuning_db import tuned_plan
 
                 plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
             spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,

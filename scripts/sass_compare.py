@@ -133,7 +133,10 @@ def sass_text(source: str, arch: str) -> dict[str, tuple[str, list[str]]]:
     """Per kernel: its `REG:n STACK:n` line and its instructions, as cuobjdump prints them
     less the address and encoding comments."""
     from convgen.compile import compile_binary
-    from convgen.sass import find_cuobjdump
+    try:
+        from convgen.tools.sass import find_cuobjdump
+    except ImportError:
+        from convgen.sass import find_cuobjdump
 
     cuobjdump = find_cuobjdump()
     binary = compile_binary(source, arch=arch)

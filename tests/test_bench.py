@@ -1,6 +1,7 @@
-"""`convgen bench` without a GPU: traffic and floor arithmetic, statistics, summaries,
-the table, file naming and JSON, the CLI, the timing loops against a fake device, and
-the no-GPU exit path.  The GPU run itself is exercised on the GPU machine."""
+"""`convgen bench` without a GPU: traffic and floor arithmetic, statistics, what each side
+computes (the same work by default), summaries, the table, file naming and JSON, the CLI,
+the timing loops and a row's harness against a fake device, and the no-GPU exit path.
+The GPU run itself is exercised on the GPU machine (benchmarks/gpu_smoke.sh)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 
 import pytest
 
-from convgen import bench
+from convgen.tools import timing
+from convgen.tools.bench import command, harness, plot, report, rows, stats
 from convgen.cli import build_parser, main
 from convgen.ir import ConvProblem, Pass, Target
 from convgen.suites import SUITES, Layer
@@ -24,63 +26,152 @@ STRIDED = ConvProblem(8, 8, 4, 6, 3, 3, 2, 1, 1, n=2)  # y 2x4x4x6
 
 
 def test_traffic_per_pass():
-    x, w, y = 2 * 8 * 8 * 4, 6 * 3 * 3 * 4, 2 * 8 * 8 * 6
-    assert bench.traffic(PROB, "fprop") == {"x": 2 * x, "w": 2 * w, "bias": 4 * 6, "y": 2 * y}
-    assert bench.traffic(PROB, "fprop", bias=False) == {"x": 2 * x, "w": 2 * w, "y": 2 * y}
-    assert bench.traffic(PROB, Pass.DGRAD) == {"dy": 2 * y, "w": 2 * w, "dx": 2 * x}
-    assert bench.traffic(PROB, "wgrad") == {"x": 2 * x, "dy": 2 * y, "dw": 2 * w, "db": 2 * 6}
-    assert bench.traffic(PROB, "wgrad", bias=False) == {"x": 2 * x, "dy": 2 * y, "dw": 2 * w}
-    f32 = bench.traffic(PROB, "dgrad", out_dtype="float32")
+    # x 2x8x8x4 = 512, w 6x3x3x4 = 216, y 2x8x8x6 = 768 elements, fp16
+    assert rows.traffic(PROB, "fprop") == {"x": 1024, "w": 432, "y": 1536}  # no bias by default
+    assert rows.traffic(PROB, "fprop", bias=True) == {"x": 1024, "w": 432, "bias": 24, "y": 1536}  # fp32 bias
+    assert rows.traffic(PROB, Pass.DGRAD) == {"dy": 1536, "w": 432, "dx": 1024}
+    assert rows.traffic(PROB, "wgrad") == {"x": 1024, "dy": 1536, "dw": 432}
+    assert rows.traffic(PROB, "wgrad", bias=True) == {"x": 1024, "dy": 1536, "dw": 432, "db": 12}
+    x, w, y = 512, 216, 768
+    f32 = rows.traffic(PROB, "dgrad", out_dtype="float32")
     assert f32["dx"] == 4 * x and f32["dy"] == 2 * y
-    assert bench.pass_bytes(PROB, "dgrad") == 2 * (x + w + y)
+    assert rows.pass_bytes(PROB, "dgrad") == 2 * (x + w + y)
 
 
 def test_traffic_uses_output_size_of_strided_layer():
     y = 2 * 4 * 4 * 6
-    assert bench.traffic(STRIDED, "fprop", bias=False)["y"] == 2 * y
-    assert bench.traffic(STRIDED, "dgrad")["dy"] == 2 * y
+    assert rows.traffic(STRIDED, "fprop", bias=False)["y"] == 2 * y
+    assert rows.traffic(STRIDED, "dgrad")["dy"] == 2 * y
 
 
 def test_useful_flops_same_for_all_passes():
     f = 2 * (2 * 4 * 4) * 6 * (3 * 3 * 4)
-    assert bench.useful_flops(STRIDED) == f
+    assert rows.useful_flops(STRIDED) == f
     # convgen's implicit dgrad GEMM spans every input pixel: 4x larger at stride 2
     assert STRIDED.flops("dgrad") == 4 * f
-    row = bench.new_row(bench.Item("s", Layer("l", STRIDED), Pass.DGRAD), bias=True, target=None, with_cudnn=True)
+    row = rows.new_row(rows.Item("s", Layer("l", STRIDED), Pass.DGRAD), target=None, with_cudnn=True)
     assert row["flops"] == f and row["gemm_flops"] == 4 * f
 
 
 def test_floor_compute_and_memory_bound():
     # 1e12 FLOP at 100 TFLOP/s = 10,000 us; 1e6 B at 1000 GB/s = 1 us
-    us, bound = bench.floor_us(1e12, 1e6, 100.0, 1000.0)
+    us, bound = rows.floor_us(1e12, 1e6, 100.0, 1000.0)
     assert us == pytest.approx(10_000.0) and bound == "compute"
-    us, bound = bench.floor_us(1e6, 1e9, 100.0, 1000.0)
+    us, bound = rows.floor_us(1e6, 1e9, 100.0, 1000.0)
     assert us == pytest.approx(1000.0) and bound == "memory"
-    assert bench.floor_us(1e6, 1e9, None, 1000.0) == (None, None)
-    assert bench.floor_us(1e6, 1e9, 100.0, 0.0) == (None, None)
+    assert rows.floor_us(1e6, 1e9, None, 1000.0) == (None, None)
+    assert rows.floor_us(1e6, 1e9, 100.0, 0.0) == (None, None)
 
 
 def test_tflops_and_ratio():
-    assert bench.tflops(2e6, 1.0) == pytest.approx(2.0)
-    assert bench.tflops(2e6, None) is None
-    assert bench.ratio(30.0, 10.0) == pytest.approx(3.0)
-    assert bench.ratio(None, 10.0) is None and bench.ratio(3.0, None) is None and bench.ratio(3.0, 0.0) is None
+    assert stats.tflops(2e6, 1.0) == pytest.approx(2.0)
+    assert stats.tflops(2e6, None) is None
+    assert stats.ratio(30.0, 10.0) == pytest.approx(3.0)
+    assert stats.ratio(None, 10.0) is None and stats.ratio(3.0, None) is None and stats.ratio(3.0, 0.0) is None
 
 
 def test_geomean():
-    assert bench.geomean([1.0, 4.0]) == pytest.approx(2.0)
-    assert bench.geomean([2.0, None, 8.0]) == pytest.approx(4.0)
-    assert bench.geomean([]) is None
-    assert bench.geomean([None, float("nan"), 0.0, -1.0]) is None
+    assert stats.geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert stats.geomean([2.0, None, 8.0]) == pytest.approx(4.0)
+    assert stats.geomean([]) is None
+    assert stats.geomean([None, float("nan"), 0.0, -1.0]) is None
 
 
 def test_time_stats():
-    s = bench.time_stats([3.0, 1.0, 2.0, 100.0])
+    s = stats.time_stats([3.0, 1.0, 2.0, 100.0])
     assert s["median"] == pytest.approx(2.5)
     assert s["min"] == 1.0 and s["max"] == 100.0 and s["n"] == 4
     assert s["p20"] <= s["median"] <= s["p80"]
-    assert bench.time_stats([]) is None
-    assert bench.time_stats([5.0])["p80"] == 5.0
+    assert stats.time_stats([]) is None
+    assert stats.time_stats([5.0])["p80"] == 5.0
+
+
+# --------------------------------------------------------------------------- the same work on both sides
+
+
+def test_default_rows_compute_the_same_work_on_both_sides():
+    """The headline rows: fprop without bias on both sides, dgrad dx alone, wgrad dW alone.
+    This fails if the default hands either side a bias or a db again."""
+    _, items = command.resolve_items(_args(["--suite", "cifar-resnet"]))
+    assert {it.variant for it in items} == {rows.SAME}
+    for it in items[:3]:
+        row = rows.new_row(it, target=None, with_cudnn=True)
+        assert "bias" not in row["traffic"] and "db" not in row["traffic"], row["traffic"]
+        assert row["variant"] == "same" and row["label"].startswith("same work")
+        for side in ("convgen", "cudnn"):
+            text = row[side]["computes"]
+            assert "db" not in text and "relu" not in text.lower(), text
+            assert "bias" not in text or "no bias" in text or "bias=False" in text or "bias_sizes=None" in text, text
+    e = {p: rows.epilogue_for(p) for p in Pass}
+    assert not any(x.bias or x.relu for x in e.values())
+    wg = rows.computes(Pass.WGRAD)
+    assert "bias=False" in wg["convgen"] and "output_mask=[False, True, False]" in wg["cudnn"]
+
+
+def test_fused_rows_are_apart_and_compute_bias_on_both_sides():
+    _, items = command.resolve_items(_args(["--suite", "cifar-resnet", "--layers", "res3", "--fused"]))
+    assert [(it.pass_.value, it.variant) for it in items] == [
+        ("fprop", "same"), ("dgrad", "same"), ("wgrad", "same"), ("fprop", "fused"), ("wgrad", "fused")]
+    f = rows.new_row(items[3], target=None, with_cudnn=True)
+    assert "bias" in f["traffic"] and "relu(" in f["cudnn"]["computes"] and "activation='relu'" in f["convgen"]["computes"]
+    w = rows.new_row(items[4], target=None, with_cudnn=True)
+    assert "db" in w["traffic"] and "[False, True, True]" in w["cudnn"]["computes"] and "bias=True" in w["convgen"]["computes"]
+    assert rows.epilogue_for(Pass.FPROP, rows.FUSED) == rows.Epilogue(bias=True, relu=True, out_dtype="float16")
+    with pytest.raises(ValueError, match="no fused comparison"):
+        rows.Item("s", Layer("l", PROB), Pass.DGRAD, rows.FUSED)
+
+
+class _Recorder:
+    """Stands in for convgen's and torch's calls: records what each side was asked to compute."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, name):
+        def fn(*args, **kw):
+            self.calls.append((name, args, kw))
+            return (None, "dw", None) if name == "convolution_backward" else name
+        return fn
+
+
+def _fake_torch(rec):
+    from types import SimpleNamespace
+
+    F = SimpleNamespace(conv2d=rec("conv2d"), relu=rec("relu"))
+    return SimpleNamespace(nn=SimpleNamespace(functional=F),
+                           ops=SimpleNamespace(aten=SimpleNamespace(convolution_backward=rec("convolution_backward"))))
+
+
+@pytest.mark.parametrize("variant", ["same", "fused"])
+def test_the_harness_hands_both_sides_the_same_work(variant, monkeypatch):
+    """Session.ops with convgen's and torch's calls recorded: the same-work rows give neither
+    side a bias or a db, and the fused rows give both."""
+    import convgen
+
+    rec = _Recorder()
+    for name in ("conv2d", "conv2d_dgrad", "conv2d_wgrad"):
+        monkeypatch.setattr(convgen, name, rec(name))
+    session = harness.Session(None, _fake_torch(rec), FakeDevice(), Target("sm_90", 132), _args(["--suite", "cifar-vgg"]))
+    data = {k: k for k in ("x", "w", "dy", "b32", "x_t", "w_t", "dy_t", "b_t")}
+    fused = variant == "fused"
+    cg, cd = session.ops(PROB, Pass.FPROP, data, variant)
+    cg(), cd()
+    (_, a, kw), (_, ta, _) = rec.calls[0], rec.calls[1]
+    assert a[2] == ("b32" if fused else None) and kw["activation"] == ("relu" if fused else None)
+    assert ta[2] == ("b_t" if fused else None)
+    assert [c[0] for c in rec.calls[2:]] == (["relu"] if fused else [])
+    rec.calls.clear()
+    cg, cd = session.ops(PROB, Pass.WGRAD, data, variant)
+    cg()
+    assert cd() == (("dw", None) if fused else ("dw",))
+    (_, _, kw), (_, ta, _) = rec.calls
+    assert kw["bias"] is fused
+    assert ta[3] == ([6] if fused else None) and ta[-1] == [False, True, fused]  # bias_sizes, output_mask
+    if not fused:
+        rec.calls.clear()
+        cg, cd = session.ops(PROB, Pass.DGRAD, data, variant)
+        cg(), cd()
+        assert rec.calls[1][1][-1] == [True, False, False]
 
 
 # --------------------------------------------------------------------------- rows and summaries
@@ -88,138 +179,220 @@ def test_time_stats():
 CEILINGS = {"gemm_tflops": 500.0, "copy_gbps": 4000.0}
 
 
-def fake_row(suite: str, layer: Layer, pass_: Pass, cg_us, cd_us, err=1e-3, cudnn=True):
-    row = bench.new_row(bench.Item(suite, layer, pass_), bias=True, target=Target("sm_90", 132), with_cudnn=cudnn)
-    row["convgen"]["time_us"] = bench.time_stats([cg_us] * 3) if cg_us is not None else None
+def fake_row(suite: str, layer: Layer, pass_: Pass, cg_us, cd_us, err=1e-3, cudnn=True, variant="same",
+             cg_eager=None, cd_eager=None):
+    row = rows.new_row(rows.Item(suite, layer, pass_, variant), target=Target("sm_90", 132), with_cudnn=cudnn)
+    row["convgen"]["time_us"] = stats.time_stats([cg_us] * 3) if cg_us is not None else None
+    row["convgen"]["eager_us"] = stats.time_stats([cg_eager or (cg_us or 0) + 20.0] * 3)
     row["convgen"]["host_us"] = 12.5
     if cudnn:
-        row["cudnn"]["time_us"] = bench.time_stats([cd_us] * 3) if cd_us is not None else None
-        row["check"] = {"rel_err": err, "parts": {}, "tol": bench.TOLERANCE, "ok": err < bench.TOLERANCE}
-    return bench.finish_row(row, CEILINGS)
+        row["cudnn"]["time_us"] = stats.time_stats([cd_us] * 3) if cd_us is not None else None
+        row["cudnn"]["eager_us"] = stats.time_stats([cd_eager or (cd_us or 0) + 20.0] * 3)
+        row["cudnn"]["host_us"] = 30.0
+        row["check"] = {"rel_err": err, "parts": {}, "tol": rows.TOLERANCE, "ok": err < rows.TOLERANCE}
+    return rows.finish_row(row, CEILINGS)
 
 
-def fake_result(cudnn=True):
-    rows = {}
+def fake_result(cudnn=True, fused=False):
+    by_suite, fused_by_suite = {}, {}
     for suite in ("cifar-resnet", "cifar-vgg"):
         rs = []
         for i, layer in enumerate(SUITES[suite][:3]):
             for p in Pass:
                 rs.append(fake_row(suite, layer, p, 10.0 + i, 20.0 + 2 * i if cudnn else None, cudnn=cudnn))
-        rows[suite] = rs
-    rows["cifar-vgg"][0] = fake_row("cifar-vgg", SUITES["cifar-vgg"][0], Pass.FPROP, 5.0, 50.0, err=0.5, cudnn=cudnn)
-    return bench.build_result(
-        list(rows.items()), date="2026-01-02", timestamp="2026-01-02T00:00:00+00:00",
+        by_suite[suite] = rs
+        if fused:
+            fused_by_suite[suite] = [fake_row(suite, SUITES[suite][0], p, 10.0, 1000.0, cudnn=cudnn, variant="fused")
+                                     for p in (Pass.FPROP, Pass.WGRAD)]
+    by_suite["cifar-vgg"][0] = fake_row("cifar-vgg", SUITES["cifar-vgg"][0], Pass.FPROP, 5.0, 50.0, err=0.5, cudnn=cudnn)
+    return report.build_result(
+        list(by_suite.items()), list(fused_by_suite.items()), date="2026-01-02",
+        timestamp="2026-01-02T00:00:00+00:00",
         git={"commit": "abc1234", "dirty": False}, gpu={"name": "NVIDIA H200", "sm_count": 132},
-        versions={}, settings={"reps": 3}, ceilings=CEILINGS, host_overhead_us={}, notes=[],
+        versions={}, settings={"reps": 3, "eager_calls": 50, "eager_trials": 5}, ceilings=CEILINGS,
+        reference={"gemm_tflops": 781.0, "copy_gbps": 4200.0, "source": rows.REFERENCE_SOURCE},
+        launch_floor={"host_us": 4.2}, host_overhead_us={}, notes=[],
     )
 
 
 def test_new_row_static_fields():
     layer = Layer("l", PROB)
-    row = bench.new_row(bench.Item("s", layer, Pass.WGRAD), bias=True, target=Target("sm_90", 132), with_cudnn=False)
+    row = rows.new_row(rows.Item("s", layer, Pass.WGRAD), target=Target("sm_90", 132), with_cudnn=False)
     assert row["cudnn"] is None
     assert row["bytes"] == sum(row["traffic"].values())
     assert row["convgen"]["key"] and row["convgen"]["plan"]["split_k"] >= 1
-    assert row["convgen"]["time_us"] is None and row["speedup"] is None  # nothing invented
+    assert row["convgen"]["time_us"] is None and row["convgen"]["eager_us"] is None
+    assert row["speedup"] is None and row["eager_speedup"] is None and row["cudnn_regime"] is None  # nothing invented
     assert row["problem"] == PROB.as_dict()
-    d = bench.new_row(bench.Item("s", layer, Pass.DGRAD), bias=True, target=None, with_cudnn=True)
+    d = rows.new_row(rows.Item("s", layer, Pass.DGRAD), target=None, with_cudnn=True)
     assert "db" not in d["traffic"] and "bias" not in d["traffic"] and d["convgen"]["key"] is None
 
 
+def test_rows_plan_the_kernel_of_their_work():
+    """A same-work fprop row names the kernel without bias; a fused one the bias+ReLU kernel."""
+    from convgen.planner import make_spec
+
+    layer, t = SUITES["cifar-vgg"][1], Target("sm_90", 132)
+    same = rows.new_row(rows.Item("s", layer, Pass.FPROP), target=t, with_cudnn=True)
+    fused = rows.new_row(rows.Item("s", layer, Pass.FPROP, "fused"), target=t, with_cudnn=True)
+    assert same["convgen"]["key"] == make_spec(layer.problem, Pass.FPROP, target=t, epilogue=rows.Epilogue()).key
+    assert fused["convgen"]["key"] == make_spec(layer.problem, Pass.FPROP, target=t,
+                                                epilogue=rows.Epilogue(bias=True, relu=True)).key
+    assert same["convgen"]["key"] != fused["convgen"]["key"]
+
+
 def test_finish_row_derived_fields():
-    r = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, 25.0)
-    assert r["speedup"] == pytest.approx(2.5)
+    r = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, 25.0, cg_eager=40.0, cd_eager=60.0)
+    assert r["speedup"] == pytest.approx(2.5) and r["eager_speedup"] == pytest.approx(1.5)
     assert r["convgen"]["tflops"] == pytest.approx(r["flops"] / 10.0 / 1e6)
-    fl, _ = bench.floor_us(r["flops"], r["bytes"], 500.0, 4000.0)
+    fl, _ = rows.floor_us(r["flops"], r["bytes"], 500.0, 4000.0)
     assert r["floor_us"] == pytest.approx(fl) and r["over_floor"] == pytest.approx(10.0 / fl)
+    # the constant reference: PROB moves 2992 bytes and does 82,944 FLOPs: memory-bound at 4.2 TB/s
+    assert r["bytes"] == 2992 and r["floor_ref_bound"] == "memory"
+    assert r["floor_ref_us"] == pytest.approx(2992 / 4200e3)
+    assert r["over_floor_ref"] == pytest.approx(10.0 / (2992 / 4200e3))
+    assert r["cudnn_regime"] == "latency/memory"  # a toy layer runs far below 300 TFLOP/s
     only = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, None)
-    assert only["speedup"] is None and only["over_floor"] is not None
+    assert only["speedup"] is None and only["over_floor"] is not None and only["cudnn_regime"] is None
+
+
+def test_regime_threshold():
+    assert rows.regime(299.9) == "latency/memory" and rows.regime(300.0) == "compute" and rows.regime(None) is None
+
+
+# A layer big enough to run compute-bound on the H200 (ResNet-50 l1-3x3 at batch 256: 945 GFLOP)
+BIG = ConvProblem(56, 56, 256, 256, 3, 3, 1, 1, 1, n=256)
 
 
 def test_summarize_per_pass_and_excludes_mismatch():
     layer = Layer("l", PROB)
-    rows = [
+    rs = [
         fake_row("s", layer, Pass.FPROP, 10.0, 20.0),  # 2x
         fake_row("s", layer, Pass.FPROP, 10.0, 80.0),  # 8x -> geomean 4x
         fake_row("s", layer, Pass.DGRAD, 10.0, 10.0),  # 1x
         fake_row("s", layer, Pass.WGRAD, 10.0, 1000.0, err=0.5),  # mismatch: left out
     ]
-    s = bench.summarize(rows)
+    s = report.summarize(rs)
     assert s["speedup"]["fprop"] == pytest.approx(4.0)
     assert s["speedup"]["dgrad"] == pytest.approx(1.0)
     assert s["speedup"]["wgrad"] is None
     assert s["speedup"]["all"] == pytest.approx((2 * 8 * 1) ** (1 / 3))
+    # eager: +20 us on both sides: 40/30 and 100/30 for fprop, 30/30 for dgrad
+    assert s["eager_speedup"]["fprop"] == pytest.approx(math.sqrt(40 / 30 * 100 / 30))
+    assert s["eager_speedup"]["dgrad"] == pytest.approx(1.0)
     assert s["excluded_mismatch"] == 1
     assert s["count"] == {"fprop": 2, "dgrad": 1, "wgrad": 0, "all": 3}
     assert s["costs"]["convgen_host_us_median"] == pytest.approx(12.5)
     assert s["costs"]["compile_cold_ms_median"] is None  # not measured: null, not zero
 
 
+def test_summary_splits_rows_by_cudnn_regime_and_lists_the_compute_bound():
+    big, small = Layer("big", BIG), Layer("small", PROB)
+    flops = rows.useful_flops(BIG)
+    at = lambda tf: flops / (tf * 1e6)  # noqa: E731  the time of a given rate, us
+    rs = [
+        fake_row("s", big, Pass.FPROP, at(500.0), at(400.0)),  # cuDNN 400 TFLOP/s: compute-bound, 1.25x
+        fake_row("s", big, Pass.DGRAD, at(450.0), at(300.0)),  # cuDNN at 300: compute-bound, 1.5x
+        fake_row("s", small, Pass.FPROP, 10.0, 30.0),  # toy layer: latency-bound, 3x
+    ]
+    s = report.summarize(rs)
+    low, comp = s["by_regime"]["latency/memory"], s["by_regime"]["compute"]
+    assert low["count"]["all"] == 1 and low["speedup"]["all"] == pytest.approx(3.0)
+    assert comp["count"]["all"] == 2 and comp["speedup"]["all"] == pytest.approx(math.sqrt(1.25 * 1.5))
+    assert comp["speedup"]["fprop"] == pytest.approx(1.25)
+    listed = {(r["layer"], r["pass"]): r for r in s["compute_bound_rows"]}
+    assert set(listed) == {("big", "fprop"), ("big", "dgrad")}
+    assert listed[("big", "fprop")]["cudnn_tflops"] == pytest.approx(400.0)
+    assert listed[("big", "fprop")]["convgen_tflops"] == pytest.approx(500.0)
+    text = "\n".join(report.summary_lines(s))
+    assert "cuDNN below 300 TFLOP/s (latency/memory-bound), 1 rows: GPU fprop 3.00x" in text
+    assert "compute-bound: big fprop: convgen 500 TFLOP/s, cuDNN 400 TFLOP/s, 1.25x" in text
+
+
 def test_summary_costs_line():
     layer = Layer("l", PROB)
-    rows = [fake_row("s", layer, p, 10.0, 20.0) for p in Pass]
-    for i, r in enumerate(rows):
+    rs = [fake_row("s", layer, p, 10.0, 20.0) for p in Pass]
+    for i, r in enumerate(rs):
         r["convgen"]["compile_cold_ms"] = 100.0 * (i + 1)
         r["convgen"]["compile_warm_ms"] = 2.0
         r["cudnn"]["first_call_ms"] = 50.0
-    s = bench.summarize(rows)
+    s = report.summarize(rs)
     assert s["costs"]["compile_cold_ms_median"] == 200.0 and s["costs"]["compile_cold_ms_max"] == 300.0
-    text = "\n".join(bench.summary_lines(s))
+    text = "\n".join(report.summary_lines(s))
     assert "cold median 200 ms (max 300)" in text and "warm disk 2.0 ms" in text and "autotune) 50 ms" in text
 
 
 def test_table_alignment_and_marks():
     res = fake_result()
-    lines = bench.table_lines(res["suites"][1]["rows"])
+    lines = report.table_lines(res["suites"][1]["rows"])
     header = lines[0]
-    assert header.split()[:2] == ["layer", "pass"] and "speedup" in header and "/floor" in header
-    end = header.index("speedup") + len("speedup")
-    for line in lines[2:]:
-        cell = line[:end].split()[-1]
-        assert cell.endswith("x") and line[end - len(cell):end] == cell  # right-aligned under the header
+    assert header.split()[:2] == ["layer", "pass"] and "GPU x" in header and "eager x" in header and "/floor" in header
+    for col in ("GPU x", "eager x"):
+        end = header.index(col) + len(col)
+        for line in lines[2:]:
+            cell = line[:end].split()[-1]
+            assert cell.endswith("x") and line[end - len(cell):end] == cell  # right-aligned under the header
     assert "MISMATCH err=5.0e-01" in lines[2]
     assert all(line.isascii() for line in lines)
+    cells = lines[3].split()  # cifar-vgg conv1 dgrad: 10 us vs 20 us; eager 30 vs 40; host 12.5 vs 30
+    assert cells[2:10] == ["10.0", "20.0", "2.00x", "30.0", "40.0", "1.33x", "12.5", "30.0"]
 
 
 def test_table_dashes_for_unmeasured():
     res = fake_result(cudnn=False)
-    line = bench.table_lines(res["suites"][0]["rows"])[2]
+    line = report.table_lines(res["suites"][0]["rows"])[2]
     cells = line.split()
-    assert cells[3] == "-" and cells[5] == "-"  # cuDNN us, speedup
+    assert cells[3] == "-" and cells[4] == "-" and cells[6] == "-"  # cuDNN GPU, GPU x, cuDNN eager
 
 
 def test_format_report():
-    text = bench.format_report(fake_result())
+    text = report.format_report(fake_result())
     assert "== cifar-resnet (9 rows) ==" in text and "== cifar-vgg (9 rows) ==" in text
     assert "== all suites ==" in text
-    assert "geomean speedup (cuDNN/convgen): fprop" in text
+    assert "geomean speedup (cuDNN/convgen), GPU time: fprop" in text
+    assert "geomean speedup (cuDNN/convgen), eager time: fprop" in text
     assert "1 row(s) left out of the means" in text
-    assert "NVIDIA H200" in text
+    assert "NVIDIA H200" in text and "781 TFLOP/s" in text and "4.2 TB/s" in text
+    assert "empty kernel costs 4.2 us" in text
+    assert "same work: fprop conv(x, w) without bias on both sides, dgrad dx alone, wgrad dW alone" in text
+    assert "fused" not in text  # no fused section unless asked for
+
+
+def test_fused_rows_never_enter_the_headline_means():
+    plain, with_fused = fake_result(), fake_result(fused=True)
+    assert with_fused["summary"] == plain["summary"]
+    assert [s["summary"] for s in with_fused["suites"]] == [s["summary"] for s in plain["suites"]]
+    f = with_fused["fused"]
+    assert f["label"].startswith("fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu")
+    assert f["summary"]["speedup"]["fprop"] == pytest.approx(100.0) and f["summary"]["count"]["all"] == 4
+    text = report.format_report(with_fused)
+    head, _, tail = text.partition("=== apart from the means above: fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu")
+    assert tail and "== cifar-vgg fused (2 rows) ==" in tail and "100.00x" in tail and "100.00x" not in head
 
 
 # --------------------------------------------------------------------------- files
 
 
 def test_slug_and_filename():
-    assert bench.slug("NVIDIA H200") == "nvidia-h200"
-    assert bench.slug("NVIDIA GeForce RTX 4090 (x)") == "nvidia-geforce-rtx-4090-x"
-    assert bench.result_filename("NVIDIA H200", "2026-01-02", "abc1234", "all") == "nvidia-h200_2026-01-02_abc1234-all.json"
-    assert bench.result_filename("NVIDIA H200", "2026-01-02", None) == "nvidia-h200_2026-01-02_nogit.json"
+    assert report.slug("NVIDIA H200") == "nvidia-h200"
+    assert report.slug("NVIDIA GeForce RTX 4090 (x)") == "nvidia-geforce-rtx-4090-x"
+    assert report.result_filename("NVIDIA H200", "2026-01-02", "abc1234", "all") == "nvidia-h200_2026-01-02_abc1234-all.json"
+    assert report.result_filename("NVIDIA H200", "2026-01-02", None) == "nvidia-h200_2026-01-02_nogit.json"
 
 
 def test_run_tag():
-    assert bench.run_tag(list(SUITES)) == "all"
-    assert bench.run_tag(["cifar-vgg"]) == "cifar-vgg"
-    assert bench.run_tag(["cifar-vgg", "resnet50"]) == "cifar-vgg+resnet50"
-    tag = bench.run_tag([], [Layer("conv", STRIDED)])
+    assert report.run_tag(list(SUITES)) == "all"
+    assert report.run_tag(["cifar-vgg"]) == "cifar-vgg"
+    assert report.run_tag(["cifar-vgg", "resnet50"]) == "cifar-vgg+resnet50"
+    tag = report.run_tag([], [Layer("conv", STRIDED)])
     assert tag.startswith("shape-n2-8x8-c4-k6-3x3-s22-p11")
 
 
 def test_write_json_never_overwrites_and_nulls_nan(tmp_path):
     res = fake_result()
     res["ceilings"] = {"gemm_tflops": float("nan"), "copy_gbps": float("inf"), "pair": (1, 2)}
-    p1 = bench.write_json(res, tmp_path / "out", "a.json")
-    p2 = bench.write_json(res, tmp_path / "out", "a.json")
+    p1 = report.write_json(res, tmp_path / "out", "a.json")
+    p2 = report.write_json(res, tmp_path / "out", "a.json")
     assert p1.name == "a.json" and p2.name == "a-2.json"
 
     def no_constants(c):
@@ -228,14 +401,14 @@ def test_write_json_never_overwrites_and_nulls_nan(tmp_path):
     data = json.loads(p1.read_text(), parse_constant=no_constants)
     assert data["ceilings"] == {"gemm_tflops": None, "copy_gbps": None, "pair": [1, 2]}
     assert data["suites"][0]["rows"][0]["problem"]["stride"] == [1, 1]
-    assert data["format"] == bench.RESULT_FORMAT
+    assert data["format"] == report.RESULT_FORMAT
     assert not list((tmp_path / "out").glob("*.tmp"))
 
 
 def test_git_info(tmp_path):
-    info = bench.git_info(tmp_path, override="deadbeef")
+    info = report.git_info(tmp_path, override="deadbeef")
     assert info == {"commit": "deadbeef", "dirty": None}
-    assert bench.git_info(tmp_path) == {"commit": None, "dirty": None}
+    assert report.git_info(tmp_path) == {"commit": None, "dirty": None}
 
 
 # --------------------------------------------------------------------------- CLI
@@ -249,21 +422,21 @@ def test_cli_parse():
     a = _args(["--suite", "cifar-vgg", "--suite", "resnet50", "--pass", "dgrad", "--reps", "7", "--plot", "x.png",
                "--no-torch", "--json-only", "--layers", "conv1,conv2"])
     assert a.suite == ["cifar-vgg", "resnet50"] and a.pass_ == "dgrad" and a.reps == 7
-    assert a.plot == "x.png" and a.no_torch and a.json_only and a.func is bench.cmd_bench
+    assert a.plot == "x.png" and a.no_torch and a.json_only and a.func is command.cmd_bench
     d = _args(["--suite", "all"])
-    assert d.reps == bench.DEFAULT_REPS and d.warmup == bench.DEFAULT_WARMUP and d.out is None
+    assert d.reps == command.DEFAULT_REPS and d.warmup == command.DEFAULT_WARMUP and d.out is None
     s = _args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3", "--padding", "1"])
     assert (s.n, s.h, s.w) == (4, 16, 16) and s.suite is None
 
 
 def test_resolve_items():
-    suites, items = bench.resolve_items(_args(["--suite", "all"]))
+    suites, items = command.resolve_items(_args(["--suite", "all"]))
     assert suites == list(SUITES)
     assert len(items) == 3 * sum(len(v) for v in SUITES.values())
-    suites, items = bench.resolve_items(_args(["--suite", "cifar-resnet,cifar-vgg", "--layers", "conv1", "--pass", "wgrad"]))
+    suites, items = command.resolve_items(_args(["--suite", "cifar-resnet,cifar-vgg", "--layers", "conv1", "--pass", "wgrad"]))
     assert [(i.suite, i.layer.name, i.pass_) for i in items] == [
         ("cifar-resnet", "conv1", Pass.WGRAD), ("cifar-vgg", "conv1", Pass.WGRAD)]
-    _, items = bench.resolve_items(_args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3",
+    _, items = command.resolve_items(_args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3",
                                           "--padding", "same", "--pass", "fprop"]))
     assert len(items) == 1 and items[0].suite == "shape" and items[0].layer.problem.padding == (1, 1)
 
@@ -276,13 +449,13 @@ def test_resolve_items():
     (["-n", "4", "-h", "16"], "missing"),
 ])
 def test_cli_usage_errors_exit_2(argv, msg, capsys, monkeypatch):
-    monkeypatch.setattr(bench, "gpu_unavailable_reason", lambda: pytest.fail("GPU probed before the arguments"))
+    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: pytest.fail("GPU probed before the arguments"))
     assert main(["bench", *argv]) == 2
     assert msg in capsys.readouterr().err
 
 
 def test_no_gpu_exits_1_with_message(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(bench, "gpu_unavailable_reason", lambda: "test: no device")
+    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: "test: no device")
     assert main(["bench", "--suite", "cifar-vgg", "--out", str(tmp_path)]) == 1
     assert "convgen bench: no CUDA GPU (test: no device)" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
@@ -298,7 +471,7 @@ def test_no_gpu_on_this_machine(capsys):
 
 
 def test_dry_run(capsys, monkeypatch):
-    monkeypatch.setattr(bench, "gpu_unavailable_reason", lambda: pytest.fail("--dry-run probed the GPU"))
+    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: pytest.fail("--dry-run probed the GPU"))
     assert main(["bench", "--suite", "cifar-resnet", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "21 rows" in out and "res3-down" in out and "wgrad" in out
@@ -313,19 +486,19 @@ def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):
     """The whole command around a faked GPU run: naming, JSON, .txt report, printed table."""
     seen = {}
 
-    def fake_run(args, suites, items, bias):
-        seen.update(suites=suites, n=len(items), bias=bias)
-        return fake_result()
+    def fake_run(args, suites, items):
+        seen.update(suites=suites, n=len(items), variants={it.variant for it in items})
+        return fake_result(fused=args.fused)
 
-    monkeypatch.setattr(bench, "gpu_unavailable_reason", lambda: None)
-    monkeypatch.setattr(bench, "run_bench", fake_run)
+    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(harness, "run_bench", fake_run)
     argv = ["bench", "--suite", "cifar-resnet", "--suite", "cifar-vgg", "--out", str(tmp_path), "--no-bias"]
     import importlib.util
 
     have_mpl = importlib.util.find_spec("matplotlib") is not None
     assert main(argv + ["--plot", "auto"]) == 0
     captured = capsys.readouterr()
-    assert seen == {"suites": ["cifar-resnet", "cifar-vgg"], "n": 33, "bias": False}
+    assert seen == {"suites": ["cifar-resnet", "cifar-vgg"], "n": 33, "variants": {"same"}}  # --no-bias: still accepted
     path = tmp_path / "nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg.json"
     assert path.is_file() and path.with_suffix(".txt").is_file()
     assert "== cifar-vgg (9 rows) ==" in captured.out and f"JSON: {path}" in captured.out
@@ -335,27 +508,48 @@ def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):
         assert path.with_suffix(".png").stat().st_size > 1000
     else:
         assert "needs matplotlib" in captured.err
+    assert data["format"] == 2 and data["fused"] is None
+    row = data["suites"][0]["rows"][0]
+    assert row["convgen"]["computes"].startswith("convgen.conv2d(x, w):") and row["variant"] == "same"
     assert main(argv + ["--json-only"]) == 0
     assert capsys.readouterr().out.strip().endswith("cifar-resnet+cifar-vgg-2.json")
+    assert main(argv + ["--json-only", "--fused"]) == 0
+    assert seen["variants"] == {"same", "fused"} and seen["n"] == 33 + 22  # fprop and wgrad of each layer
+    fused = json.loads(tmp_path.joinpath("nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg-3.json").read_text())
+    assert fused["fused"]["suites"][0]["rows"][0]["variant"] == "fused"
+    assert "=== apart from the means above" in tmp_path.joinpath(
+        "nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg-3.txt").read_text()
 
 
 @pytest.mark.parametrize("cudnn", [True, False])
 def test_plot(tmp_path, cudnn):
     pytest.importorskip("matplotlib")
-    p = bench.plot(fake_result(cudnn=cudnn), tmp_path / "sub" / "speedup.png")
+    p = plot.plot(fake_result(cudnn=cudnn, fused=True), tmp_path / "sub" / "speedup.png")
     assert p.stat().st_size > 1000
+
+
+def test_plot_panels_keep_the_fused_comparison_apart():
+    titles = [t for t, _ in plot._panels(fake_result(fused=True))]
+    assert titles[:2] == ["cifar-resnet  (same work)", "cifar-vgg  (same work)"]
+    assert len(titles) == 4 and all("fused bias+ReLU" in t for t in titles[2:])
+
+
+def test_default_out_dir_is_the_repositorys():
+    from pathlib import Path
+
+    assert report.default_out_dir() == Path(__file__).resolve().parent.parent / "benchmarks" / "results"
 
 
 def test_progress_fallback_without_tqdm(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ImportError
-    p = bench.Progress(3)
+    p = harness.Progress(3)
     for label in ("a", "b", "c"):
         p.step(label)
         p.update()
     p.close()
     err = capsys.readouterr().err
     assert "[1/3] a" in err and "[3/3] c" in err
-    q = bench.Progress(3, enabled=False)
+    q = harness.Progress(3, enabled=False)
     q.step("x")
     q.update()
     q.close()
@@ -407,7 +601,7 @@ class FakeDevice:
 
 def test_time_interleaved_abab_flush_and_events_around_op_only():
     dev = FakeDevice()
-    out = bench.time_interleaved(dev, [("A", dev.op("A", 5.0)), ("B", dev.op("B", 7.0))], 3, spin_us=20.0,
+    out = timing.time_interleaved(dev, [("A", dev.op("A", 5.0)), ("B", dev.op("B", 7.0))], 3, spin_us=20.0,
                                  head_start_us=100.0)
     assert out == {"A": [5.0] * 3, "B": [7.0] * 3}
     body = dev.log[dev.log.index("spin100") + 1:-1]
@@ -417,7 +611,7 @@ def test_time_interleaved_abab_flush_and_events_around_op_only():
 
 def test_time_interleaved_without_flush():
     dev = FakeDevice()
-    out = bench.time_interleaved(dev, [("G", dev.op("G", 3.0))], 2, flush=False, spin_us=0.0)
+    out = timing.time_interleaved(dev, [("G", dev.op("G", 3.0))], 2, flush=False, spin_us=0.0)
     assert out == {"G": [3.0, 3.0]} and "flush" not in dev.log
 
 
@@ -428,19 +622,94 @@ def test_host_overhead_per_call():
     def fn():  # 4 us of host time per call
         clock["t"] += 4e-6
 
-    us, clean = bench.host_overhead(dev, fn, 50, clock=lambda: clock["t"])
+    us, clean = timing.host_overhead(dev, fn, 50, clock=lambda: clock["t"])
     assert us == pytest.approx(4.0) and clean is True
     spins = [e for e in dev.log if e.startswith("spin")]
     assert spins == ["spin1000"]  # at least 1 ms of spin in front of the calls
 
 
-def test_epilogue_and_computes():
-    assert bench.epilogue_for(Pass.DGRAD, True).bias is False
-    assert bench.epilogue_for(Pass.WGRAD, True).bias is True
-    assert bench.epilogue_for(Pass.FPROP, False).bias is False
-    c = bench.computes(Pass.WGRAD, True)
-    assert "db" in c["convgen"] and "[False, True, True]" in c["cudnn"]
-    assert "[False, True, False]" in bench.computes(Pass.WGRAD, False)["cudnn"]
+class AsyncDevice(FakeDevice):
+    """A GPU that runs behind the host: a call costs `host` us of the host's clock and queues
+    `gpu` us of work; sync waits for the queue.  What a user's eager loop meets."""
+
+    def __init__(self, host, gpu):
+        super().__init__()
+        self.host, self.gpu, self.now, self.free_at = host, gpu, 0.0, 0.0
+
+    def sync(self):
+        self.now = max(self.now, self.free_at)
+
+    def clock(self):
+        return self.now * 1e-6
+
+    def call(self):
+        self.now += self.host
+        self.free_at = max(self.free_at, self.now) + self.gpu
+
+
+@pytest.mark.parametrize("host, gpu, expect", [(5.0, 20.0, 20.0), (30.0, 10.0, 30.0)])
+def test_eager_time_is_the_larger_of_host_and_gpu_per_call(host, gpu, expect):
+    dev = AsyncDevice(host, gpu)
+    per_call = timing.eager_per_call(dev, dev.call, 100, clock=dev.clock)
+    assert per_call == pytest.approx(expect, rel=0.02)  # within the first call's latency
+
+
+def test_eager_interleaved_alternates_the_sides():
+    dev = FakeDevice()
+    out = timing.eager_interleaved(dev, [("A", dev.op("A", 1.0)), ("B", dev.op("B", 1.0))], calls=2, trials=3,
+                                   clock=lambda: 0.0)
+    assert [e for e in dev.log if e in "AB"] == ["A", "A", "B", "B"] * 3
+    assert {k: len(v) for k, v in out.items()} == {"A": 3, "B": 3}
+
+
+class RowSession(harness.Session):
+    """The harness's row logic on a fake device: each side is an op of known GPU time."""
+
+    def ops(self, problem, pass_, d, variant="same"):
+        def side(name, us):
+            op = self.dev.op(name, us)
+
+            def fn():
+                op()
+                return name  # an output, so the two sides get compared
+            return fn
+        return side("convgen", 7.0), (side("cudnn", 11.0) if self.torch is not None else None)
+
+    def compare(self, pass_, cg_out, cd_out):
+        return {"rel_err": 1e-4, "parts": {}, "tol": rows.TOLERANCE, "ok": True}
+
+
+def test_run_row_fills_the_three_figures_of_both_sides():
+    dev = FakeDevice()
+    dev.empty = dev.op("empty", 0.0)
+    args = _args(["--suite", "cifar-vgg", "--reps", "4", "--eager-calls", "3", "--eager-trials", "2", "--host-calls", "5"])
+    session = RowSession(None, object(), dev, Target("sm_90", 132), args)
+    item = rows.Item("s", Layer("l", PROB), Pass.FPROP)
+    row = rows.new_row(item, target=None, with_cudnn=True)
+    session.run_row(item, row, {"x": 1}, 0, None)
+    rows.finish_row(row, CEILINGS)
+    for side, us in (("convgen", 7.0), ("cudnn", 11.0)):
+        r = row[side]
+        assert r["time_us"]["median"] == pytest.approx(us) and r["time_us"]["n"] == 4, side
+        assert r["eager_us"]["n"] == 2 and r["eager_us"]["median"] >= 0.0
+        assert r["host_us"] is not None and r["host_clean"] is True
+        assert r["error"] is None
+    assert row["speedup"] == pytest.approx(11.0 / 7.0) and row["check"]["ok"] is True
+    assert row["cudnn"]["first_call_ms"] is not None and row["spin_us"] >= timing.MIN_SPIN_US
+    assert dev.log.count("convgen") == args.warmup + 3 + 5 + 4 + 2 * 3  # warm-up, host probe + calls, reps, eager
+    floor = session.launch_floor(10)
+    assert floor["host_us"] is not None and floor["error"] is None and "empty" in dev.log
+
+
+def test_run_row_without_eager_leaves_it_null():
+    dev = FakeDevice()
+    args = _args(["--suite", "cifar-vgg", "--reps", "2", "--eager-calls", "0", "--host-calls", "0"])
+    session = RowSession(None, object(), dev, Target("sm_90", 132), args)
+    item = rows.Item("s", Layer("l", PROB), Pass.WGRAD)
+    row = rows.new_row(item, target=None, with_cudnn=True)
+    session.run_row(item, row, {"x": 1}, 0, None)
+    assert row["convgen"]["eager_us"] is None and row["convgen"]["time_us"]["n"] == 2
+    assert row["spin_us"] == 100.0  # host cost not measured: the generous spin
 
 
 def test_bench_module_imports_no_gpu_libraries():
@@ -448,8 +717,9 @@ def test_bench_module_imports_no_gpu_libraries():
 
     from pathlib import Path
 
-    root = Path(bench.__file__).resolve().parent.parent
-    code = ("import sys, convgen.cli, convgen.bench; convgen.cli.build_parser(); "
+    root = Path(__file__).resolve().parent.parent
+    code = ("import sys, convgen.cli, convgen.tools.bench.command, convgen.tools.bench.harness, "
+            "convgen.tools.bench.plot; convgen.cli.build_parser(); "
             "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'tqdm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
     assert out.strip() == "[]"
@@ -457,13 +727,13 @@ def test_bench_module_imports_no_gpu_libraries():
 
 def test_geomean_matches_math():
     vals = [1.5, 2.5, 0.7]
-    assert bench.geomean(vals) == pytest.approx(math.prod(vals) ** (1 / 3))
+    assert stats.geomean(vals) == pytest.approx(math.prod(vals) ** (1 / 3))
 
 
 def test_argparse_namespace_untouched_by_resolve():
     a = _args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3"])
     before = dict(vars(a))
-    bench.resolve_items(a)
+    command.resolve_items(a)
     assert vars(a) == before
     assert isinstance(a, argparse.Namespace)
 
@@ -471,18 +741,65 @@ def test_argparse_namespace_untouched_by_resolve():
 def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
     """A row names the plan convgen.conv2d runs on that GPU: the shipped tuned plan where
     there is one (the bench once recorded the planner's plan next to a tuned plan's time)."""
-    from convgen import tune
+    from convgen import tuning_db
     from convgen.planner import plan as default_plan
 
     layer = SUITES["resnet50"][-2]  # l4-3x3: tuned on the H200, differently from the planner
     target = Target("sm_90", 132)
-    tuned = tune.lookup("NVIDIA H200", layer.problem.geometry, Pass.DGRAD, "float16", "sm_90")
+    tuned = tuning_db.lookup("NVIDIA H200", layer.problem.geometry, Pass.DGRAD, "float16", "sm_90")
     assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.DGRAD, target).as_dict()
-    item = bench.Item("resnet50", layer, Pass.DGRAD)
-    row = bench.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
+    item = rows.Item("resnet50", layer, Pass.DGRAD)
+    row = rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
     assert row["convgen"]["plan"] == tuned.as_dict()
-    assert bench.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
+    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
         == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
     monkeypatch.setenv("CONVGEN_TUNED", "0")
-    assert bench.new_row(item, bias=True, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
+    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
         == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
+
+
+def test_run_bench_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path):
+    """run_bench's orchestration (stream, device, ceilings, launch floor, one data set per
+    layer, rows of both variants, settings, grouping) with CuPy, the device and the session's
+    GPU calls faked: what the H200 run goes through, minus the kernels."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import convgen.compile
+    import convgen.runtime
+
+    dev = FakeDevice()
+    dev.empty = dev.op("empty", 0.0)
+    dev.recalibrate = lambda: None
+    dev.cycles_per_us = 1980.0
+    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Stream=SimpleNamespace(null=contextlib.nullcontext()),
+                                                     Device=lambda *a: SimpleNamespace(id=0)))
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(convgen.compile, "detect_target", lambda: Target("sm_90", 132))
+    monkeypatch.setattr(convgen.runtime, "_gpu_name", lambda i: "NVIDIA H200")
+    monkeypatch.setattr(harness, "CudaDevice", lambda cp, stream: dev)
+    monkeypatch.setattr(harness, "_environment", lambda cp, torch, target: {
+        "gpu": {"name": "NVIDIA H200", "arch": target.arch, "sm_count": target.sm_count}, "versions": {}})
+    monkeypatch.setattr(harness.Session, "ceilings", lambda self: {"gemm_tflops": 700.0, "copy_gbps": 4000.0})
+    made = []
+    monkeypatch.setattr(harness.Session, "make_data", lambda self, problem, seed: made.append(problem) or {"x": 1})
+    monkeypatch.setattr(harness.Session, "ops", RowSession.ops)
+    monkeypatch.setattr(harness.Session, "compare", RowSession.compare)
+    args = _args(["--suite", "cifar-resnet", "--layers", "conv1,res3", "--fused", "--no-torch", "--no-compile-time",
+                  "--no-progress", "--reps", "3", "--eager-calls", "2", "--eager-trials", "2", "--host-calls", "4"])
+    suites, items = command.resolve_items(args)
+    result = harness.run_bench(args, suites, items)
+    assert len(made) == 2  # one data set per layer, shared by its passes and variants
+    assert [r["pass"] for r in result["suites"][0]["rows"]] == ["fprop", "dgrad", "wgrad"] * 2
+    assert [(r["layer"], r["pass"]) for r in result["fused"]["suites"][0]["rows"]] == [
+        ("conv1", "fprop"), ("conv1", "wgrad"), ("res3", "fprop"), ("res3", "wgrad")]
+    row = result["suites"][0]["rows"][0]
+    assert row["convgen"]["time_us"]["median"] == pytest.approx(7.0) and row["convgen"]["eager_us"]["n"] == 2
+    assert row["cudnn"] is None and row["variant"] == "same" and "bias" not in row["traffic"]
+    assert row["convgen"]["plan"] is not None  # the tuned H200 plan it would run
+    assert result["launch_floor"]["host_us"] is not None and result["launch_floor"]["calls"] == 100
+    assert result["settings"]["fused"] is True and result["settings"]["eager_calls"] == 2
+    assert result["reference"]["gemm_tflops"] == 781.0 and result["format"] == report.RESULT_FORMAT
+    path = report.write_json(result, tmp_path, "r.json")
+    assert json.loads(path.read_text())["fused"]["summary"]["count"]["all"] == 0  # no cuDNN side: no speedups
+    assert "launch floor" in report.format_report(result)

@@ -378,9 +378,11 @@ def test_concurrent_writers(tmp_path):
 
 
 def test_write_is_atomic_and_leaves_no_temp(tmp_path):
+    from convgen.fsio import atomic_write
+
     path = tmp_path / "cache" / "kernels" / "k.bin"
     for i in range(20):
-        cc._write_entry(path, "sm_90", bytes([i]) * 1000)
+        atomic_write(path, cc._pack("sm_90", bytes([i]) * 1000))
         assert cc._read_entry(path, "sm_90") == bytes([i]) * 1000
     assert [p.name for p in path.parent.iterdir()] == ["k.bin"]
 

@@ -87,11 +87,11 @@ def test_the_failure_message_names_the_command():
 
 def test_the_tuned_snapshot_is_what_the_runtime_runs_on_an_h200(tmp_path, monkeypatch):
     """generated/cuda/tuned-h200 holds, for every entry of the shipped database, the plan the
-    run-time lookup (convgen.tune.tuned_plan, with no user database) picks on an H200: no entry
+    run-time lookup (convgen.tuning_db.tuned_plan, with no user database) picks on an H200: no entry
     is missing, none is extra."""
     import json
 
-    from convgen import tune
+    from convgen import tuning_db as tune
     from convgen.ir import Pass
     from convgen.suites import SUITES
 

@@ -334,11 +334,11 @@ def test_bad_arguments_name_the_problem():
 
 
 def _tuned_cases():
-    from convgen.tune import SHIPPED_DIR, _read_db
+    from convgen.tuning_db import SHIPPED_DIR, read_db
 
     cases = []
     for path in sorted(SHIPPED_DIR.glob("*.json")):
-        for gpu, entries in _read_db(path).get("gpus", {}).items():
+        for gpu, entries in read_db(path).get("gpus", {}).items():
             for key, entry in sorted(entries.items()):
                 cases.append(pytest.param(gpu, entry, id=f"{gpu}-{entry['pass']}-{key[:8]}"))
     return cases
@@ -349,7 +349,7 @@ def test_shipped_tuned_plans_match_the_reference(gpu, entry, target):
     """Every plan a shipped tuning database can hand the runtime is checked like the planner's."""
     import cupy as cp
 
-    from convgen.tune import gpu_slug
+    from convgen.tuning_db import gpu_slug
 
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     if gpu_slug(name) != gpu:
@@ -462,7 +462,7 @@ def test_halo_hand_plans_exact(case, split):
 
 
 def _halo_candidates():
-    from convgen import tune
+    from convgen.tools import tune
     from convgen.ir import Target
 
     out = []
@@ -490,7 +490,7 @@ def test_every_halo_candidate_matches_the_reference(suite, layer, pass_, plan, t
 @st.composite
 def halo_cases(draw):
     """A shape one of the halo paths accepts, and one of the halo plans tune offers it."""
-    from convgen import tune
+    from convgen.tools import tune
 
     n = draw(st.integers(1, 4))
     r, s = draw(st.integers(2, 5)), draw(st.integers(1, 5))

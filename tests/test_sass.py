@@ -15,12 +15,13 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from convgen import tune
+from convgen import tuning_db
+from convgen.tools import tune
 from convgen.cli import main
 from convgen.emit import emit
 from convgen.ir import Epilogue, Pass, Target
 from convgen.planner import halo_path, make_spec
-from convgen.sass import find_cuobjdump, kernel_sass, read_cubin, source_sass
+from convgen.tools.sass import find_cuobjdump, kernel_sass, read_cubin, source_sass
 from convgen.suites import SUITES
 
 CUOBJDUMP = find_cuobjdump()
@@ -35,7 +36,7 @@ def _shipped_spec(layer, pass_):
     """The kernel convgen.conv2d & co. run on an H200 for this layer: the shipped tuned plan and
     the runtime's default epilogue (bias in fprop, db in wgrad)."""
     target = Target("sm_90")
-    tuned = tune.lookup(H200, layer.problem.geometry, pass_, "float16", target.arch)
+    tuned = tuning_db.lookup(H200, layer.problem.geometry, pass_, "float16", target.arch)
     assert tuned is not None, f"no shipped H200 plan for {layer.name} {pass_.value}"
     return make_spec(layer.problem, pass_, target=target, epilogue=Epilogue(bias=pass_ is not Pass.DGRAD), plan_=tuned)
 
@@ -235,6 +236,15 @@ def test_cli_names_the_tuned_halo_plans(capsys):
     """CIFAR-VGG conv32 dgrad ships a halo plan for the H200; the table must say so."""
     assert main(["sass", "--suite", "cifar-vgg", "--pass", "dgrad", "--tuned", "NVIDIA H200"]) == 0
     row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("conv32"))
-    tuned = tune.lookup(H200, next(l for l in SUITES["cifar-vgg"] if l.name == "conv32").problem.geometry,
+    tuned = tuning_db.lookup(H200, next(l for l in SUITES["cifar-vgg"] if l.name == "conv32").problem.geometry,
                         Pass.DGRAD, "float16", "sm_90")
     assert tuned.tile_w and f"{tuned.layout()} tuned" in row and f"halo{tuned.tile_w}" in row
+
+
+def test_tuned_for_a_gpu_with_no_database_says_so(capsys, monkeypatch, tmp_path):
+    """`--tuned` naming a GPU no database covers is a usage error, not a silent fall-back
+    to the planner's plans (issue 20)."""
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
+    assert main(["sass", "--suite", "cifar-vgg", "--pass", "dgrad", "--tuned", "NVIDIA A100"]) == 2
+    err = capsys.readouterr().err
+    assert "no tuning database has plans for 'NVIDIA A100'" in err and "nvidia-h200" in err

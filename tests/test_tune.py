@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from convgen import tune
+from convgen import tuning_db
+from convgen.tools import timing, tune
 from convgen.cli import main
 from convgen.ir import ARCHES, ConvProblem, Pass, Plan, Target
 from convgen.planner import check_plan, halo_path, plan
-from convgen.suites import SUITES
+from convgen.suites import SUITES, TUNED_ON
 
 from test_bench import FakeDevice
 
@@ -61,7 +62,7 @@ def test_split_k_candidates_for_fprop_when_tiles_fill_under_two_waves():
 
 
 def _db_entry(problem: ConvProblem, pass_: Pass, p: Plan) -> tuple[str, dict]:
-    key = tune.tune_key(problem.geometry, pass_, "float16", "sm_90")
+    key = tuning_db.tune_key(problem.geometry, pass_, "float16", "sm_90")
     return key, {"plan": p.as_dict(), "us": 10.0, "default_us": 12.0, "shape": problem.as_dict(), "pass": pass_.value}
 
 
@@ -98,50 +99,50 @@ def test_wgmma_candidates_are_opt_in_and_only_on_sm_90_fprop_dgrad_with_16_byte_
 
 def test_database_round_trip_and_lookup_order(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(tune, "SHIPPED_DIR", tmp_path / "shipped")
-    tune._loaded.clear()
+    monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "shipped")
+    tuning_db._loaded.clear()
     problem = SUITES["cifar-vgg"][1].problem
     target = Target("sm_90")
     cands = tune.candidates(problem, Pass.FPROP, target)
-    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
 
     shipped_plan, user_plan = cands[1], cands[2]
     key, entry = _db_entry(problem, Pass.FPROP, shipped_plan)
-    tune.record(tmp_path / "shipped" / "nvidia-h200.json", "NVIDIA H200", {key: entry})
-    got = tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90")
+    tuning_db.record(tmp_path / "shipped" / "nvidia-h200.json", "NVIDIA H200", {key: entry})
+    got = tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90")
     assert got == shipped_plan and "tuned on NVIDIA H200" in got.reasons[0]
     # Another GPU, pass, dtype or arch does not match.
-    assert tune.lookup("NVIDIA A100", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
-    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.DGRAD, "float16", "sm_90") is None
-    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float32", "sm_90") is None
+    assert tuning_db.lookup("NVIDIA A100", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.DGRAD, "float16", "sm_90") is None
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float32", "sm_90") is None
 
     # The user's own database wins over the shipped one; the write is atomic (no temp left).
     key, entry = _db_entry(problem, Pass.FPROP, user_plan)
-    tune.record(tune.user_db_path(), "NVIDIA H200", {key: entry})
-    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") == user_plan
-    assert [p.name for p in tune.user_db_path().parent.iterdir() if p.name.startswith(".tuning-")] == []
-    data = json.loads(tune.user_db_path().read_text())
-    assert data["format"] == tune.DB_FORMAT and key in data["gpus"]["nvidia-h200"]
+    tuning_db.record(tuning_db.user_db_path(), "NVIDIA H200", {key: entry})
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") == user_plan
+    assert [p.name for p in tuning_db.user_db_path().parent.iterdir() if p.name.endswith(".tmp")] == []
+    data = json.loads(tuning_db.user_db_path().read_text())
+    assert data["format"] == tuning_db.DB_FORMAT and key in data["gpus"]["nvidia-h200"]
 
 
 def test_a_corrupt_database_is_ignored(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tune, "SHIPPED_DIR", tmp_path / "none")
-    tune._loaded.clear()
-    tune.user_db_path().parent.mkdir(parents=True, exist_ok=True)
-    tune.user_db_path().write_text("{ not json")
+    monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "none")
+    tuning_db._loaded.clear()
+    tuning_db.user_db_path().parent.mkdir(parents=True, exist_ok=True)
+    tuning_db.user_db_path().write_text("{ not json")
     problem = SUITES["cifar-vgg"][1].problem
-    assert tune.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") is None
 
 
 def test_shipped_h200_database_holds_feasible_plans_for_every_suite_shape():
-    tune._loaded.clear()
-    data = json.loads((tune.SHIPPED_DIR / "nvidia-h200.json").read_text())
+    tuning_db._loaded.clear()
+    data = json.loads((tuning_db.SHIPPED_DIR / "nvidia-h200.json").read_text())
     entries = data["gpus"]["nvidia-h200"]
     target = Target("sm_90")
-    for layer in LAYERS:
+    for layer in (l for suite in TUNED_ON for l in SUITES[suite]):  # the suites it was tuned on
         for pass_ in Pass:
-            key = tune.tune_key(layer.problem.geometry, pass_, "float16", "sm_90")
+            key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", "sm_90")
             assert key in entries, f"{layer.name} {pass_.value} has no tuned plan"
             p = Plan(**entries[key]["plan"])
             check_plan(p, layer.problem, pass_, target, "float16")
@@ -149,8 +150,9 @@ def test_shipped_h200_database_holds_feasible_plans_for_every_suite_shape():
 
 def test_median_gpu_us_times_only_the_op():
     dev = FakeDevice()
-    us = tune.median_gpu_us(dev, dev.op("op", 7.0), reps=5)
+    us = timing.median_gpu_us(dev, dev.op("op", 7.0), reps=5)
     assert us == pytest.approx(7.0)
+    assert f"spin{timing.TUNE_SPIN_US:g}" in dev.log  # tune's spin: longer than a call's host cost
 
 
 def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
@@ -162,6 +164,20 @@ def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
     monkeypatch.setattr(cc, "detect_target", no_gpu)
     assert main(["tune", "--suite", "cifar-vgg", "--pass", "fprop"]) == 1
     assert "no usable CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    ([], "give --suite NAME or a full shape"),
+    (["--suite", "nope"], "unknown suite"),
+    (["-n", "4", "-h", "16"], "missing -w"),
+])
+def test_tune_usage_errors_exit_2_before_looking_for_a_gpu(argv, msg, monkeypatch, capsys):
+    from convgen import compile as cc
+
+    monkeypatch.setattr(cc, "detect_target", lambda: pytest.fail("GPU probed before the arguments"))
+    assert main(["tune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "GPU" not in err
 
 
 def test_halo_candidates_only_where_the_halo_path_applies():

@@ -106,7 +106,7 @@ __device__ __forceinline__ unsigned long long desc(const void* smem, int lbo, in
 
 def compile_only() -> int:
     from convgen.compile import cached_binary
-    from convgen.sass import find_cuobjdump, read_cubin
+    from convgen.tools.sass import find_cuobjdump, read_cubin
 
     cubin = cached_binary(source(), arch="sm_90a")
     tool = find_cuobjdump()

@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import config, tuning_db
+from .cli_common import UsageError, add_shape_args, add_target_args, epilogue, layers, passes, target
+
 _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.M)
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
 _RESOURCES = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+)")
@@ -58,7 +61,7 @@ class KernelSass:
 
 def find_cuobjdump() -> Optional[str]:
     """``CONVGEN_CUOBJDUMP``, else ``cuobjdump`` on the PATH, else one from the pip wheels."""
-    explicit = os.environ.get("CONVGEN_CUOBJDUMP")
+    explicit = config.CUOBJDUMP.get()
     if explicit:
         return explicit if os.access(explicit, os.X_OK) else None
     found = shutil.which("cuobjdump")
@@ -103,32 +106,34 @@ def kernel_sass(source: Any, cuobjdump: str) -> dict[str, KernelSass]:
 def source_sass(source: str, arch: str, cuobjdump: str) -> dict[str, KernelSass]:
     """:func:`kernel_sass` on plain values, so a process pool can run many side by side
     (NVRTC and cuobjdump each use one CPU)."""
-    from .compile import cached_binary
+    from ..compile import cached_binary
 
     return read_cubin(cached_binary(source, arch=arch), cuobjdump)
 
 
 # ---------------------------------------------------------------------- the command
 def add_parser(sub: Any) -> None:
-    from .cli import _add_shape_args, _add_target_args
-
     p = sub.add_parser("sass", help="compile (no GPU) and report registers, spills and the SASS instruction mix",
                        conflict_handler="resolve")
-    _add_shape_args(p)
-    _add_target_args(p)
+    add_shape_args(p)
+    add_target_args(p)
     p.add_argument("--tuned", metavar="GPU", help="use GPU's tuned plans where its database has one (e.g. 'NVIDIA H200')")
     p.set_defaults(func=cmd_sass)
 
 
 def cmd_sass(args: argparse.Namespace) -> int:
-    from .cli import UsageError, _epilogue, _layers, _passes, _target
-    from .emit import emit
-    from .planner import make_spec
-    from .tune import lookup
+    from ..emit import emit
+    from ..planner import make_spec
 
-    target = _target(args)
-    if target.backend != "cuda":
+    tgt = target(args)
+    if tgt.backend != "cuda":
         raise UsageError("convgen sass reads CUDA cubins; for HIP targets see scripts/hip_check.sh")
+    if args.tuned and not tuning_db.has_database(args.tuned):
+        shipped = ", ".join(tuning_db.shipped_gpus()) or "none"
+        raise UsageError(f"--tuned: no tuning database has plans for {args.tuned!r} (looked in "
+                         f"{tuning_db.user_db_path()} and {tuning_db.shipped_db_path(args.tuned)}; shipped "
+                         f"databases: {shipped}); run `convgen tune` on that GPU, or leave out --tuned")
+    work = [(layer, pass_) for layer in layers(args) for pass_ in passes(args)]  # usage errors first
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         print("convgen sass: no cuobjdump found (install the dev extra, or a CUDA toolkit, "
@@ -136,17 +141,17 @@ def cmd_sass(args: argparse.Namespace) -> int:
         return 1
     print(f"{'layer':12s} {'pass':5s} {'plan':33s} {'regs':>4s} {'stack':>5s} {'instrs':>6s} {'HMMA':>5s} "
           f"{'cp.async':>8s} {'/16B':>5s} {'LDG':>4s} {'STG':>4s} {'/16B':>5s} {'LDSM':>4s} {'LDL+STL':>7s}")
-    for layer in _layers(args):
-        for pass_ in _passes(args):
-            tuned = lookup(args.tuned, layer.problem.geometry, pass_, args.in_dtype, target.arch) if args.tuned else None
-            spec = make_spec(layer.problem, pass_, target=target, epilogue=_epilogue(args, pass_),
-                             in_dtype=args.in_dtype, plan_=tuned)
-            src = emit(spec)
-            k = kernel_sass(src, cuobjdump)[src.main.kernel]
-            p = spec.plan
-            plan = (f"{p.block_m}x{p.block_n}x{p.block_k} v{p.vec_a}/{p.vec_b} k{p.split_k}"
-                    + p.layout() + (" tuned" if tuned else ""))
-            print(f"{layer.name:12s} {pass_.value:5s} {plan:33s} {k.registers:4d} {k.stack:5d} {k.total:6d} "
-                  f"{k.count('HMMA'):5d} {k.count('LDGSTS'):8d} {k.count('LDGSTS', '128'):5d} {k.count('LDG'):4d} "
-                  f"{k.count('STG'):4d} {k.count('STG', '128'):5d} {k.count('LDSM'):4d} {k.local:7d}")
+    for layer, pass_ in work:
+        tuned = (tuning_db.lookup(args.tuned, layer.problem.geometry, pass_, args.in_dtype, tgt.arch)
+                 if args.tuned else None)
+        spec = make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),
+                         in_dtype=args.in_dtype, plan_=tuned)
+        src = emit(spec)
+        k = kernel_sass(src, cuobjdump)[src.main.kernel]
+        p = spec.plan
+        plan = (f"{p.block_m}x{p.block_n}x{p.block_k} v{p.vec_a}/{p.vec_b} k{p.split_k}"
+                + p.layout() + (" tuned" if tuned else ""))
+        print(f"{layer.name:12s} {pass_.value:5s} {plan:33s} {k.registers:4d} {k.stack:5d} {k.total:6d} "
+              f"{k.count('HMMA'):5d} {k.count('LDGSTS'):8d} {k.count('LDGSTS', '128'):5d} {k.count('LDG'):4d} "
+              f"{k.count('STG'):4d} {k.count('STG', '128'):5d} {k.count('LDSM'):4d} {k.local:7d}")
     return 0

@@ -4,8 +4,10 @@ The planner's rules are a good start but cannot know a chip's cache sizes,
 occupancy limits and launch costs; timing a handful of candidates per shape can.
 Winners go to a tuning database keyed by GPU name and shape (the user's, under the
 cache directory, written atomically), which ``convgen.conv2d`` and friends consult
-before planning.  Databases measured on our own machines ship in
-``convgen/tuning/`` and are used when the user has not tuned that shape.
+before planning (:mod:`convgen.tuning_db`, the library's side: this module writes it,
+the run-time path only reads it).  Databases measured on our own machines ship in
+``convgen/tuning/`` and are used when the user has not tuned that shape.  Candidates
+are timed by :mod:`convgen.tools.timing`, the same method as `convgen bench`.
 
 Every candidate's output is checked against the default plan's before its time
 counts, so a tuned plan can be faster but never wrong.
@@ -15,22 +17,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import itertools
 import json
 import math
 import os
-import re
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from .ir import ConvGeometry, ConvProblem, Pass, Plan, Target
-from .planner import FRAG, check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
-
-DB_FORMAT = 1
-SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
+from .. import tuning_db
+from ..fsio import atomic_write
+from ..ir import ConvProblem, Pass, Plan, Target
+from ..planner import FRAG, check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
+from . import timing
+from .cli_common import add_shape_args, layers, passes
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -257,99 +257,12 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     return out + multi
 
 
-# ---------------------------------------------------------------------- the database
-def gpu_slug(name: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def tune_key(geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> str:
-    blob = json.dumps({"g": geometry.as_dict(), "p": pass_.value, "i": in_dtype, "a": arch}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def user_db_path() -> Path:
-    from .compile import cache_dir
-
-    return cache_dir() / "tuning.json"
-
-
-def _read_db(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) and data.get("format") == DB_FORMAT else {}
-
-
-def _write_db(path: Path, data: dict[str, Any]) -> None:
-    """Atomic replace: a concurrent reader sees the old or the new file, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tuning-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-_loaded: dict[str, dict[str, Any]] = {}
-
-
-def tuned_plan(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
-    """The plan ``convgen.conv2d`` and friends run when not given one: the tuned plan for
-    this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's.  `convgen bench`
-    records its rows' plans through here, so a row names the plan that was timed."""
-    if os.environ.get("CONVGEN_TUNED", "1") == "0":
-        return None
-    return lookup(gpu_name, geometry, pass_, in_dtype, arch)
-
-
-def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
-    """The tuned plan for this shape on this GPU: the user's database first, then the shipped one."""
-    slug = gpu_slug(gpu_name)
-    key = tune_key(geometry, pass_, in_dtype, arch)
-    for path in (user_db_path(), SHIPPED_DIR / f"{slug}.json"):
-        db = _loaded.get(str(path))
-        if db is None:
-            db = _loaded[str(path)] = _read_db(path)
-        entry = db.get("gpus", {}).get(slug, {}).get(key)
-        if entry:
-            fields = {f.name for f in dataclasses.fields(Plan)} - {"reasons"}
-            plan = Plan(**{k: v for k, v in entry["plan"].items() if k in fields},
-                        reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
-            return plan
-    return None
-
-
-def record(path: Path, gpu_name: str, entries: dict[str, dict[str, Any]]) -> None:
-    data = _read_db(path) or {"format": DB_FORMAT, "gpus": {}}
-    data.setdefault("gpus", {}).setdefault(gpu_slug(gpu_name), {}).update(entries)
-    _write_db(path, data)
-    _loaded.pop(str(path), None)
-
-
 # ---------------------------------------------------------------------- timing
 def _compile_one(args: tuple[str, str]) -> None:
-    from .compile import cached_binary
+    from ..compile import cached_binary
 
     source, arch = args
     cached_binary(source, arch=arch)
-
-
-TUNE_SPIN_US = 100.0  # longer than one convgen call's host cost (~25 us), so only GPU time is timed
-
-
-def median_gpu_us(dev: Any, fn: Any, reps: int) -> float:
-    """Median GPU time of `fn` with the same method as `convgen bench` (spin, L2 flush, events)."""
-    import statistics
-
-    from .bench import time_interleaved
-
-    fn()  # warm: module load and first-touch allocations stay out of the samples
-    return statistics.median(time_interleaved(dev, [("op", fn)], reps, spin_us=TUNE_SPIN_US)["op"])
 
 
 def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20,
@@ -359,7 +272,7 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     import cupy as cp
     import numpy as np
 
-    from . import runtime
+    from .. import runtime
 
     rng = np.random.default_rng(0)
     geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
@@ -390,18 +303,16 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
         # times well: its speed then hangs on the spill traffic staying in L1.
         spill = max(k.local_bytes for k in runtime.kernels_for(p))
         ok = bool(np.isfinite(out).all() and err < 1e-2)
-        us = median_gpu_us(dev, lambda: run(p), reps) if ok and (spill == 0 or p is plans[0]) else math.inf
+        us = timing.median_gpu_us(dev, lambda: run(p), reps) if ok and (spill == 0 or p is plans[0]) else math.inf
         rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "spill_bytes": spill,
                      "default": p is plans[0]})
     return rows
 
 
 def add_parser(sub: Any) -> None:
-    from .cli import _add_shape_args
-
     p = sub.add_parser("tune", help="time candidate plans on this GPU and store the fastest",
                        conflict_handler="resolve")
-    _add_shape_args(p)
+    add_shape_args(p)
     p.add_argument("--pass", dest="pass_", default="all", choices=("fprop", "dgrad", "wgrad", "all"))
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--db", help="tuning database to update (default: the user's, under the cache dir)")
@@ -412,12 +323,14 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .cli import _layers, _passes
-    from .compile import DeviceError, detect_target
-    from .emit import emit
-    from .ir import Epilogue
-    from .planner import make_spec
+    from ..compile import DeviceError, detect_target
+    from ..emit import emit
+    from ..ir import Epilogue
+    from ..planner import make_spec
 
+    # The arguments first: no arguments, an unknown suite or a partial shape is a usage
+    # error (exit 2) whether or not this machine has a GPU.
+    work = [(layer, pass_) for layer in layers(args) for pass_ in passes(args)]
     try:
         import cupy as cp
 
@@ -429,9 +342,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
 
-    from .bench import CudaDevice
-
-    work = [(layer, pass_) for layer in _layers(args) for pass_ in _passes(args)]
     # Compile every candidate in parallel first (NVRTC is single-threaded per program).
     sources = []
     for layer, pass_ in work:
@@ -441,7 +351,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             sources.append((src.source, src.compile_arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_one, sources, chunksize=4))
-    dev = CudaDevice(cp, cp.cuda.get_current_stream())
+    dev = timing.CudaDevice(cp, cp.cuda.get_current_stream())
     entries, log = {}, []
     print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
     for layer, pass_ in work:
@@ -456,15 +366,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if spilled:
             print(f"  ({len(spilled)} candidate(s) of {layer.name} {pass_.value} spill registers and were not timed)",
                   file=sys.stderr)
-        key = tune_key(layer.problem.geometry, pass_, "float16", target.arch)
+        key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", target.arch)
         entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
                         "shape": layer.problem.as_dict(), "pass": pass_.value}
         log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(), "rows": rows})
         print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
               f"{Plan(**best['plan']).brief()}", flush=True)
-    path = Path(args.db) if args.db else user_db_path()
-    record(path, gpu_name, entries)
+    path = Path(args.db) if args.db else tuning_db.user_db_path()
+    tuning_db.record(path, gpu_name, entries)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")
     if args.log:
-        Path(args.log).write_text(json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
+        atomic_write(args.log, json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
     return 0

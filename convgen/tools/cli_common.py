@@ -1,0 +1,93 @@
+"""What every `convgen` command shares: the usage error, shape and target arguments, and
+turning them into layers, passes, targets and epilogues.
+
+The commands (`convgen.cli` and the tools' own modules) import these by name, so none of
+them reaches into another command's private helpers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..ir import ARCHES, ConvProblem, Epilogue, Pass, Target
+from ..suites import Layer, get_suite
+
+DEFAULT_ARCH = {"cuda": "sm_90", "hip": "gfx1201"}
+
+
+class UsageError(ValueError):
+    """Bad command-line input: `convgen` prints it on one line and exits with status 2."""
+
+
+def pair(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or H,W, got {text!r}") from None
+    if len(parts) == 1:
+        return (parts[0], parts[0])
+    if len(parts) == 2:
+        return (parts[0], parts[1])
+    raise argparse.ArgumentTypeError(f"expected N or H,W, got {text!r}")
+
+
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("shape (instead of --suite)")
+    g.add_argument("--suite", help="a built-in suite (see `convgen suites`)")
+    for name, help_ in (("n", "batch size"), ("h", "input height"), ("w", "input width"),
+                        ("c", "input channels"), ("k", "output channels"), ("r", "filter height"),
+                        ("s", "filter width")):
+        g.add_argument(f"-{name}", type=int, dest=name, help=help_)
+    g.add_argument("--stride", type=pair, default=(1, 1), help="N or H,W (default 1)")
+    g.add_argument("--padding", default="0", help="N, H,W, 'same' or 'valid' (default 0)")
+    g.add_argument("--dilation", type=pair, default=(1, 1), help="N or H,W (default 1)")
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("cuda", "hip"), help="default: cuda, or the backend of --arch")
+    p.add_argument("--arch", choices=sorted(ARCHES), help="default: sm_90 (cuda) or gfx1201 (hip)")
+    p.add_argument("--sm-count", type=int, help="SMs / CUs for split-K sizing (default: a typical part of the arch)")
+    p.add_argument("--pass", dest="pass_", default="all", choices=("fprop", "dgrad", "wgrad", "all"))
+    p.add_argument("--in-dtype", default="float16", choices=("float16", "float32"))
+    p.add_argument("--out-dtype", default="float16", choices=("float16", "float32"))
+    p.add_argument("--no-bias", action="store_true", help="fprop without bias, wgrad without db")
+    p.add_argument("--relu", action="store_true", help="fused ReLU in fprop")
+
+
+def target(args: argparse.Namespace) -> Target:
+    arch = args.arch or DEFAULT_ARCH[args.backend or "cuda"]
+    if args.backend and ARCHES[arch].backend != args.backend:
+        raise UsageError(f"--arch {arch} is a {ARCHES[arch].backend} target, not {args.backend}")
+    return Target(arch, args.sm_count)
+
+
+def layers(args: argparse.Namespace) -> list[Layer]:
+    """The layers the arguments name: a suite's, or the one full shape."""
+    shape = [args.n, args.h, args.w, args.c, args.k, args.r, args.s]
+    if args.suite:
+        if any(v is not None for v in shape):
+            raise UsageError("give either --suite or a single shape (-n -h -w -c -k -r -s), not both")
+        return list(get_suite(args.suite))
+    missing = [f"-{n}" for n, v in zip("nhwckrs", shape) if v is None]
+    if missing:
+        raise UsageError(f"give --suite NAME or a full shape; missing {' '.join(missing)}")
+    padding: object = args.padding
+    if args.padding not in ("same", "valid"):
+        try:
+            padding = pair(args.padding)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"--padding: {exc}") from None
+    problem = ConvProblem.create(*shape, stride=args.stride, padding=padding, dilation=args.dilation)  # type: ignore[arg-type]
+    return [Layer("conv", problem)]
+
+
+def passes(args: argparse.Namespace) -> list[Pass]:
+    return list(Pass) if args.pass_ == "all" else [Pass.parse(args.pass_)]
+
+
+def epilogue(args: argparse.Namespace, pass_: Pass) -> Epilogue:
+    return Epilogue(
+        bias=not args.no_bias and pass_ is not Pass.DGRAD,
+        relu=args.relu and pass_ is Pass.FPROP,
+        out_dtype=args.out_dtype,
+    )

@@ -1,0 +1,117 @@
+"""The tuning database: plans `convgen tune` measured fastest, per GPU and shape.
+
+This is the library's side of tuning: the run-time path reads it before planning, and
+`convgen tune` (in ``convgen.tools``) writes it; nothing here times or imports the tools.
+Two databases are consulted, the user's first:
+
+* the user's, ``tuning.json`` under the cache directory (``CONVGEN_CACHE_DIR``);
+* the shipped ones, ``convgen/tuning/<gpu-slug>.json``, measured on our own machines.
+
+An entry is keyed by :func:`tune_key` (geometry, pass, input dtype, arch) under the GPU's
+slug; writes are atomic (:func:`convgen.fsio.atomic_write`), and a corrupt or foreign file
+reads as empty, so a bad database costs speed, never correctness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from . import config
+from .fsio import atomic_write
+from .ir import ConvGeometry, Pass, Plan
+
+DB_FORMAT = 1
+SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
+
+
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def tune_key(geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> str:
+    blob = json.dumps({"g": geometry.as_dict(), "p": pass_.value, "i": in_dtype, "a": arch}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def user_db_path() -> Path:
+    from .compile import cache_dir
+
+    return cache_dir() / "tuning.json"
+
+
+def shipped_db_path(gpu_name: str) -> Path:
+    return SHIPPED_DIR / f"{gpu_slug(gpu_name)}.json"
+
+
+def read_db(path: Path) -> dict[str, Any]:
+    """The database at `path`; {} when it is missing, unreadable, corrupt or another format."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("format") == DB_FORMAT else {}
+
+
+_loaded: dict[str, dict[str, Any]] = {}
+
+
+def _cached(path: Path) -> dict[str, Any]:
+    db = _loaded.get(str(path))
+    if db is None:
+        db = _loaded[str(path)] = read_db(path)
+    return db
+
+
+def entries_for(gpu_name: str) -> dict[str, dict[str, Any]]:
+    """Every tuned entry this GPU has, the user's over the shipped ones (key -> entry)."""
+    slug = gpu_slug(gpu_name)
+    out: dict[str, dict[str, Any]] = {}
+    for path in (shipped_db_path(gpu_name), user_db_path()):
+        out.update(_cached(path).get("gpus", {}).get(slug, {}))
+    return out
+
+
+def has_database(gpu_name: str) -> bool:
+    """Whether any database holds plans for this GPU (a tuned lookup for one that has
+    none is a mistake worth reporting, not a silent fall-back to the planner)."""
+    return bool(entries_for(gpu_name))
+
+
+def shipped_gpus() -> list[str]:
+    """The GPU slugs the shipped databases cover."""
+    return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
+
+
+def tuned_plan(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
+    """The plan ``convgen.conv2d`` and friends run when not given one: the tuned plan for
+    this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's.  `convgen bench`
+    records its rows' plans through here, so a row names the plan that was timed."""
+    if not config.TUNED.enabled():
+        return None
+    return lookup(gpu_name, geometry, pass_, in_dtype, arch)
+
+
+def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
+    """The tuned plan for this shape on this GPU: the user's database first, then the shipped one."""
+    slug = gpu_slug(gpu_name)
+    key = tune_key(geometry, pass_, in_dtype, arch)
+    for path in (user_db_path(), shipped_db_path(gpu_name)):
+        entry = _cached(path).get("gpus", {}).get(slug, {}).get(key)
+        if entry:
+            fields = {f.name for f in dataclasses.fields(Plan)} - {"reasons"}
+            return Plan(**{k: v for k, v in entry["plan"].items() if k in fields},
+                        reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
+    return None
+
+
+def record(path: Path, gpu_name: str, entries: dict[str, dict[str, Any]]) -> None:
+    """Merge `entries` into the database at `path` for this GPU (an atomic replace)."""
+    data = read_db(path) or {"format": DB_FORMAT, "gpus": {}}
+    data.setdefault("gpus", {}).setdefault(gpu_slug(gpu_name), {}).update(entries)
+    atomic_write(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    _loaded.pop(str(path), None)
