@@ -19,6 +19,7 @@ import numpy as np
 
 from .emit import KernelSource, emit
 from .ir import ConvProblem, Epilogue, Pass, Plan, PairLike, resolve_padding
+from .limits import check_launch
 from .planner import make_spec
 
 _FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -130,6 +131,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
     k = _cache.get(key)
     if k is not None:
+        check_launch(k.source, problem.n)  # built for another batch: check this one (convgen/limits.py)
         return k
     cupy = _cupy()
     with _lock, cupy.cuda.Device(device_id):  # detect, compile for and load on the arrays' device
@@ -150,6 +152,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
                 set_max_dynamic_shared_memory(main, src.main.shared_mem)
             k = _cache[key] = _Kernel.build(src, main, fns[src.reduce.kernel] if src.reduce else None)
+    check_launch(k.source, problem.n)
     return k
 
 
