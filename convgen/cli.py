@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("suites", help="list the built-in suites and their layers")
     p.set_defaults(func=cmd_suites)
 
-    for module in ("convgen.bench", "convgen.tune", "convgen.sass"):  # commands that live in their own modules
+    for module in ("convgen.bench", "convgen.tune", "convgen.sass", "convgen.cache_cmd"):  # commands that live in their own modules
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
