@@ -17,7 +17,7 @@ from typing import Callable, Iterable, NoReturn, Sequence
 from . import tuning_db
 from .ir import ConvProblem, Pass, Plan
 from .suites import SUITE_INFO, SUITES, Layer
-from .tools import sass, tune
+from .tools import cache, sass, tune
 from .tools.bench import command as bench_command
 from .tools.cli_common import UsageError, add_shape_args, add_target_args, epilogue, layers, passes, target
 
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("suites", help="list the built-in suites and their layers")
     p.set_defaults(func=cmd_suites)
 
-    for command in (bench_command, tune, sass):  # the tools' commands
+    for command in (bench_command, tune, sass, cache):  # the tools' commands
         command.add_parser(sub)
     return parser
 

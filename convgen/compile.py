@@ -10,9 +10,9 @@ with two caches in front of NVRTC:
   a training loop that asks for the same kernel every step pays a dict lookup;
 * an on-disk cache (modelled on Triton's), so a new process does not pay the
   NVRTC time again.  Entries are keyed by a sha256 over everything that can
-  change the binary (see :func:`cache_key`) and carry a header that is checked on
-  every read, so a torn, corrupt or wrong-arch file is deleted and rebuilt,
-  never loaded.
+  change the binary (see :func:`cache_key`) and carry a header (the key's hash,
+  the arch, the payload's length and sha256) that is checked on every read, so a
+  torn, corrupt, wrong-arch or renamed file is deleted and rebuilt, never loaded.
 
 Design choices, and why:
 
@@ -28,7 +28,12 @@ Design choices, and why:
   the cache directory, fsyncs it and ``os.replace``-s it into place.  Two
   processes compiling the same kernel both write identical bytes and the last
   rename wins; a killed process leaves at worst a stray temp file, never a lock
-  that would hang the next run.
+  that would hang the next run, and the next write removes temp files older
+  than five minutes.
+* **Warnings are not dropped.**  NVRTC's log of a kernel that compiled is
+  checked: a warning (once the always-benign #177-D is suppressed) is a
+  :class:`CompilerWarning`, or a :class:`CompileError` with ``CONVGEN_WERROR=1``,
+  which the test suite sets.
 * **The disk is optional.**  If the cache directory cannot be created or written
   (read-only home, full disk), compilation still works, memory-only, with one
   warning per process.
@@ -69,6 +74,7 @@ import struct
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -83,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover - type hints only; CuPy is imported lazily
 
 __all__ = [
     "CompileError",
+    "CompilerWarning",
     "HeaderNotFoundError",
     "DeviceError",
     "cuda_include_dirs",
@@ -102,11 +109,18 @@ __all__ = [
 
 #: Bumped whenever the entry layout or the key recipe changes: old entries then
 #: simply miss (their key differs) and are never misread.
-FORMAT_TAG = 2  # 2: binaries are whole ELF files (see _whole_elf); 1-entries are rebuilt
+FORMAT_TAG = 3  # 3: the header holds the key's hash; 2: binaries are whole ELF files (see _whole_elf)
 _MAGIC = b"CVGNBIN\0"
-# magic, format tag, arch length, payload sha256, payload length; then arch bytes, payload.
-_HEADER = struct.Struct("<8sIH32sQ")
+# magic, format tag, arch length, sha256 of the entry's key, payload sha256, payload length;
+# then arch bytes, payload.
+_HEADER = struct.Struct("<8sIH32s32sQ")
 _CUDA_STD = "-std=c++17"
+# NVRTC's #177-D, "declared but never referenced": the prelude defines helpers (and Map
+# members) that a given kernel may not use.  Suppressed so that any warning left is news.
+_CUDA_DIAG = "--diag-suppress=177"
+# A writer's temp file older than this is from a process that died mid-write: removed on the
+# next write into the folder.  (A live write takes milliseconds.)
+_STALE_TEMP_SECONDS = 300
 
 
 # --------------------------------------------------------------------------- errors
@@ -147,6 +161,10 @@ class CompileError(RuntimeError):
 class HeaderNotFoundError(CompileError):
     """The CUDA/HIP headers that the kernels include could not be found; the
     message says which package or environment variable fixes it."""
+
+
+class CompilerWarning(UserWarning):
+    """NVRTC (hiprtc) compiled a kernel but warned: the warning and the whole log."""
 
 
 class DeviceError(RuntimeError):
@@ -216,7 +234,7 @@ def _arch_flag(arch: str, hip: bool) -> str:
 
 def _fixed_flags(arch: str, hip: bool) -> list[str]:
     """Flags convgen always passes, independent of where the headers are (so part of the key)."""
-    return [_arch_flag(arch, hip), _CUDA_STD]
+    return [_arch_flag(arch, hip), _CUDA_STD] + ([] if hip else [_CUDA_DIAG])
 
 
 # --------------------------------------------------------------------------- headers
@@ -262,10 +280,7 @@ def _wheel_groups() -> list[list[Path]]:
                 by_major.setdefault(name[2:], []).append(inc)
             elif name.startswith("cuda_"):
                 legacy.append(inc)
-    try:
-        major = str(nvrtc_version()[0])
-    except Exception:  # no CuPy / no NVRTC: still report what is there
-        major = ""
+    major = str(_nvrtc_major() or "")
     groups: list[list[Path]] = []
     if major in by_major:
         groups.append(by_major.pop(major))
@@ -286,15 +301,39 @@ _HEADER_FIX = (
 )
 
 
-def cuda_include_dirs() -> list[str]:
-    """The ``-I`` folders NVRTC needs for ``#include <mma.h>``, first source that has them wins.
+def _header_major(dirs: Sequence[Path | str]) -> int | None:
+    """The CUDA major version of a header set, from cuda.h's ``CUDA_VERSION`` (13050 -> 13)."""
+    for d in dirs:
+        try:
+            text = (Path(d) / "cuda.h").read_text(errors="replace")
+        except OSError:
+            continue
+        m = re.search(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)", text, re.M)
+        if m:
+            return int(m.group(1)) // 1000
+    return None
 
-    Order: ``CONVGEN_CUDA_INCLUDE`` (``os.pathsep`` list, taken as given), then
-    the toolkits at ``CUDA_HOME``, ``CUDA_PATH``, ``/usr/local/cuda``, then the
-    pip wheels in ``site-packages/nvidia/*/include``.  Only one source is used,
-    so headers of two CUDA versions are never mixed.  Only existing folders are
-    returned.  Raises :class:`HeaderNotFoundError`, listing every place looked
-    at and the fix, when no source has ``crt/mma.h``.
+
+def _nvrtc_major() -> int | None:
+    try:
+        return nvrtc_version()[0]
+    except Exception:  # no CuPy / no NVRTC: headers are still reported
+        return None
+
+
+def cuda_include_dirs() -> list[str]:
+    """The ``-I`` folders NVRTC needs for ``#include <mma.h>``: headers of NVRTC's own CUDA major.
+
+    ``CONVGEN_CUDA_INCLUDE`` (``os.pathsep`` list) is taken as given.  Otherwise the
+    sources, in order, are the toolkits at ``CUDA_HOME``, ``CUDA_PATH``,
+    ``/usr/local/cuda``, then the pip wheels in ``site-packages/nvidia/*/include``;
+    of those that have ``crt/mma.h``, the first whose CUDA major (cuda.h's
+    ``CUDA_VERSION``) is the loaded NVRTC's wins, so a CUDA 12 toolkit in
+    /usr/local/cuda does not shadow the CUDA 13 wheels NVRTC 13 came with.  A source
+    of unknown major counts as a match; with no match, the first source is used.
+    Only one source is used, so headers of two CUDA versions are never mixed.  Only
+    existing folders are returned.  Raises :class:`HeaderNotFoundError`, listing
+    every place looked at and the fix, when no source has ``crt/mma.h``.
     """
     tried: list[str] = []
     explicit = config.CUDA_INCLUDE.get()
@@ -307,6 +346,7 @@ def cuda_include_dirs() -> list[str]:
             f"CONVGEN_CUDA_INCLUDE={explicit!r} has no crt/mma.h (needed by #include <mma.h>). "
             + _HEADER_FIX
         )
+    found: list[list[str]] = []
     roots = [(var, os.environ.get(var)) for var in ("CUDA_HOME", "CUDA_PATH")]
     roots.append(("default", "/usr/local/cuda"))
     for label, root in roots:
@@ -314,14 +354,19 @@ def cuda_include_dirs() -> list[str]:
             tried.append(f"{label}: unset")
             continue
         incs = [Path(root) / "include", *sorted(Path(root).glob("targets/*/include"))]
-        for inc in incs:
-            if _has_mma(inc):
-                return _with_cccl(inc)
-        tried.append(f"{label}={root}: no include/crt/mma.h")
+        inc = next((i for i in incs if _has_mma(i)), None)
+        if inc is not None:
+            found.append(_with_cccl(inc))
+        else:
+            tried.append(f"{label}={root}: no include/crt/mma.h")
     for group in _wheel_groups():
         if any(_has_mma(d) for d in group):
-            return [str(d) for d in group]
-        tried.append("wheels " + ", ".join(map(str, group)) + ": no crt/mma.h")
+            found.append([str(d) for d in group])
+        else:
+            tried.append("wheels " + ", ".join(map(str, group)) + ": no crt/mma.h")
+    if found:
+        major = _nvrtc_major()
+        return next((dirs for dirs in found if _header_major(dirs) in (major, None)), found[0])
     if not any("wheels" in t for t in tried):
         tried.append("pip wheels: no site-packages/nvidia/*/include")
     raise HeaderNotFoundError(
@@ -426,8 +471,8 @@ def compile_binary(
     includes = [str(include_dir())] + (hip_include_dirs() if hip else cuda_include_dirs())
     opts = _fixed_flags(arch, hip) + [f"-I{d}" for d in includes] + list(options)
     binary, log = _nvrtc_compile(source, name, opts)
+    what = "hiprtc" if hip else "NVRTC"
     if not binary:
-        what = "hiprtc" if hip else "NVRTC"
         first = next((ln for ln in log.splitlines() if "error" in ln), "").strip()
         raise CompileError(
             f"{what} failed to compile {name} for {arch}" + (f": {first}" if first else ""),
@@ -435,7 +480,20 @@ def compile_binary(
             source_path=_dump_failed(source, name, log),
             options=opts,
         )
+    warning = next((ln.strip() for ln in log.splitlines() if "warning" in ln.lower()), "")
+    if warning:
+        message = f"{what} warned compiling {name} for {arch}: {warning}"
+        if _warnings_are_errors():
+            raise CompileError(message + " (CONVGEN_WERROR=1 makes compiler warnings errors)", log=log,
+                               source_path=_dump_failed(source, name, log), options=opts)
+        warnings.warn(CompilerWarning(message + "\n" + log.strip()), stacklevel=2)
     return bytes(binary)
+
+
+def _warnings_are_errors() -> bool:
+    """``CONVGEN_WERROR=1``: a compiler warning fails the compile (the test suite sets it, so an
+    emitted kernel that makes NVRTC warn, e.g. of an int overflow, fails its test)."""
+    return config.WERROR.enabled()
 
 
 # --------------------------------------------------------------------------- disk cache
@@ -492,18 +550,24 @@ def _entry_path(key: str) -> Path:
     return cache_dir() / "kernels" / f"{key}.bin"
 
 
-def _pack(arch: str, payload: bytes) -> bytes:
+def _key_digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def _pack(arch: str, payload: bytes, key: str) -> bytes:
     a = arch.encode()
     digest = hashlib.sha256(payload).digest()
-    return _HEADER.pack(_MAGIC, FORMAT_TAG, len(a), digest, len(payload)) + a + payload
+    return _HEADER.pack(_MAGIC, FORMAT_TAG, len(a), _key_digest(key), digest, len(payload)) + a + payload
 
 
-def _unpack(data: bytes, arch: str) -> bytes | None:
-    """The payload, or None when anything (magic, format, arch, length, hash) is off."""
+def _unpack(data: bytes, arch: str, key: str) -> bytes | None:
+    """The payload, or None when anything (magic, format, key, arch, length, hash) is off.
+    The key's hash binds an entry to its name: a valid entry of another kernel, renamed or
+    copied to this key's file, is refused."""
     if len(data) < _HEADER.size:
         return None
-    magic, fmt, alen, digest, n = _HEADER.unpack_from(data)
-    if magic != _MAGIC or fmt != FORMAT_TAG:
+    magic, fmt, alen, key_digest, digest, n = _HEADER.unpack_from(data)
+    if magic != _MAGIC or fmt != FORMAT_TAG or key_digest != _key_digest(key):
         return None
     start = _HEADER.size + alen
     if data[_HEADER.size:start] != arch.encode() or len(data) != start + n:
@@ -535,19 +599,47 @@ def _disk_failed(folder: Path, exc: OSError) -> None:
 
 
 def _read_entry(path: Path, arch: str) -> bytes | None:
+    """The payload of the entry at `path` (named by its key, see :func:`_entry_path`), or None;
+    an entry that fails any check is deleted."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError:  # not a folder, no permission, I/O error: a miss
         return None
-    payload = _unpack(data, arch)
-    if payload is None:  # corrupt, truncated or another arch: never load it
+    payload = _unpack(data, arch, path.stem)
+    if payload is None:  # corrupt, truncated, another key or another arch: never load it
         try:
             path.unlink()
         except OSError:
             pass
     return payload
+
+
+def _write_entry(path: Path, arch: str, payload: bytes) -> None:
+    """Publish an entry bound to its key (the file's stem), clearing writers' stale temps first."""
+    try:
+        _remove_stale_temps(path.parent)
+        atomic_write(path, _pack(arch, payload, path.stem))
+    except OSError as exc:
+        _disk_failed(cache_dir(), exc)
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Delete writers' temp files (``.NAME.PID.XXXX.tmp``) older than _STALE_TEMP_SECONDS: left
+    by a process killed mid-write.  A live writer's file is younger, and is never touched."""
+    cutoff = time.time() - _STALE_TEMP_SECONDS
+    try:
+        with os.scandir(folder) as it:
+            for entry in it:
+                if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+                    try:
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(entry.path)
+                    except OSError:  # gone already (another writer cleaned it), or not ours to remove
+                        pass
+    except OSError:
+        pass
 
 
 _binaries: dict[tuple, bytes] = {}
@@ -574,10 +666,7 @@ def cached_binary(
     if binary is None:
         binary = compile_binary(source, arch=arch, options=options, name=name)
         if path is not None:
-            try:
-                atomic_write(path, _pack(arch, binary))
-            except OSError as exc:
-                _disk_failed(cache_dir(), exc)
+            _write_entry(path, arch, binary)
     with _lock:
         _binaries[mem_key] = binary
     return binary
@@ -689,15 +778,49 @@ def local_bytes(fn: "cupy.cuda.Function") -> int:
 
 
 def gpu_unavailable_reason() -> str | None:
-    """None when CuPy sees a CUDA GPU, else why not (for skip reasons and CLI messages)."""
+    """None when CuPy sees a CUDA GPU, else why not (for skip reasons and CLI messages):
+    "no CUDA device ..." or "driver too old ...", then the runtime's own error."""
     try:
         cupy = _cupy()
-        count = cupy.cuda.runtime.getDeviceCount()
+        runtime = cupy.cuda.runtime
+        count = runtime.getDeviceCount()
     except Exception as exc:  # ImportError, a broken CUDA install, no driver
-        return f"{type(exc).__name__}: {exc}"
+        return _no_gpu_reason(exc)
     if count < 1:
-        return "the device count is 0"
+        return "no CUDA device: the device count is 0"
     return None
+
+
+_CUDA_ERROR_INSUFFICIENT_DRIVER, _CUDA_ERROR_NO_DEVICE = 35, 100
+
+
+def _no_gpu_reason(exc: Exception) -> str:
+    """CUDA's runtime reports a machine with no driver at all as cudaErrorInsufficientDriver,
+    the same error as an old driver; the driver's version (0: none installed) tells them apart."""
+    raw = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, ImportError):
+        return raw
+    try:
+        from cupy.cuda import runtime
+
+        if runtime.is_hip:
+            return raw
+        driver, needed = int(runtime.driverGetVersion()), int(runtime.runtimeGetVersion())
+    except Exception:
+        return raw
+    status = getattr(exc, "status", None)
+    if driver == 0:
+        return f"no CUDA device: no NVIDIA driver is installed ({raw})"
+    if status == _CUDA_ERROR_NO_DEVICE:
+        return f"no CUDA device: the NVIDIA driver (CUDA {_cuda_ver(driver)}) sees no GPU ({raw})"
+    if status == _CUDA_ERROR_INSUFFICIENT_DRIVER:
+        return (f"driver too old: the NVIDIA driver supports CUDA {_cuda_ver(driver)}, CuPy's runtime is CUDA "
+                f"{_cuda_ver(needed)}; update the driver or install the CuPy build of its CUDA major ({raw})")
+    return raw
+
+
+def _cuda_ver(v: int) -> str:
+    return f"{v // 1000}.{v % 1000 // 10}"
 
 
 def detect_target() -> "Target":

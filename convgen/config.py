@@ -78,7 +78,14 @@ BENCH_COMMIT = Setting(
     "the commit `convgen bench` names its results by, where the tree is not a git checkout",
 )
 
-SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CUDA_INCLUDE, TUNED, CUOBJDUMP, BENCH_COMMIT)
+WERROR = FlagSetting(
+    "CONVGEN_WERROR",
+    "1 makes a compiler warning on an emitted kernel an error instead of a CompilerWarning "
+    "(the test suite sets it)",
+    default=False,
+)
+
+SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CUDA_INCLUDE, TUNED, CUOBJDUMP, BENCH_COMMIT, WERROR)
 
 
 @contextlib.contextmanager

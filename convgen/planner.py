@@ -20,6 +20,7 @@ from .ir import (
     Plan,
     Target,
 )
+from .limits import check_index_limits
 
 FRAG = 16  # WMMA fragment edge (m16n16k16)
 SMEM_PAD = 8  # halves added to each staged row: 16 bytes, so ldmatrix rows fall in distinct banks
@@ -486,4 +487,5 @@ def make_spec(
         plan_ = plan(problem, pass_, target, in_dtype, scalar=scalar)
     else:
         check_plan(plan_, problem, pass_, target, in_dtype)
+    check_index_limits(problem, pass_, plan_)  # the kernels' 32-bit ints (convgen/limits.py)
     return KernelSpec(problem.geometry, pass_, epilogue, in_dtype, target, plan_)

@@ -19,6 +19,7 @@ import numpy as np
 
 from .emit import KernelSource, emit
 from .ir import ConvProblem, Epilogue, Pass, Plan, PairLike, resolve_padding
+from .limits import check_launch
 from .planner import make_spec
 
 _FLOAT_DTYPES = ("float16", "float32", "float64")
@@ -77,21 +78,50 @@ def _cupy():
     return cupy
 
 
+# Each array argument's layout, for messages: activations NHWC, weights KRSC.
+_LAYOUTS = {"x": "(N, H, W, C)", "dy": "(N, P, Q, K)", "w": "(K, R, S, C)", "bias": "(K,)"}
+
+
 def _check_array(name: str, a: Any, ndim: int) -> None:
     cupy = _cupy()
     if not isinstance(a, cupy.ndarray):
         raise TypeError(f"{name} must be a cupy.ndarray, got {type(a).__name__}; convert it with cupy.asarray")
     if a.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions ({'NHWC' if ndim == 4 else 'K'}), got shape {a.shape}")
+        raise ValueError(f"{name} must have {ndim} dimensions {_LAYOUTS[name]}, got shape {a.shape}")
     if a.dtype.name not in _FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, float32 or float64, got {a.dtype.name}")
 
 
 def _out_dtype(out_dtype: Any) -> str:
-    name = np.dtype(out_dtype).name
+    try:  # np.dtype(None) is float64, and np.dtype("nonsense") raises NumPy's own message
+        name = None if out_dtype is None else np.dtype(out_dtype).name
+    except (TypeError, ValueError):
+        name = None
     if name not in ("float16", "float32"):
-        raise ValueError(f"out_dtype must be float16 or float32, got {name}")
+        raise ValueError(f"out_dtype must be 'float16' or 'float32' (a name or a NumPy/CuPy dtype), got {out_dtype!r}")
     return name
+
+
+def _shape4(name: str, value: Any, layout: str) -> tuple[int, int, int, int]:
+    """A shape argument (input_shape, weight_shape) as four ints.  Python and NumPy integers
+    only: a float (3.5, or 3.0) or a bool is refused, never truncated."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of four integers {layout}, got {type(value).__name__} {value!r}")
+    if len(value) != 4:
+        raise ValueError(f"{name} must be four integers {layout}, got {len(value)}: {tuple(value)!r}")
+    for axis, v in zip(layout.strip("()").split(", "), value):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} {layout}: {axis} must be an integer, got {v!r} in {tuple(value)!r}")
+        if v < 0:
+            raise ValueError(f"{name} {layout}: {axis} must be >= 0, got {v} in {tuple(value)!r}")
+    return tuple(int(v) for v in value)  # type: ignore[return-value]
+
+
+def _check_options(plan: Any, scalar: Any) -> None:
+    if plan is not None and not isinstance(plan, Plan):
+        raise TypeError(f"plan must be a convgen.Plan or None, got {type(plan).__name__}")
+    if not isinstance(scalar, (bool, np.bool_)):
+        raise TypeError(f"scalar must be True or False, got {scalar!r}")
 
 
 def _in_dtype(*arrays: Any) -> str:
@@ -130,6 +160,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
     k = _cache.get(key)
     if k is not None:
+        check_launch(k.source, problem.n)  # built for another batch: check this one (convgen/limits.py)
         return k
     cupy = _cupy()
     with _lock, cupy.cuda.Device(device_id):  # detect, compile for and load on the arrays' device
@@ -150,6 +181,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
                 set_max_dynamic_shared_memory(main, src.main.shared_mem)
             k = _cache[key] = _Kernel.build(src, main, fns[src.reduce.kernel] if src.reduce else None)
+    check_launch(k.source, problem.n)
     return k
 
 
@@ -268,6 +300,7 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
         _check_array("bias", bias, 1)
     if activation not in (None, "relu"):
         raise ValueError(f"activation must be None or 'relu', got {activation!r}")
+    _check_options(plan, scalar)
     n, h, wd, c = x.shape
     kk, r, s, wc = w.shape
     if wc != c:
@@ -313,9 +346,8 @@ def conv2d_dgrad(
 def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar) -> _Call:
     _check_array("dy", dy, 4)
     _check_array("w", w, 4)
-    if len(input_shape) != 4:
-        raise ValueError(f"input_shape must be (N, H, W, C), got {input_shape!r}")
-    n, h, wd, c = (int(v) for v in input_shape)
+    n, h, wd, c = _shape4("input_shape", input_shape, "(N, H, W, C)")
+    _check_options(plan, scalar)
     kk, r, s, wc = w.shape
     if wc != c:
         raise ValueError(f"w has {wc} input channels (w.shape[3]) but input_shape has {c}")
@@ -347,7 +379,7 @@ def conv2d_wgrad(
     """
     cupy = _cupy()
     shape_key = tuple(weight_shape) if isinstance(weight_shape, (tuple, list)) else weight_shape
-    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bool(bias), out_dtype, plan, scalar)
+    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bias, out_dtype, plan, scalar)
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar))
@@ -373,9 +405,10 @@ def conv2d_wgrad(
 def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar) -> _Call:
     _check_array("x", x, 4)
     _check_array("dy", dy, 4)
-    if len(weight_shape) != 4:
-        raise ValueError(f"weight_shape must be (K, R, S, C), got {weight_shape!r}")
-    kk, r, s, c = (int(v) for v in weight_shape)
+    kk, r, s, c = _shape4("weight_shape", weight_shape, "(K, R, S, C)")
+    if not isinstance(bias, (bool, np.bool_)):
+        raise TypeError(f"bias must be True or False (whether to return db), got {type(bias).__name__}")
+    _check_options(plan, scalar)
     n, h, wd, xc = x.shape
     if xc != c:
         raise ValueError(f"weight_shape has {c} input channels but x has {xc} (x.shape[3])")

@@ -106,7 +106,7 @@ def _plan_padding(
 def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
     """Reject what the kernels would compute wrongly, naming the argument at fault."""
     for name, t in (("x", x), ("w", w), ("bias", bias)):
-        if t is None:
+        if t is None and name == "bias":
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")

@@ -25,9 +25,15 @@
 #   CONVGEN_HIP_PATH             use this HIP install (dir with include/hip) instead of Debian's
 #   CONVGEN_HIP_CLANG            use this clang++ instead of clang++-19
 #   CONVGEN_HIP_SERIES           HIP version series to fetch (default 6.4)
-#   CONVGEN_HIP_SNAPSHOT         snapshot.debian.org timestamp to fall back on when the live
-#                                sid/forky lists no longer carry the series (default
-#                                20260601T000000Z; sid carried 6.4.3-5 then)
+#   CONVGEN_DEBIAN_MIRROR        Debian mirror for the private sources list (default: the one
+#                                this machine's apt sources use, scripts/apt_mirror.sh, so a
+#                                machine behind its own mirror or proxy fetches through it)
+#   CONVGEN_HIP_SNAPSHOT         snapshot timestamp to fall back on when the live sid/forky
+#                                lists no longer carry the series (default 20260601T000000Z;
+#                                sid carried 6.4.3-5 then)
+#   CONVGEN_DEBIAN_SNAPSHOT_URL  snapshot archive to take it from (default: the machine's mirror
+#                                when that is itself a snapshot archive, .../archive/debian/<ts>;
+#                                else http://snapshot.debian.org/archive/debian)
 #   CONVGEN_TOOLCHAIN_REFRESH=1  re-fetch the HIP headers even if DEST/hip is present
 #   CONVGEN_TOOLCHAIN_NOCHECK=1  skip the final test compile
 #
@@ -43,6 +49,8 @@ DEST=$(cd "$DEST" && pwd)
 SERIES=${CONVGEN_HIP_SERIES:-6.4}
 SNAPSHOT=${CONVGEN_HIP_SNAPSHOT:-20260601T000000Z}
 HIP_PKGS=(libamdhip64-dev libhsa-runtime-dev)
+# shellcheck source=scripts/apt_mirror.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/apt_mirror.sh"
 ROCWMMA_PIN=fa7e8ee6f1ad43261fe5a66abddfe7c4ef8e7d6e  # rocWMMA develop, 1.6.0 (2024-10-22)
 
 as_root() {
@@ -85,12 +93,12 @@ write_apt_config() { # $1 = "live" or "snapshot"
     : > "$APT_DIR/status"
     if [ "$1" = live ]; then
         cat > "$APT_DIR/sources.list" <<EOF
-deb [arch=amd64 signed-by=$keyring] http://deb.debian.org/debian sid main
-deb [arch=amd64 signed-by=$keyring] http://deb.debian.org/debian forky main
+deb [arch=amd64 signed-by=$keyring] $MIRROR sid main
+deb [arch=amd64 signed-by=$keyring] $MIRROR forky main
 EOF
     else
         cat > "$APT_DIR/sources.list" <<EOF
-deb [arch=amd64 signed-by=$keyring check-valid-until=no] http://snapshot.debian.org/archive/debian/$SNAPSHOT sid main
+deb [arch=amd64 signed-by=$keyring check-valid-until=no] $SNAPSHOT_URL/$SNAPSHOT sid main
 EOF
     fi
     cat > "$APT_DIR/apt.conf" <<EOF
@@ -131,6 +139,12 @@ elif [ -f "$HIP_STAMP" ] && [ -f "$DEST/hip/usr/include/hip/hip_runtime.h" ] \
 else
     command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 \
         || die "no apt-get/dpkg to fetch Debian's HIP headers; set CONVGEN_HIP_PATH to a ROCm $SERIES install"
+    MIRROR=${CONVGEN_DEBIAN_MIRROR:-$(apt_debian_mirror || true)}
+    [ -n "$MIRROR" ] || die "found no Debian mirror in this machine's apt sources (/etc/apt/sources.list, sources.list.d/*.list, *.sources); set CONVGEN_DEBIAN_MIRROR (e.g. http://deb.debian.org/debian)"
+    MIRROR=${MIRROR%/}
+    SNAPSHOT_URL=${CONVGEN_DEBIAN_SNAPSHOT_URL:-$(apt_snapshot_archive "$MIRROR" || echo http://snapshot.debian.org/archive/debian)}
+    SNAPSHOT_URL=${SNAPSHOT_URL%/}
+    log "Debian mirror: $MIRROR (snapshots: $SNAPSHOT_URL)"
     versions=()
     for mode in live snapshot; do
         write_apt_config "$mode"

@@ -1,4 +1,10 @@
-"""Shared test set-up: Hypothesis profiles and the `gpu` marker.
+"""Shared test set-up: Hypothesis profiles, the `gpu` marker, a temporary kernel cache,
+and compiler warnings as errors.
+
+The test command leaves the user's cache as it was: unless CONVGEN_CACHE_DIR is set
+(CI sets a fresh one), the session compiles into a temporary folder, removed at the end.
+CONVGEN_WERROR=1 (unless set otherwise) makes a kernel that NVRTC warns about fail, in
+this process and in the workers and CLI processes the tests start.
 
 CI runs the derandomized ``ci`` profile (fixed examples, no deadline) so a run is
 repeatable; ``HYPOTHESIS_PROFILE=gpu-wide`` is the wide random profile for the GPU.
@@ -10,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -24,6 +32,24 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+_session_cache: str | None = None
+
+
+def pytest_configure(config):
+    global _session_cache
+    os.environ.setdefault("CONVGEN_WERROR", "1")
+    if not os.environ.get("CONVGEN_CACHE_DIR"):
+        _session_cache = tempfile.mkdtemp(prefix="convgen-test-cache-")
+        os.environ["CONVGEN_CACHE_DIR"] = _session_cache
+
+
+def pytest_unconfigure(config):
+    if _session_cache is not None:
+        if os.environ.get("CONVGEN_CACHE_DIR") == _session_cache:
+            del os.environ["CONVGEN_CACHE_DIR"]
+        shutil.rmtree(_session_cache, ignore_errors=True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -48,6 +49,13 @@ extern "C" __global__ void through_smem(const float* x, float* y, int n) {
 """
 
 ELF = b"\x7fELF"
+_REAL_COMPILE = cc.compile_binary  # unpatched by count_compiles
+
+# NVRTC warns of a constant past int's range, as it did for an emitted `constexpr int H =
+# 2147483648` before convgen/limits.py refused such shapes.
+WARNING_SRC = r"""
+extern "C" __global__ void wraps(int* y) { const int big = 2147483648; y[threadIdx.x] = big; }
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -215,6 +223,94 @@ def test_include_lookup_order(monkeypatch, tmp_path):
     assert cc.cuda_include_dirs() == [str(home / "include")]  # only existing dirs
 
 
+def test_include_lookup_prefers_nvrtcs_cuda_major(monkeypatch, tmp_path):
+    """A toolkit of another CUDA major (say 12 in /usr/local/cuda beside NVRTC 13's wheels)
+    does not shadow headers of NVRTC's own major; of two matching sources the first wins."""
+    def headers(name, version):
+        inc = tmp_path / name / "include"
+        (inc / "crt").mkdir(parents=True)
+        (inc / "crt" / "mma.h").write_text("")
+        (inc / "cuda.h").write_text(f"#pragma once\n#define CUDA_VERSION {version}\n")
+        return inc
+
+    old, new, wheel = headers("cuda-12", 12080), headers("cuda-13", 13000), headers("wheel", 13050)
+    monkeypatch.delenv("CONVGEN_CUDA_INCLUDE", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(cc, "nvrtc_version", lambda: (13, 5))
+    monkeypatch.setattr(cc, "_wheel_groups", lambda: [[wheel]])
+    real_has = cc._has_mma  # this machine's own /usr/local/cuda stays out of it
+    monkeypatch.setattr(cc, "_has_mma", lambda p: False if "/usr/local/cuda" in str(p) else real_has(p))
+    monkeypatch.setenv("CUDA_HOME", str(old.parent))
+    assert cc.cuda_include_dirs() == [str(wheel)]
+    monkeypatch.setenv("CUDA_PATH", str(new.parent))
+    assert cc.cuda_include_dirs() == [str(new)]  # a matching toolkit keeps its place before the wheels
+    monkeypatch.setattr(cc, "nvrtc_version", lambda: (12, 8))
+    assert cc.cuda_include_dirs() == [str(old)]
+    monkeypatch.setattr(cc, "nvrtc_version", lambda: (11, 8))  # no source matches: the first one
+    assert cc.cuda_include_dirs() == [str(old)]
+
+
+def test_header_major_reads_cuda_version():
+    inc = cc.cuda_include_dirs()
+    assert cc._header_major(inc) == cc.nvrtc_version()[0]  # this install's headers are NVRTC's major
+
+
+def test_compiler_warning_is_an_error_under_werror(monkeypatch, tmp_path):
+    monkeypatch.setenv("CONVGEN_WERROR", "1")
+    with pytest.raises(cc.CompileError, match=r"NVRTC warned compiling w\.cu for sm_90: .*warning") as info:
+        cc.compile_binary(WARNING_SRC, arch="sm_90", name="w.cu")
+    assert "2147483648" in info.value.log and info.value.source_path.read_text() == WARNING_SRC
+    monkeypatch.setenv("CONVGEN_WERROR", "0")
+    with pytest.warns(cc.CompilerWarning, match="NVRTC warned compiling w.cu"):
+        assert cc.compile_binary(WARNING_SRC, arch="sm_90", name="w.cu")[:4] == ELF
+
+
+def test_emitted_kernels_compile_without_warnings(monkeypatch):
+    """Every pass's kernel, with #177-D (an unused device-header helper) suppressed, gives an empty log."""
+    from convgen.emit import emit
+    from convgen.ir import ConvProblem
+    from convgen.planner import make_spec
+
+    for pass_ in ("fprop", "dgrad", "wgrad"):
+        src = emit(make_spec(ConvProblem(12, 12, 16, 24, 3, 3, 1, 1, 1, n=2), pass_))
+        from convgen.resources import include_dir
+
+        opts = cc._fixed_flags("sm_90", False) + [f"-I{d}" for d in [include_dir(), *cc.cuda_include_dirs()]]
+        binary, log = cc._nvrtc_compile(src.source, src.filename, opts)
+        assert binary and log.strip() == "", log[:2000]
+
+
+def test_gpu_unavailable_reason_tells_no_device_from_an_old_driver(monkeypatch):
+    cupy = pytest.importorskip("cupy")
+    runtime = cupy.cuda.runtime
+
+    class Failure(Exception):
+        def __init__(self, status):
+            super().__init__(f"status {status}")
+            self.status = status
+
+    def probe(status, driver):
+        def fail():
+            raise Failure(status)
+        monkeypatch.setattr(runtime, "getDeviceCount", fail)
+        monkeypatch.setattr(runtime, "driverGetVersion", lambda: driver)
+        monkeypatch.setattr(runtime, "runtimeGetVersion", lambda: 13020)
+        return cc.gpu_unavailable_reason()
+
+    assert probe(35, 0).startswith("no CUDA device: no NVIDIA driver is installed")  # what CUDA says with no driver
+    assert probe(35, 12080).startswith("driver too old: the NVIDIA driver supports CUDA 12.8, CuPy's runtime is CUDA 13.2")
+    assert probe(100, 13000).startswith("no CUDA device: the NVIDIA driver (CUDA 13.0) sees no GPU")
+    monkeypatch.setattr(runtime, "getDeviceCount", lambda: 0)
+    assert cc.gpu_unavailable_reason() == "no CUDA device: the device count is 0"
+
+
+def test_gpu_unavailable_reason_here():
+    reason = cc.gpu_unavailable_reason()
+    if reason is None:
+        pytest.skip("a GPU is present")
+    assert reason.startswith(("no CUDA device", "driver too old")), reason
+
+
 def test_cache_dir_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("CONVGEN_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -288,8 +384,24 @@ def _corrupt_header_only(data: bytes) -> bytes:
 
 
 def _other_arch(data: bytes) -> bytes:
-    payload = cc._unpack(data, "sm_90")
-    return cc._pack("sm_80", payload)
+    key = cc.cache_key(WMMA_SRC, arch="sm_90")
+    return cc._pack("sm_80", cc._unpack(data, "sm_90", key), key)
+
+
+def _other_kernel(data: bytes) -> bytes:
+    """A valid entry of another kernel (same arch), as if copied over this key's file."""
+    other = cc.cache_key(SMEM_SRC, arch="sm_90")
+    return cc._pack("sm_90", _REAL_COMPILE(SMEM_SRC, arch="sm_90"), other)
+
+
+def _old_format(data: bytes) -> bytes:
+    """A format-2 entry (no key in the header) of this very binary."""
+    payload = cc._unpack(data, "sm_90", cc.cache_key(WMMA_SRC, arch="sm_90"))
+    a = b"sm_90"
+    import hashlib
+    import struct
+
+    return struct.pack("<8sIH32sQ", b"CVGNBIN\0", 2, len(a), hashlib.sha256(payload).digest(), len(payload)) + a + payload
 
 
 def _bad_magic(data: bytes) -> bytes:
@@ -297,7 +409,8 @@ def _bad_magic(data: bytes) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "damage", [_corrupt_flip, _corrupt_truncate, _corrupt_header_only, _other_arch, _bad_magic]
+    "damage", [_corrupt_flip, _corrupt_truncate, _corrupt_header_only, _other_arch, _bad_magic, _other_kernel,
+               _old_format]
 )
 def test_bad_entry_is_discarded_and_rebuilt(damage, count_compiles, tmp_path):
     good = cc.cached_binary(WMMA_SRC, arch="sm_90")
@@ -313,12 +426,22 @@ def test_bad_entry_is_discarded_and_rebuilt(damage, count_compiles, tmp_path):
     assert entry.read_bytes() == original  # and rewritten whole
 
 
-def test_entry_checks_arch():
-    packed = cc._pack("sm_90", b"payload")
-    assert cc._unpack(packed, "sm_90") == b"payload"
-    assert cc._unpack(packed, "sm_9") is None
-    assert cc._unpack(packed, "sm_80") is None
-    assert cc._unpack(packed + b"x", "sm_90") is None
+def test_entry_checks_arch_and_key():
+    packed = cc._pack("sm_90", b"payload", "k1")
+    assert cc._unpack(packed, "sm_90", "k1") == b"payload"
+    assert cc._unpack(packed, "sm_9", "k1") is None
+    assert cc._unpack(packed, "sm_80", "k1") is None
+    assert cc._unpack(packed + b"x", "sm_90", "k1") is None
+    assert cc._unpack(packed, "sm_90", "k2") is None
+
+
+def test_entry_renamed_to_another_key_is_refused(tmp_path):
+    """The header binds an entry to the key its file is named after."""
+    folder = tmp_path / "cache" / "kernels"
+    cc._write_entry(folder / "aaaa.bin", "sm_90", b"payload of aaaa")
+    (folder / "aaaa.bin").rename(folder / "bbbb.bin")
+    assert cc._read_entry(folder / "bbbb.bin", "sm_90") is None
+    assert not (folder / "bbbb.bin").exists()
 
 
 def test_unwritable_cache_dir_works_in_memory_with_one_warning(monkeypatch, tmp_path, count_compiles):
@@ -340,13 +463,19 @@ def test_unwritable_cache_dir_works_in_memory_with_one_warning(monkeypatch, tmp_
 
 
 def test_failed_source_dump_falls_back_to_temp(monkeypatch, tmp_path):
+    import tempfile
+
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the fallback: not the real /tmp
+    (tmp_path / "tmp").mkdir()
     with pytest.raises(cc.CompileError) as info:
         cc.compile_binary("this is not cuda", arch="sm_90")
     assert info.value.source_path.exists()
     assert info.value.source_path.read_text() == "this is not cuda"
+    assert info.value.source_path.parent.parent == tmp_path / "tmp"
+    assert info.value.source_path.parent.name.startswith("convgen-failed-")
 
 
 def _worker(cache: str, barrier, queue) -> None:
@@ -359,9 +488,11 @@ def _worker(cache: str, barrier, queue) -> None:
 
 
 def test_concurrent_writers(tmp_path):
+    """A dozen processes compile one kernel into one empty cache at once: one entry, the same
+    binary everywhere, and no temp file left."""
     cache = tmp_path / "shared"
     ctx = multiprocessing.get_context("spawn")
-    n = 4
+    n = 12
     barrier, queue = ctx.Barrier(n), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(str(cache), barrier, queue)) for _ in range(n)]
     for p in procs:
@@ -375,6 +506,21 @@ def test_concurrent_writers(tmp_path):
     assert cc._read_entry(entry, "sm_90") == results[0]
     leftovers = [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".bin"]
     assert leftovers == []
+    assert [p.name for p in (cache / "kernels").iterdir()] == [entry.name]
+
+
+def test_stale_temp_files_are_removed_on_the_next_write(tmp_path):
+    """A writer killed mid-write leaves its temp file; the next write removes it once it is old,
+    and leaves a live writer's (young) one alone."""
+    folder = tmp_path / "cache" / "kernels"
+    folder.mkdir(parents=True)
+    stale, live = folder / ".dead.bin.123.abcd.tmp", folder / ".busy.bin.456.efgh.tmp"
+    stale.write_bytes(b"half an entry")
+    live.write_bytes(b"being written")
+    old = time.time() - cc._STALE_TEMP_SECONDS - 60
+    os.utime(stale, (old, old))
+    cc._write_entry(folder / "k.bin", "sm_90", b"payload")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, "k.bin"])
 
 
 def test_write_is_atomic_and_leaves_no_temp(tmp_path):
@@ -382,7 +528,7 @@ def test_write_is_atomic_and_leaves_no_temp(tmp_path):
 
     path = tmp_path / "cache" / "kernels" / "k.bin"
     for i in range(20):
-        atomic_write(path, cc._pack("sm_90", bytes([i]) * 1000))
+        atomic_write(path, cc._pack("sm_90", bytes([i]) * 1000, path.stem))
         assert cc._read_entry(path, "sm_90") == bytes([i]) * 1000
     assert [p.name for p in path.parent.iterdir()] == ["k.bin"]
 

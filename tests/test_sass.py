@@ -2,7 +2,7 @@
 
 Issue 6's checklist before spending GPU time: HMMA in the main loop, 16-byte loads, no
 local-memory spills. Here it is a gate on every suite's shipped H200 plan, read from
-NVRTC's cubins with cuobjdump (the dev extra's nvidia-cuda-cuobjdump/-nvdisasm wheels).
+NVRTC's cubins with cuobjdump (the cuda12/cuda13 extras' nvidia-cuda-cuobjdump/-nvdisasm wheels).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from convgen.suites import SUITES
 
 CUOBJDUMP = find_cuobjdump()
 needs_cuobjdump = pytest.mark.skipif(
-    CUOBJDUMP is None, reason="no cuobjdump: install the dev extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    CUOBJDUMP is None, reason="no cuobjdump: install the cuda13 or cuda12 extra (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
 
 H200 = "NVIDIA H200"
 SHIPPED = [(suite, layer, pass_) for suite in ("cifar-resnet", "cifar-vgg", "resnet50") for layer in SUITES[suite] for pass_ in Pass]
@@ -211,7 +211,7 @@ def test_cli_refuses_hip_targets(capsys):
 def test_cli_without_cuobjdump_says_what_to_install(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("CONVGEN_CUOBJDUMP", str(tmp_path / "missing"))
     assert main(["sass", "--suite", "cifar-resnet", "--pass", "fprop"]) == 1
-    assert "dev extra" in capsys.readouterr().err
+    assert "cuda13 or cuda12 extra" in capsys.readouterr().err
 
 
 @needs_cuobjdump

@@ -330,6 +330,12 @@ def test_bad_operands_raise(fake):
         cgt._conv2d(x[0, 0], w, None, 1, 0, 1)
     with pytest.raises(ValueError, match="output height"):
         cgt._conv2d(x, make((3, 4, 9, 3), torch.float16, False, 2), None, 1, 0, 1)
+    with pytest.raises(TypeError, match="^w must be a torch.Tensor, got NoneType"):
+        cgt._conv2d(x, None, None, 1, 0, 1)
+    with pytest.raises(TypeError, match="^x must be a torch.Tensor, got ndarray"):
+        cgt._conv2d(x.detach().numpy(), w, None, 1, 0, 1)
+    with pytest.raises(ValueError, match="^stride must be an integer, got 1.5"):
+        cgt._conv2d(x, w, None, 1.5, 0, 1)
 
 
 # --------------------------------------------------------------------------- the nn.Conv2d drop-in

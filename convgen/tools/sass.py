@@ -4,7 +4,7 @@ Speed problems show in the SASS before any GPU time is spent: a gather that lost
 16-byte copies, a main loop without tensor-core MMAs, registers spilled to local memory.
 This compiles the kernels with NVRTC (no GPU needed) and reads the cubins back with
 ``cuobjdump`` (the ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels of the
-dev extra, or a CUDA toolkit). It reports registers, the stack frame, and the
+cuda13 or cuda12 extra, or a CUDA toolkit). It reports registers, the stack frame, and the
 instructions that matter:
 - HMMA: tensor-core MMAs.
 - LDGSTS: cp.async, and how many of them move 16 bytes.
@@ -136,7 +136,7 @@ def cmd_sass(args: argparse.Namespace) -> int:
     work = [(layer, pass_) for layer in layers(args) for pass_ in passes(args)]  # usage errors first
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
-        print("convgen sass: no cuobjdump found (install the dev extra, or a CUDA toolkit, "
+        print("convgen sass: no cuobjdump found (install the cuda13 or cuda12 extra, or a CUDA toolkit, "
               "or set CONVGEN_CUOBJDUMP)", file=sys.stderr)
         return 1
     print(f"{'layer':12s} {'pass':5s} {'plan':33s} {'regs':>4s} {'stack':>5s} {'instrs':>6s} {'HMMA':>5s} "
