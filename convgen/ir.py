@@ -538,9 +538,17 @@ class KernelSpec:
 
     @property
     def name(self) -> str:
-        g = self.geometry
+        """The kernel's C name, read from its configuration as CUTLASS names its kernels:
+        pass, main-loop kind (its tag), block tile, stages and arch, then the shape (H x W,
+        C, K, R x S, stride, padding, dilation), e.g.
+        ``convgen_fprop_halo16x2_128x64x32_s3_sm90_32x32_c64_k64_3x3_s11_p11_d11_1a2b3c4d``.
+        The key's first 8 hex digits keep apart specs that share all of those (epilogue,
+        dtypes, warps, gather widths, split-K)."""
+        g, p = self.geometry, self.plan
         return (
-            f"convgen_{self.pass_.value}_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
+            f"convgen_{self.pass_.value}_{p.loop.tag}_{p.block_m}x{p.block_n}x{p.block_k}_s{p.stages}"
+            f"_{self.target.arch.replace('_', '')}"
+            f"_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
             f"_s{g.stride[0]}{g.stride[1]}_p{g.padding[0]}{g.padding[1]}"
             f"_d{g.dilation[0]}{g.dilation[1]}_{self.key[:8]}"
         )

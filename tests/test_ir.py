@@ -609,8 +609,22 @@ def test_spec_key_is_stable():
     assert a.key == b.key == canonical_key(a)
     assert re.fullmatch(r"[0-9a-f]{16}", a.key)
     assert spec(pass_="fprop").key == a.key  # a pass given by name is the same spec
-    assert a.name.startswith("convgen_fprop_16x16_c8_k16_3x3_s11_p11_d11_") and a.name.endswith(a.key[:8])
+    assert a.name == f"convgen_fprop_im2col_128x32x32_s3_sm90_16x16_c8_k16_3x3_s11_p11_d11_{a.key[:8]}"
     assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.name)  # a C identifier
+
+
+@pytest.mark.parametrize("changes, middle", [
+    (dict(plan=Plan(128, 32, 64, 4, 1, 4, 8, 8, loop=HaloTile(16, 2))), "fprop_halo16x2_128x32x64_s4_sm90"),
+    (dict(plan=Plan(128, 32, 32, 4, 1, 3, 8, 8, loop=Wgmma()), pass_=Pass.DGRAD, epilogue=Epilogue()),
+     "dgrad_wgmma_128x32x32_s3_sm90"),
+    (dict(plan=Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8)), target=Target("gfx942")),
+     "fprop_ldsm8_64x32x16_s2_gfx942"),
+    (dict(plan=Plan(128, 32, 64, 2, 1, 2, 8, 8, loop=Im2col(2)), pass_=Pass.WGRAD), "wgrad_im2colk2_128x32x64_s2_sm90"),
+])
+def test_kernel_names_say_kind_tile_stages_and_arch(changes, middle):
+    s = spec(**changes)
+    assert s.name == f"convgen_{middle}_16x16_c8_k16_3x3_s11_p11_d11_{s.key[:8]}"
+    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s.name) and len(s.name) <= 96
 
 
 def test_spec_key_is_the_same_in_another_process():
