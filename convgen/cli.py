@@ -50,8 +50,9 @@ def _shipped_plans(gpu: str, arch: str) -> dict[tuple[object, Pass, str], Plan]:
         for dtype in ("float16", "float32"):
             geometry = ConvProblem.create(**entry["shape"]).geometry
             if tuning_db.tune_key(geometry, Pass(entry["pass"]), dtype, arch) == key:
-                plans[(geometry, Pass(entry["pass"]), dtype)] = Plan(
-                    **entry["plan"], reasons=(f"tuned on {gpu}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
+                plans[(geometry, Pass(entry["pass"]), dtype)] = Plan.from_dict(
+                    entry["plan"], geometry, Pass(entry["pass"]),
+                    reasons=(f"tuned on {gpu}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
     return plans
 
 

@@ -18,24 +18,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence, Union
 
+from ._valid import as_int as _int
+from .mainloop import KINDS, Flags, Im2col, MainLoop, from_flags
+from .targets import ARCHES, Arch
+
 Pair = tuple[int, int]
 PairLike = Union[int, Sequence[int]]
 DType = Literal["float16", "float32"]
 DTYPES: tuple[str, ...] = ("float16", "float32")
-
-
-def _int(name: str, value: Any) -> int:
-    # bool is an int subclass; True as a channel count is always a mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                return int(value)
-        except ImportError:  # pragma: no cover - numpy is a dependency
-            pass
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    return value
 
 
 def as_pair(name: str, value: PairLike) -> Pair:
@@ -299,31 +289,10 @@ class Epilogue:
 
 
 @dataclass(frozen=True)
-class ArchInfo:
-    backend: Literal["cuda", "hip"]
-    warp_size: int
-    smem_limit: int  # bytes of shared memory (LDS) one block may use
-    default_sm_count: int  # a typical part, used when no device is attached
-    cp_async: bool  # sm_80+: asynchronous global->shared copies with zero-fill
-
-
-ARCHES: dict[str, ArchInfo] = {
-    # smem limits are the per-block opt-in maxima (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-    "sm_75": ArchInfo("cuda", 32, 64 * 1024, 40, False),  # T4
-    "sm_80": ArchInfo("cuda", 32, 163 * 1024, 108, True),  # A100
-    "sm_86": ArchInfo("cuda", 32, 99 * 1024, 82, True),  # RTX 3090
-    "sm_89": ArchInfo("cuda", 32, 99 * 1024, 128, True),  # RTX 4090
-    "sm_90": ArchInfo("cuda", 32, 227 * 1024, 132, True),  # H100 / H200 SXM
-    "gfx1100": ArchInfo("hip", 32, 64 * 1024, 96, False),  # RX 7900 XTX (RDNA3)
-    "gfx1201": ArchInfo("hip", 32, 64 * 1024, 64, False),  # RX 9070 XT (RDNA4)
-    "gfx942": ArchInfo("hip", 64, 64 * 1024, 304, False),  # MI300X (CDNA3)
-}
-
-
-@dataclass(frozen=True)
 class Target:
     """Where a kernel runs.  Built from an arch name; the SM count comes from the live
-    device when there is one (see ``convgen.compile.detect_target``)."""
+    device when there is one (see ``convgen.compile.detect_target``).  What the arch can
+    do is ``target.info`` (:class:`convgen.targets.Arch`)."""
 
     arch: str = "sm_90"
     sm_count: int | None = None
@@ -339,7 +308,7 @@ class Target:
         object.__setattr__(self, "sm_count", count)
 
     @property
-    def info(self) -> ArchInfo:
+    def info(self) -> Arch:
         return ARCHES[self.arch]
 
     @property
@@ -358,38 +327,30 @@ class Target:
         return {"backend": self.backend, "arch": self.arch, "sm_count": self.sm_count}
 
 
+def stages_whole_halo(geometry: "ConvGeometry", pass_: "Pass | str") -> bool:
+    """Whether a 2-D halo tile of this layer is a :class:`StagedHalo`: fprop with C not a
+    multiple of 8 (a 3-channel first layer), whose channels cannot be read in 16-byte runs."""
+    return Pass.parse(pass_) is Pass.FPROP and geometry.c % 8 != 0
+
+
+_PLAN_INTS = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b", "split_k")
+
+
 @dataclass(frozen=True)
 class Plan:
     """How a kernel computes its GEMM.  Made by :func:`convgen.planner.plan`, or by hand.
 
-    block_m x block_n is the output tile of one block, block_k the reduction
-    step per pipeline stage; warps_m x warps_n warps each own a warp tile of
-    (block_m/warps_m) x (block_n/warps_n), i.e. several 16x16 fragments.  warps_k > 1
-    (im2col plans) slices each staged step's block_k across that many such warp grids
-    (CUTLASS's sliced K): a block with one long reduction gets warps_k times the warps to
-    hide its latency, and the slices' sums meet in shared memory before the epilogue.
+    block_m x block_n is the output tile of one block, block_k the reduction step per
+    pipeline stage; warps_m x warps_n warps each own a warp tile of (block_m/warps_m) x
+    (block_n/warps_n), i.e. several 16x16 fragments.  vec_a/vec_b are the gather widths in
+    elements (8 fp16 = one 16-byte load); read_a/read_b the dtype the gather reads (float32
+    is cast in the gather).  ``loop`` is the main-loop kind (:mod:`convgen.mainloop`), with
+    its own parameters: im2col from global memory (optionally with sliced K), wgmma, or one
+    of the halo tiles.
 
-    wgmma (sm_90 im2col fprop/dgrad) runs the MMAs as Hopper warpgroup MMAs: warps_m / 4
-    warpgroups (warps_n = 1), each computing block_m / (warps_m / 4) rows in m64 x block_n
-    steps with both operands read from shared memory through descriptors, instead of WMMA.
-    vec_a/vec_b are the gather widths in elements (8 fp16 = one 16-byte load);
-    read_a/read_b the dtype the gather reads (float32 is cast in the gather).
-
-    tile_w > 0 selects a halo path (fprop and dgrad; 16-pixel multiples, or 8 on CUDA's
-    "taps" path, whose MMAs then read each fragment row through its own ldmatrix address): a block computes a
-    (block_m / tile_w) x tile_w tile of output pixels of one image and stages the input
-    pixels those reach (a halo tile) once.  With 16-byte channel runs and stride 1, it reads
-    each tap's fragments straight out of the halo ("taps"); an fprop whose C is not a
-    multiple of 8 stages its whole halo first and runs the im2col gather on that copy
-    ("im2col", any stride).  `planner.halo_path` says which.  tiles > 1 (the "taps" path
-    with a one-step reduction) has a block compute that many tiles in turn, staging every
-    tap's weights once and the next tile's halo while it computes and drains the current one.
-
-    flat (the "taps" path, with tile_w = 0) lays the batch out as one padded grid of pixel
-    positions (`planner.flat_grid`) and gives each block block_m consecutive positions: a tap
-    is then one fixed shift of the halo, whatever the image's width.  A 2-D tile's rows are
-    whole fragments, so an image narrower than 16 pixels (an 8x8 CIFAR layer) wastes half of
-    every 16-wide tile; the flat tile only spends MMAs on the grid's padding positions.
+    ``dataclasses.replace(plan, loop=HaloTile(32))`` changes the kind.  A plan's dict
+    (:meth:`as_dict`, the tuning database's format and part of every spec key) writes the
+    kind in the flag fields plans had before kinds were types; :meth:`from_dict` reads them.
     """
 
     block_m: int
@@ -403,16 +364,11 @@ class Plan:
     read_a: DType = "float16"
     read_b: DType = "float16"
     split_k: int = 1
-    tile_w: int = 0
-    tiles: int = 1
-    flat: bool = False
-    warps_k: int = 1
-    wgmma: bool = False
+    loop: MainLoop = Im2col()
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("block_m", "block_n", "block_k", "warps_m", "warps_n", "warps_k", "stages", "vec_a", "vec_b",
-                     "split_k"):
+        for name in _PLAN_INTS:
             v = _int(name, getattr(self, name))
             if v < 1:
                 raise ValueError(f"plan.{name} must be >= 1, got {v}")
@@ -429,52 +385,68 @@ class Plan:
             raise ValueError(
                 f"plan.block_n={self.block_n} does not split into warps_n={self.warps_n} warp tiles of 16-column fragments"
             )
-        if self.block_k % (16 * self.warps_k):
-            raise ValueError(
-                f"plan.block_k={self.block_k} does not split into warps_k={self.warps_k} slices of 16-deep fragments"
-            )
         for name in ("vec_a", "vec_b"):
             if getattr(self, name) not in (1, 2, 4, 8):
                 raise ValueError(f"plan.{name} must be 1, 2, 4 or 8 elements, got {getattr(self, name)}")
         for name in ("read_a", "read_b"):
             if getattr(self, name) not in DTYPES:
                 raise ValueError(f"plan.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
-        tile_w = _int("tile_w", self.tile_w)
-        object.__setattr__(self, "tile_w", tile_w)
-        if tile_w < 0 or tile_w % 8 or (tile_w and self.block_m % tile_w):
-            raise ValueError(
-                f"plan.tile_w={tile_w} must be 0 (im2col) or a multiple of 8 that divides block_m={self.block_m}: "
-                "a fragment's rows are neighbouring pixels of the tile"
-            )
-        if not isinstance(self.flat, bool):
-            raise TypeError(f"plan.flat must be a bool, got {self.flat!r}")
-        if self.flat and tile_w:
-            raise ValueError(f"plan.flat=True takes tile_w=0, got tile_w={tile_w}: a flat tile is block_m "
-                             "consecutive positions of the batch's grid, not a tile_w-wide rectangle")
-        tiles = _int("tiles", self.tiles)
-        object.__setattr__(self, "tiles", tiles)
-        if tiles < 1 or (tiles > 1 and (not self.halo or self.split_k > 1)):
-            raise ValueError(
-                f"plan.tiles={tiles} must be 1, or more only on the halo path (tile_w > 0 or flat) without split-K: "
-                "a block then computes that many pixel tiles in turn"
-            )
-        if self.warps_k > 1 and self.halo:
-            raise ValueError(
-                f"plan.warps_k={self.warps_k} needs an im2col plan (tile_w=0, flat=False): a halo step's "
-                "fragments are spread over the taps, not over block_k"
-            )
-        if not isinstance(self.wgmma, bool):
-            raise TypeError(f"plan.wgmma must be a bool, got {self.wgmma!r}")
-        if self.wgmma and (self.warps_n != 1 or self.warps_m % 4 or self.halo or self.warps_k > 1):
-            raise ValueError(
-                f"plan.wgmma=True needs whole warpgroups over M (warps_n = 1, warps_m a multiple of 4, got "
-                f"{self.warps_m}x{self.warps_n}) on an im2col plan without sliced K"
-            )
         if not 2 <= self.stages <= 8:
             raise ValueError(
                 f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
                 "the next tile's loads with this tile's MMAs, which needs at least two buffers"
             )
+        if not isinstance(self.loop, MainLoop) or type(self.loop) is MainLoop:
+            raise TypeError(f"plan.loop must be a main-loop kind ({', '.join(k.__name__ for k in KINDS)}), "
+                            f"got {self.loop!r}")
+        self.loop.check(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], geometry: "ConvGeometry | None" = None, pass_: "Pass | str | None" = None,
+                  *, reasons: tuple[str, ...] = ()) -> "Plan":
+        """The plan :meth:`as_dict` wrote (a tuning-database entry).  A 2-D halo tile's dict
+        does not say whether it stages the whole halo (:class:`StagedHalo`) or reads taps in
+        place (:class:`HaloTile`): the layer does (:func:`stages_whole_halo`), so give the
+        geometry and pass where the plan will run; without them it reads as a HaloTile."""
+        unknown = set(d) - set(PLAN_KEYS)
+        if unknown:
+            raise ValueError(f"plan dict has unknown keys {sorted(unknown)}; known: {', '.join(PLAN_KEYS)}")
+        common = {k: v for k, v in d.items() if k not in Flags._fields}
+        staged = geometry is not None and pass_ is not None and stages_whole_halo(geometry, pass_)
+        loop = from_flags(**{k: v for k, v in d.items() if k in Flags._fields}, staged=staged)
+        return cls(**common, loop=loop, reasons=reasons)
+
+    # -- the emitter's view: today's flag fields, derived from the kind -----------------
+    # convgen/emit.py and the templates read these; the planner and tuner read `loop`.
+    @property
+    def tile_w(self) -> int:
+        """Emitter's view: the 2-D halo tile's width, 0 for im2col, wgmma and flat plans."""
+        return self.loop.flags().tile_w
+
+    @property
+    def tiles(self) -> int:
+        """Emitter's view: pixel tiles one block computes in turn (1 unless a halo kind says more)."""
+        return self.loop.flags().tiles
+
+    @property
+    def flat(self) -> bool:
+        """Emitter's view: whether the kind is :class:`FlatHalo`."""
+        return self.loop.flags().flat
+
+    @property
+    def warps_k(self) -> int:
+        """Emitter's view: the K slices of an :class:`Im2col` plan (1 for every other kind)."""
+        return self.loop.flags().warps_k
+
+    @property
+    def wgmma(self) -> bool:
+        """Emitter's view: whether the kind is :class:`Wgmma`."""
+        return self.loop.flags().wgmma
+
+    @property
+    def halo(self) -> bool:
+        """Emitter's view: whether the kind stages a halo (any halo tile, flat or 2-D)."""
+        return self.loop.halo
 
     @property
     def warps(self) -> int:
@@ -490,30 +462,20 @@ class Plan:
         wm, wn = self.warp_tile
         return (wm // 16, wn // 16)
 
-    @property
-    def halo(self) -> bool:
-        return self.tile_w > 0 or self.flat
-
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("reasons")
-        if not self.tile_w:  # im2col plans keep the keys they had before the halo path existed
-            d.pop("tile_w")
-        if self.tiles == 1:  # likewise for plans from before multi-tile halo blocks
-            d.pop("tiles")
-        if not self.flat:  # and before flat halo tiles
-            d.pop("flat")
-        if self.warps_k == 1:  # and before sliced K
-            d.pop("warps_k")
-        if not self.wgmma:  # and before wgmma
-            d.pop("wgmma")
+        """The shared fields, then the kind's flags that differ from an im2col plan's:
+        plans keep the keys they had before each kind existed, so old specs, caches and
+        tuning entries still match."""
+        d: dict[str, Any] = {name: getattr(self, name) for name in PLAN_KEYS[:11]}
+        for name, value in self.loop.flags()._asdict().items():
+            if value != Flags._field_defaults[name]:
+                d[name] = value
         return d
 
     def layout(self) -> str:
         """The halo tile in a table cell: " halo16", " flat", "x2" for two tiles per block,
         and " wgmma"; empty for a WMMA im2col plan."""
-        return ((f" halo{self.tile_w}" if self.tile_w else "") + (" flat" if self.flat else "")
-                + (f"x{self.tiles}" if self.tiles > 1 else "") + (" wgmma" if self.wgmma else ""))
+        return self.loop.layout()
 
     def brief(self) -> str:
         """One table cell: tile, warps, stages, split-K, and the halo tile if any."""
@@ -526,13 +488,14 @@ class Plan:
             f"({self.warps_m}x{self.warps_n}" + (f"x{self.warps_k}, K sliced {self.warps_k} ways" if self.warps_k > 1 else "")
             + f", warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
             f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
-            f"split-K {self.split_k}"
-            + (f", halo tile {self.block_m // self.tile_w}x{self.tile_w} pixels" if self.tile_w else "")
-            + (f", flat halo tile of {self.block_m} grid positions" if self.flat else "")
-            + (f", {self.tiles} tiles per block" if self.tiles > 1 else "")
-            + (f", wgmma on {self.warps_m // 4} warpgroup(s)" if self.wgmma else "")
+            f"split-K {self.split_k}" + self.loop.describe(self)
         )
         return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
+
+
+# A plan dict's keys, in as_dict's order: the shared fields, then the kind's flags.
+PLAN_KEYS: tuple[str, ...] = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b",
+                              "read_a", "read_b", "split_k", *Flags._fields)
 
 
 SPEC_FORMAT = 1  # bump when the meaning of a spec's fields changes
@@ -575,9 +538,17 @@ class KernelSpec:
 
     @property
     def name(self) -> str:
-        g = self.geometry
+        """The kernel's C name, read from its configuration as CUTLASS names its kernels:
+        pass, main-loop kind (its tag), block tile, stages and arch, then the shape (H x W,
+        C, K, R x S, stride, padding, dilation), e.g.
+        ``convgen_fprop_halo16x2_128x64x32_s3_sm90_32x32_c64_k64_3x3_s11_p11_d11_1a2b3c4d``.
+        The key's first 8 hex digits keep apart specs that share all of those (epilogue,
+        dtypes, warps, gather widths, split-K)."""
+        g, p = self.geometry, self.plan
         return (
-            f"convgen_{self.pass_.value}_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
+            f"convgen_{self.pass_.value}_{p.loop.tag}_{p.block_m}x{p.block_n}x{p.block_k}_s{p.stages}"
+            f"_{self.target.arch.replace('_', '')}"
+            f"_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
             f"_s{g.stride[0]}{g.stride[1]}_p{g.padding[0]}{g.padding[1]}"
             f"_d{g.dilation[0]}{g.dilation[1]}_{self.key[:8]}"
         )

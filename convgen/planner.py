@@ -19,10 +19,15 @@ from .ir import (
     Pass,
     Plan,
     Target,
+    stages_whole_halo,
 )
 from .limits import check_index_limits
+from .mainloop import FRAG, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 
-FRAG = 16  # WMMA fragment edge (m16n16k16)
+# The kinds that stage BK channels of a halo per step and read each tap's fragments in
+# place (the emitter's "taps" path); they alone can compute several tiles per block.
+IN_PLACE_HALO = (HaloTile, HaloLdsm, FlatHalo)
+
 SMEM_PAD = 8  # halves added to each staged row: 16 bytes, so ldmatrix rows fall in distinct banks
 # The halo path stores each pixel's 16 channels of a slab in 24 halves (48 bytes): the 8 rows
 # of an ldmatrix phase then start at distinct 16-byte bank groups whatever pixel a tap's
@@ -77,7 +82,8 @@ def halo_shape(plan: Plan, geometry: ConvGeometry, images: int = 1) -> tuple[int
     """(tile rows, tile columns, halo rows, halo columns) of a halo plan: the output-pixel
     tile and the input pixels its taps reach.  A tile of `images` stacked whole images
     (`halo_images`) has one halo per image, stacked the same way."""
-    th, tw = plan.block_m // plan.tile_w, plan.tile_w
+    tw = plan.loop.tile_w  # a 2-D kind: HaloTile, HaloLdsm, StagedHalo
+    th = plan.block_m // tw
     (sh, sw), (dh, dw) = geometry.stride, geometry.dilation
     return th, tw, images * ((th // images - 1) * sh + (geometry.r - 1) * dh + 1), (tw - 1) * sw + (geometry.s - 1) * dw + 1
 
@@ -87,11 +93,11 @@ def halo_images(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> int:
     image and a whole number of images tall takes that many, one after another in its rows,
     so a block of 8x8 images stages every tap's weights once per 128 or 256 pixels instead of
     once per 64.  1 for every other tile."""
-    if not plan.tile_w or plan.tile_w % FRAG == 0 or plan.tiles != 1:
+    if not isinstance(plan.loop, HaloLdsm) or plan.loop.tiles != 1:
         return 1
     _, (oh, ow), _ = halo_frame(geometry, pass_)
-    th = plan.block_m // plan.tile_w
-    return th // oh if th > oh and th % oh == 0 and plan.tile_w >= ow else 1
+    th = plan.block_m // plan.loop.tile_w
+    return th // oh if th > oh and th % oh == 0 and plan.loop.tile_w >= ow else 1
 
 
 def halo_frame(geometry: ConvGeometry, pass_: Pass) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
@@ -129,27 +135,26 @@ def flat_grid(geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
 def halo_pixels(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> int:
     """Pixels of one staged halo: the 2-D tile's halo rectangle, or the flat tile's block_m
     positions and the furthest tap's shift past them."""
-    if plan.flat:
+    if isinstance(plan.loop, FlatHalo):
         _, gw = flat_grid(geometry, pass_)
         return plan.block_m + (geometry.r - 1) * geometry.dilation[0] * gw + (geometry.s - 1) * geometry.dilation[1]
     _, _, hh, hw = halo_shape(plan, geometry, halo_images(plan, geometry, pass_))
     return hh * hw
 
 
-def halo_path(plan: Plan, geometry: ConvGeometry, pass_: Pass) -> str:
-    """Which main loop a plan runs: "" (im2col from global memory), "taps" (the halo of BK
-    channels staged per step, each tap's fragments read in place: stride 1, reduced channels
-    in 16-byte runs), or "im2col" (fprop with C not a multiple of 8, as in a 3-channel first
-    layer: the block stages its whole input halo once, every channel, and the im2col gather
-    then reads that instead of global memory, so each input pixel leaves DRAM/L2 once instead
-    of once per tap)."""
-    if not plan.halo:
+def halo_path(plan: Plan, geometry: ConvGeometry | None = None, pass_: Pass | None = None) -> str:
+    """The emitter's name for how a kind gathers: "" (im2col from global memory: Im2col,
+    Wgmma), "taps" (the halo of BK channels staged per step, each tap's fragments read in
+    place: HaloTile, HaloLdsm, FlatHalo), or "im2col" (StagedHalo: the whole input halo
+    staged once, the im2col gather reading that copy).  The kind alone decides; geometry
+    and pass are accepted for the callers that still pass them."""
+    if not plan.loop.halo:
         return ""
-    return "im2col" if pass_ is Pass.FPROP and geometry.c % 8 and not plan.flat else "taps"
+    return "im2col" if isinstance(plan.loop, StagedHalo) else "taps"
 
 
 def staged_halo_halves(plan: Plan, geometry: ConvGeometry) -> int:
-    """The "im2col" halo path's input halo, every channel of every pixel, in halves; rounded
+    """StagedHalo's input halo, every channel of every pixel, in halves; rounded
     up to 64 halves (128 bytes) so the pipeline stages after it stay aligned."""
     _, _, hh, hw = halo_shape(plan, geometry)
     return -(-hh * hw * geometry.c // 64) * 64
@@ -174,7 +179,7 @@ def reduction_steps(plan: Plan, pass_: Pass, geometry: ConvGeometry) -> int | No
     if pass_ is Pass.WGRAD:
         return None
     red = g.c if pass_ is Pass.FPROP else g.k
-    if halo_path(plan, g, pass_) != "taps":
+    if not isinstance(plan.loop, IN_PLACE_HALO):
         red *= g.r * g.s
     return max(1, math.ceil(red / plan.block_k))
 
@@ -190,7 +195,7 @@ def ring_stages(plan: Plan, pass_: Pass, geometry: ConvGeometry | None) -> int:
 def stage_pad(plan: Plan) -> int:
     """Halves of padding per staged row: WMMA's ldmatrix rows need it to miss each other's
     banks; wgmma's operands are dense 8x8 core matrices, which its descriptors describe."""
-    return 0 if plan.wgmma else SMEM_PAD
+    return 0 if isinstance(plan.loop, Wgmma) else SMEM_PAD
 
 
 def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeometry | None = None) -> int:
@@ -198,25 +203,30 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     A halo plan's stages depend on the filter, so it needs the geometry; without one, an
     im2col plan is sized for all its stages (an upper bound)."""
     bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
-    if plan.halo and geometry is None:
+    if plan.loop.halo and geometry is None:
         raise ValueError("a halo plan's shared memory depends on the filter: pass the geometry")
-    path = halo_path(plan, geometry, pass_) if geometry is not None else ""
-    if path == "taps":
+    if isinstance(plan.loop, IN_PLACE_HALO):
         a, b = halo_stage_halves(plan, geometry, pass_)  # type: ignore[arg-type]
     else:
         pad = stage_pad(plan)
         a = bk * (bm + pad) if a_is_col(pass_) else bm * (bk + pad)
         b = bn * (bk + pad) if b_is_col(pass_) else bk * (bn + pad)
     pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
-    if path == "im2col":
+    if isinstance(plan.loop, StagedHalo):
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     # The drain's per-warp strips (slice 0's warps drain), and with sliced K the sums the
     # other slices park for slice 0 (mainloop), which use the same freed stages first.
     epilogue = plan.warps_m * plan.warps_n * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
-    epilogue = max(epilogue, (plan.warps_k - 1) * bm * bn * 4)
-    if plan.tiles > 1:  # [weights][halo slot 0][halo slot 1][epilogue scratch]: all live at once
+    if isinstance(plan.loop, Im2col):
+        epilogue = max(epilogue, (plan.loop.warps_k - 1) * bm * bn * 4)
+    if tiles_per_block(plan) > 1:  # [weights][halo slot 0][halo slot 1][epilogue scratch]: all live at once
         return (b + 2 * a) * 2 + epilogue
     return max(pipeline, epilogue)
+
+
+def tiles_per_block(plan: Plan) -> int:
+    """Pixel tiles one block computes in turn: a halo kind's ``tiles``, else 1."""
+    return plan.loop.tiles if isinstance(plan.loop, IN_PLACE_HALO) else 1
 
 
 def vector_width(channels: int) -> int:
@@ -389,14 +399,16 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     for name, tile in (("block_m", plan.block_m), ("block_n", plan.block_n), ("block_k", plan.block_k)):
         if tile > 256:
             raise ValueError(f"plan.{name}={tile} is larger than convgen's largest tile (256)")
-    if plan.halo:
+    if plan.loop.halo:
         _check_halo(plan, geometry, pass_, target, in_dtype)
-    if plan.wgmma:
+    if isinstance(plan.loop, Wgmma):
         _check_wgmma(plan, pass_, target)
-    if plan.tiles > 1 and (halo_path(plan, geometry, pass_) != "taps" or reduction_steps(plan, pass_, geometry) != 1):
+    tiles = tiles_per_block(plan)
+    if tiles > 1 and reduction_steps(plan, pass_, geometry) != 1:
         raise ValueError(
-            f"plan.tiles={plan.tiles}: several tiles per block need the halo path's one-step reductions "
-            f"(stride 1, {'C' if pass_ is Pass.FPROP else 'K'} <= block_k = {plan.block_k}, channels in 16-byte runs)"
+            f"{type(plan.loop).__name__}.tiles={tiles}: several tiles per block need the halo path's one-step "
+            f"reductions (stride 1, {'C' if pass_ is Pass.FPROP else 'K'} <= block_k = {plan.block_k}, channels in "
+            "16-byte runs)"
         )
     smem = smem_bytes(plan, pass_, target.warp_size, geometry)
     if smem > target.smem_limit:
@@ -409,26 +421,27 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
 
 
 def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
-    why = (f"runs on sm_90 only, not {target.arch}" if target.arch != "sm_90"
+    why = (f"needs warpgroup MMAs, which {target.arch} does not have" if not target.info.wgmma
            else "computes fprop and dgrad only" if pass_ is Pass.WGRAD
            else "reads both operands as fp16 in 16-byte runs (vec_a = vec_b = 8, read fp16)"
            if (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16") else None)
     if why:
-        raise ValueError(f"plan.wgmma=True: the wgmma main loop {why}")
+        raise ValueError(f"Wgmma: the wgmma main loop {why}")
 
 
-# The "im2col" halo path keeps its whole input halo in shared memory next to the pipeline.
+# StagedHalo keeps its whole input halo in shared memory next to the pipeline.
 MAX_STAGED_HALO_BYTES = 48 * 1024
 
 
 def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float16") -> str | None:
-    """Why no halo path can run this pass (None when one can; `halo_path` says which)."""
+    """Why no halo kind can run this pass (None when one can: StagedHalo where
+    `stages_whole_halo`, else HaloTile, HaloLdsm and FlatHalo)."""
     if pass_ is Pass.WGRAD:
         return "the halo path computes fprop and dgrad only (wgrad reduces over pixels)"
     if in_dtype != "float16":
         return "the halo path reads fp16 inputs"
-    if pass_ is Pass.FPROP and geometry.c % 8:
-        return None  # the "im2col" halo path: any stride
+    if stages_whole_halo(geometry, pass_):
+        return None  # StagedHalo: any stride
     if geometry.stride != (1, 1):
         return f"the halo path needs stride 1, got {geometry.stride}"
     ca, _ = gathered_channels(geometry, pass_)
@@ -439,22 +452,27 @@ def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float1
 
 
 def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType) -> None:
-    name = "plan.flat=True" if plan.flat else f"plan.tile_w={plan.tile_w}"
+    loop, name = plan.loop, repr(plan.loop)
     why = halo_eligible(geometry, pass_, in_dtype)
-    if why is None and plan.flat and pass_ is Pass.FPROP and geometry.c % 8:
-        why = (f"a flat halo tile reads each tap's fragments in place, which needs C in 16-byte runs "
-               f"(C={geometry.c}); a 2-D tile (tile_w > 0) stages this layer's halo for the im2col gather")
+    staged_layer = stages_whole_halo(geometry, pass_)
+    if why is None and staged_layer and isinstance(loop, (HaloTile, FlatHalo)):
+        why = (f"reads each tap's fragments in place, which needs C in 16-byte runs (C={geometry.c}); "
+               "StagedHalo stages this layer's whole halo for the im2col gather")
+    if why is None and isinstance(loop, StagedHalo) and not staged_layer:
+        why = ("stages the whole halo of fprop layers whose C is not a multiple of 8 only; this layer's taps "
+               "are read in place: use HaloTile")
     if why:
         raise ValueError(f"{name}: {why}")
     if (plan.read_a, plan.read_b) != ("float16", "float16"):
         raise ValueError(f"a halo plan ({name}) reads fp16 inputs as they are: read_a = read_b = 'float16'")
-    if plan.tile_w % FRAG and (target.backend != "cuda" or halo_path(plan, geometry, pass_) != "taps"):
-        raise ValueError(f"plan.tile_w={plan.tile_w}: tiles narrower than a 16-pixel fragment need CUDA's "
-                         "ldmatrix MMAs on the \"taps\" halo path; use a multiple of 16")
-    if halo_path(plan, geometry, pass_) == "im2col":
+    if isinstance(loop, HaloLdsm) and (staged_layer or not (target.info.ldmatrix and target.info.mma_sync)):
+        raise ValueError(f"{name}: tiles narrower than a 16-pixel fragment need ldmatrix and mma.sync.m16n8k16 "
+                         f"({target.arch}: {'yes' if target.info.ldmatrix and target.info.mma_sync else 'no'}) and "
+                         "the reduced channels read in place; use a HaloTile (a multiple of 16 pixels wide)")
+    if isinstance(loop, StagedHalo):
         staged = staged_halo_halves(plan, geometry) * 2
         if staged > MAX_STAGED_HALO_BYTES:
-            raise ValueError(f"plan.tile_w={plan.tile_w}: the block's input halo takes {staged} bytes of shared "
+            raise ValueError(f"{name}: the block's input halo takes {staged} bytes of shared "
                              f"memory (at most {MAX_STAGED_HALO_BYTES}); use a smaller tile")
         return
     vec_b = halo_vec_b(geometry, pass_)
@@ -463,7 +481,7 @@ def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target,
 
 
 def halo_vec_b(geometry: ConvGeometry, pass_: Pass) -> int:
-    """The "taps" halo path's weight access width: fprop's weight rows run over C (a multiple
+    """The in-place halo kinds' weight access width: fprop's weight rows run over C (a multiple
     of 8 there); dgrad's over the C dx channels, which may be any count (C = 3 first layers)."""
     return 8 if pass_ is Pass.FPROP else vector_width(geometry.c)
 

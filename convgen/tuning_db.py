@@ -14,7 +14,6 @@ reads as empty, so a bad database costs speed, never correctness.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -23,7 +22,7 @@ from typing import Any, Optional
 
 from . import config
 from .fsio import atomic_write
-from .ir import ConvGeometry, Pass, Plan
+from .ir import PLAN_KEYS, ConvGeometry, Pass, Plan
 
 DB_FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"
@@ -103,9 +102,10 @@ def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, ar
     for path in (user_db_path(), shipped_db_path(gpu_name)):
         entry = _cached(path).get("gpus", {}).get(slug, {}).get(key)
         if entry:
-            fields = {f.name for f in dataclasses.fields(Plan)} - {"reasons"}
-            return Plan(**{k: v for k, v in entry["plan"].items() if k in fields},
-                        reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
+            # The layer and pass tell Plan.from_dict which halo kind an old-style dict means.
+            return Plan.from_dict({k: v for k, v in entry["plan"].items() if k in PLAN_KEYS}, geometry, pass_,
+                                  reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs "
+                                           f"{entry['default_us']:.1f} us planned",))
     return None
 
 

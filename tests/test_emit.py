@@ -25,6 +25,7 @@ from convgen.backends import backend_for
 from convgen.emit import REDUCE_BLOCK, KernelSource, _context, _environment, emit
 from convgen.resources import templates_dir
 from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 from convgen.planner import make_spec, plan, smem_bytes
 from convgen.suites import SUITES
 
@@ -70,18 +71,18 @@ def cases():
     # the halo path (stride-1 fprop and dgrad; tuning candidates, never the planner's default):
     # an image narrower than the tile, dilation, asymmetric padding, split-K, fp32 output, HIP
     for prob, hand, arch in (
-        (ConvProblem(8, 8, 64, 32, 3, 3, 1, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 8, 8, tile_w=16), "sm_90"),
-        (ConvProblem(20, 36, 16, 24, 3, 2, 1, (2, 0), (2, 1), n=2), Plan(128, 32, 16, 2, 2, 2, 8, 8, split_k=2, tile_w=32), "sm_90"),
-        (ConvProblem(16, 16, 32, 64, 5, 5, 1, 2, n=2), Plan(64, 32, 16, 2, 2, 2, 8, 8, tile_w=16), "sm_90"),
-        (ConvProblem(16, 16, 16, 16, 3, 3, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=16), "gfx1201"),
+        (ConvProblem(8, 8, 64, 32, 3, 3, 1, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 8, 8, loop=HaloTile(16)), "sm_90"),
+        (ConvProblem(20, 36, 16, 24, 3, 2, 1, (2, 0), (2, 1), n=2), Plan(128, 32, 16, 2, 2, 2, 8, 8, split_k=2, loop=HaloTile(32)), "sm_90"),
+        (ConvProblem(16, 16, 32, 64, 5, 5, 1, 2, n=2), Plan(64, 32, 16, 2, 2, 2, 8, 8, loop=HaloTile(16)), "sm_90"),
+        (ConvProblem(16, 16, 16, 16, 3, 3, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, loop=HaloTile(16)), "gfx1201"),
     ):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             for epi in ({"bias": True, "relu": True}, {"out_dtype": "float32"}) if pass_ is Pass.FPROP else ({},):
                 out.append((f"halo/{prob.describe()}/{pass_.value}/{arch}/{'-'.join(epi) or 'plain'}",
                             make_spec(prob, pass_, target=Target(arch), epilogue=Epilogue(**epi), plan_=hand)))
     # fprop of narrow-channel layers: the staged-halo im2col path, stride 1 and 2, 1 and 4 channels per access
-    for prob, hand in ((ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
-                       (ConvProblem(40, 44, 4, 16, 7, 7, 2, 3, n=1), Plan(128, 16, 32, 4, 1, 3, 4, 4, split_k=2, tile_w=16))):
+    for prob, hand in ((ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, loop=StagedHalo(16))),
+                       (ConvProblem(40, 44, 4, 16, 7, 7, 2, 3, n=1), Plan(128, 16, 32, 4, 1, 3, 4, 4, split_k=2, loop=StagedHalo(16)))):
         for arch in ("sm_90", "gfx1201"):
             out.append((f"halo/{prob.describe()}/fprop/{arch}/staged-im2col",
                         make_spec(prob, Pass.FPROP, target=Target(arch), epilogue=Epilogue(bias=True, relu=True), plan_=hand)))
@@ -89,36 +90,36 @@ def cases():
     prob = ConvProblem(20, 36, 32, 24, 3, 3, 1, 1, n=3)
     for pass_, epi in ((Pass.FPROP, Epilogue(bias=True, relu=True)), (Pass.DGRAD, Epilogue())):
         out.append((f"halo-tiles/{prob.describe()}/{pass_.value}/sm_90",
-                    make_spec(prob, pass_, epilogue=epi, plan_=Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4))))
+                    make_spec(prob, pass_, epilogue=epi, plan_=Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 4)))))
     # dgrad of a 3-channel first layer: halo over K = 32 dy channels, weights one channel per access
     prob = ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, n=2)
     for arch in ("sm_90", "gfx1201"):
         out.append((f"halo/{prob.describe()}/dgrad/{arch}/narrow-weights",
-                    make_spec(prob, Pass.DGRAD, target=Target(arch), plan_=Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16))))
+                    make_spec(prob, Pass.DGRAD, target=Target(arch), plan_=Plan(128, 16, 32, 4, 1, 2, 8, 1, loop=HaloTile(16)))))
     # sliced K: two and four warp grids per block, every pass, split-K on top, HIP; wgrad with db
     prob = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2)
     for pass_ in Pass:
-        for hand, arch in ((Plan(128, 64, 64, 2, 2, 3, 8, 8, warps_k=2), "sm_90"),
-                           (Plan(64, 64, 64, 2, 2, 2, 8, 8, split_k=2, warps_k=4), "sm_90"),
-                           (Plan(64, 64, 32, 2, 2, 2, 8, 8, warps_k=2), "gfx942")):
+        for hand, arch in ((Plan(128, 64, 64, 2, 2, 3, 8, 8, loop=Im2col(2)), "sm_90"),
+                           (Plan(64, 64, 64, 2, 2, 2, 8, 8, split_k=2, loop=Im2col(4)), "sm_90"),
+                           (Plan(64, 64, 32, 2, 2, 2, 8, 8, loop=Im2col(2)), "gfx942")):
             out.append((f"sliced/{pass_.value}/{arch}/w{hand.warps_k}k{hand.split_k}",
                         make_spec(prob, pass_, target=Target(arch), epilogue=default_epilogue(pass_), plan_=hand)))
     # 8-pixel-wide halo tiles (ldmatrix rows, raw mma.sync), one and several tiles per block
     for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(7, 20, 32, 24, 3, 3, 1, 1, n=2)):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             out.append((f"ldsm/{prob.describe()}/{pass_.value}",
-                        make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=Plan(64, 32, 16, 4, 1, 3, 8, 8, tile_w=8))))
+                        make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=Plan(64, 32, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8)))))
     out.append(("ldsm-tiles/dgrad", make_spec(ConvProblem(8, 8, 32, 16, 3, 3, 1, 1, n=3), Pass.DGRAD,
-                                              plan_=Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8, tiles=2))))
+                                              plan_=Plan(64, 16, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8, 2)))))
     # two and four whole 8x8 images stacked in one 128- or 256-row tile (planner.halo_images)
-    for pass_, hand in ((Pass.DGRAD, Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
-                        (Pass.FPROP, Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8))):
+    for pass_, hand in ((Pass.DGRAD, Plan(128, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))),
+                        (Pass.FPROP, Plan(256, 64, 16, 8, 1, 3, 8, 8, loop=HaloLdsm(8)))):
         out.append((f"ldsm-stacked/{pass_.value}/{hand.block_m}",
                     make_spec(ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=3), pass_, epilogue=default_epilogue(pass_), plan_=hand)))
     # wgmma: one and two warpgroups, split-K, strided dgrad's residue classes
     for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(12, 12, 32, 48, 3, 3, 2, 1, n=2)):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
-            for hand in (Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True), Plan(128, 128, 32, 8, 1, 4, 8, 8, split_k=2, wgmma=True)):
+            for hand in (Plan(128, 64, 64, 4, 1, 3, 8, 8, loop=Wgmma()), Plan(128, 128, 32, 8, 1, 4, 8, 8, split_k=2, loop=Wgmma())):
                 out.append((f"wgmma/{prob.describe()}/{pass_.value}/{hand.brief().replace(' ', '_')}",
                             make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=hand)))
     return out

@@ -87,6 +87,7 @@ if TOOLS is None:
 # Imported after the skip so a plain `pytest` run pays nothing for this module.
 from convgen.emit import KernelSource, emit  # noqa: E402
 from convgen.ir import Epilogue, Pass, Plan, Target  # noqa: E402
+from convgen.mainloop import FlatHalo, HaloTile, Im2col, StagedHalo  # noqa: E402
 from convgen.planner import halo_vec_b, make_spec  # noqa: E402
 from convgen.resources import include_dir  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
@@ -147,13 +148,13 @@ def _cases() -> list[Case]:
 
 
 HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
-HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, tile_w=16)  # fits the 64 KiB of shared memory AMD targets have
+HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloTile(16))  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()
 
 
 def _halo_plan(geometry, pass_: Pass) -> Plan:
     if pass_ is Pass.FPROP and geometry.c % 8:  # the staged-halo im2col path: scalar gathers
-        return Plan(64, 32, 32, 4, 1, 2, 1, 1, tile_w=16)
+        return Plan(64, 32, 32, 4, 1, 2, 1, 1, loop=StagedHalo(16))
     return dataclasses.replace(HALO_PLAN, vec_b=halo_vec_b(geometry, pass_))
 
 
@@ -172,10 +173,10 @@ def _emit(case: Case) -> KernelSource:
         in_dtype="float32" if case.variant == "in-fp32" else "float16",
         scalar=case.variant == "scalar",
         plan_=(_halo_plan(layer.problem.geometry, p) if case.variant == "halo"
-               else Plan(64, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=2) if case.variant == "halo-tiles"
-               else dataclasses.replace(HALO_PLAN, tile_w=0, flat=True) if case.variant == "halo-flat"
-               else Plan(64, 32, 32, 4, 1, 2, 8, 8, flat=True, tiles=2) if case.variant == "halo-flat-tiles"
-               else Plan(64, 64, 32, 2, 2, 2, 8, 8, warps_k=2) if case.variant == "sliced" else None),
+               else Plan(64, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 2)) if case.variant == "halo-tiles"
+               else dataclasses.replace(HALO_PLAN, loop=FlatHalo()) if case.variant == "halo-flat"
+               else Plan(64, 32, 32, 4, 1, 2, 8, 8, loop=FlatHalo(2)) if case.variant == "halo-flat-tiles"
+               else Plan(64, 64, 32, 2, 2, 2, 8, 8, loop=Im2col(2)) if case.variant == "sliced" else None),
     )
     return emit(spec)
 

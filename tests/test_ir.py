@@ -32,6 +32,7 @@ from convgen.ir import (
     Target,
     resolve_padding,
 )
+from convgen.mainloop import KINDS, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -286,6 +287,34 @@ def test_target_defaults():
     assert Target("sm_80", 7).sm_count == 7
 
 
+CAPABILITIES = ("cp_async", "ldmatrix", "mma_sync", "wgmma", "tma")
+
+
+@pytest.mark.parametrize("arch, caps, spelling", [
+    ("sm_75", (False, True, False, False, False), ("cu", "nvcuda::wmma", "__half", "__syncwarp()", True)),
+    ("sm_80", (True, True, True, False, False), ("cu", "nvcuda::wmma", "__half", "__syncwarp()", True)),
+    ("sm_89", (True, True, True, False, False), ("cu", "nvcuda::wmma", "__half", "__syncwarp()", True)),
+    ("sm_90", (True, True, True, True, True), ("cu", "nvcuda::wmma", "__half", "__syncwarp()", True)),
+    ("gfx942", (False, False, False, False, False), ("hip", "rocwmma", "rocwmma::float16_t", None, False)),
+    ("gfx1201", (False, False, False, False, False), ("hip", "rocwmma", "rocwmma::float16_t", None, False)),
+])
+def test_one_description_per_arch(arch, caps, spelling):
+    """Capabilities and source spelling come from one description (what backend_for gives
+    the emitter); mma.sync.m16n8k16 and cp.async start at sm_80, wgmma and TMA at sm_90."""
+    from convgen.backends import backend_for
+
+    info = Target(arch).info
+    assert tuple(getattr(info, c) for c in CAPABILITIES) == caps
+    ext, ns, half, sync, ptx = spelling
+    assert (info.file_ext, info.wmma_ns, info.frag_half, info.ptx_store16) == (ext, ns, half, ptx)
+    if sync:
+        assert info.warp_sync == sync
+    else:
+        assert "__builtin_amdgcn_wave_barrier()" in info.warp_sync
+    assert info.name == info.backend == ("cuda" if ext == "cu" else "hip")
+    assert backend_for(Target(arch)) is info
+
+
 @pytest.mark.parametrize("count, msg", [(0, "sm_count must be >= 1, got 0"), (-4, "sm_count must be >= 1, got -4"),
                                         (2.5, "sm_count must be an integer, got 2.5"),
                                         (True, "sm_count must be an integer, got True")])
@@ -347,29 +376,172 @@ def test_plan_vector_widths(name, value):
 
 
 def test_plan_sliced_k():
-    p = make_plan(block_k=64, warps_k=2)
+    p = make_plan(block_k=64, loop=Im2col(2))
     assert p.warps == 8 and p.warp_tile == (32, 32)  # a slice's warp tile is the unsliced one
     assert p.as_dict()["warps_k"] == 2 and "warps_k" not in make_plan().as_dict()  # old keys stay
-    assert p.brief().startswith("64x64x64 w2x2x2 s3") and "K sliced 2 ways" in p.explain()
-    with pytest.raises(ValueError, match=r"plan\.block_k=32 does not split into warps_k=4 slices"):
-        make_plan(warps_k=4)
-    with pytest.raises(ValueError, match=r"plan\.warps_k must be >= 1, got 0"):
-        make_plan(warps_k=0)
-    for halo in (dict(tile_w=16), dict(flat=True)):
-        with pytest.raises(ValueError, match=r"plan\.warps_k=2 needs an im2col plan"):
-            make_plan(warps_k=2, **halo)
+    assert p.brief() == "64x64x64 w2x2x2 s3 k1" and "x2, K sliced 2 ways" in p.explain()
+    with pytest.raises(ValueError, match=r"plan\.block_k=32 does not split into Im2col\.warps_k=4 slices"):
+        make_plan(loop=Im2col(4))
 
 
 def test_plan_wgmma_takes_whole_warpgroups_over_m():
-    p = make_plan(block_m=128, warps_m=4, warps_n=1, wgmma=True)
+    p = make_plan(block_m=128, warps_m=4, warps_n=1, loop=Wgmma())
     assert p.as_dict()["wgmma"] is True and "wgmma" not in make_plan().as_dict()
-    assert p.brief().endswith(" wgmma") and "wgmma on 1 warpgroup(s)" in p.explain()
-    for bad in (dict(warps_m=2, warps_n=2), dict(warps_m=2, warps_n=1), dict(block_m=128, warps_m=4, warps_n=1, tile_w=16),
-                dict(block_m=128, warps_m=4, warps_n=1, block_k=64, warps_k=2)):
-        with pytest.raises(ValueError, match=r"plan\.wgmma=True needs whole warpgroups over M"):
-            make_plan(wgmma=True, **bad)
-    with pytest.raises(TypeError, match=r"plan\.wgmma must be a bool"):
-        make_plan(wgmma=1)
+    assert p.brief() == "128x64x32 w4x1 s3 k1 wgmma" and p.explain().endswith(", wgmma on 1 warpgroup(s)")
+    for bad, grid in ((dict(warps_m=2, warps_n=2), "2x2"), (dict(warps_m=2, warps_n=1), "2x1"),
+                      (dict(block_m=128, warps_m=4, warps_n=2), "4x2")):
+        with pytest.raises(ValueError, match=rf"Wgmma needs whole warpgroups over M: .* got {grid}"):
+            make_plan(loop=Wgmma(), **bad)
+
+
+def test_plan_loop_must_be_a_kind():
+    for bad in (None, "im2col", dict(tile_w=16)):
+        with pytest.raises(TypeError, match=r"plan\.loop must be a main-loop kind \(Im2col, Wgmma, HaloTile"):
+            make_plan(loop=bad)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tile_w'"):  # flags are gone
+        make_plan(tile_w=16)
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda: Im2col(0), r"Im2col\.warps_k must be >= 1, got 0"),
+    (lambda: Im2col(2.0), r"Im2col\.warps_k must be an integer, got 2\.0"),
+    (lambda: HaloTile(8), r"HaloTile\.tile_w=8 must be a positive multiple of 16: .*HaloLdsm"),
+    (lambda: HaloTile(24), r"HaloTile\.tile_w=24 must be a positive multiple of 16"),
+    (lambda: HaloTile(0), r"HaloTile\.tile_w=0 must be a positive multiple of 16"),
+    (lambda: HaloTile(16, 0), r"HaloTile\.tiles must be >= 1, got 0"),
+    (lambda: HaloTile(True), r"HaloTile\.tile_w must be an integer, got True"),
+    (lambda: HaloLdsm(16), r"HaloLdsm\.tile_w=16 must be an odd multiple of 8 .*: a multiple of 16 is a HaloTile"),
+    (lambda: HaloLdsm(12), r"HaloLdsm\.tile_w=12 must be an odd multiple of 8"),
+    (lambda: HaloLdsm(8, -1), r"HaloLdsm\.tiles must be >= 1, got -1"),
+    (lambda: FlatHalo(0), r"FlatHalo\.tiles must be >= 1, got 0"),
+    (lambda: StagedHalo(8), r"StagedHalo\.tile_w=8 must be a positive multiple of 16"),
+    (lambda: StagedHalo(-16), r"StagedHalo\.tile_w=-16 must be a positive multiple of 16"),
+])
+def test_kinds_reject_bad_parameters_naming_the_field(make, msg):
+    with pytest.raises(ValueError, match=msg):
+        make()
+
+
+@pytest.mark.parametrize("loop, changes, msg", [
+    (HaloTile(32), dict(block_m=48, warps_m=1), r"HaloTile\.tile_w=32 does not divide plan\.block_m=48"),
+    (HaloLdsm(24), dict(block_m=64), r"HaloLdsm\.tile_w=24 does not divide plan\.block_m=64"),
+    (StagedHalo(32), dict(block_m=48, warps_m=1), r"StagedHalo\.tile_w=32 does not divide plan\.block_m=48"),
+    (HaloTile(16, 2), dict(split_k=2), r"HaloTile\.tiles=2 needs plan\.split_k = 1, got 2"),
+    (HaloLdsm(8, 4), dict(split_k=3), r"HaloLdsm\.tiles=4 needs plan\.split_k = 1, got 3"),
+    (FlatHalo(2), dict(split_k=2), r"FlatHalo\.tiles=2 needs plan\.split_k = 1, got 2"),
+])
+def test_kinds_check_the_plans_shared_fields(loop, changes, msg):
+    with pytest.raises(ValueError, match=msg):
+        make_plan(loop=loop, **changes)
+
+
+def test_kind_tags_name_their_configuration():
+    tags = [Im2col().tag, Im2col(2).tag, Wgmma().tag, HaloTile(16).tag, HaloTile(32, 4).tag, HaloLdsm(8).tag,
+            HaloLdsm(8, 2).tag, FlatHalo().tag, FlatHalo(3).tag, StagedHalo(16).tag]
+    assert tags == ["im2col", "im2colk2", "wgmma", "halo16", "halo32x4", "ldsm8", "ldsm8x2", "flat", "flatx3",
+                    "staged16"]
+    assert {k.__name__ for k in KINDS} == {"Im2col", "Wgmma", "HaloTile", "HaloLdsm", "FlatHalo", "StagedHalo"}
+
+
+# Plans in the dicts they have always been written as (the tuning database's format, part of
+# every spec key), with the kind each reads back as.
+_SHARED = dict(block_m=128, block_n=64, block_k=32, warps_m=4, warps_n=1, stages=3, vec_a=8, vec_b=8,
+               read_a="float16", read_b="float16", split_k=1)
+LEGACY = [
+    ({}, Im2col()),
+    ({"warps_k": 2}, Im2col(2)),
+    ({"wgmma": True}, Wgmma()),
+    ({"tile_w": 16}, HaloTile(16)),
+    ({"tile_w": 32, "tiles": 4}, HaloTile(32, 4)),
+    ({"tile_w": 8}, HaloLdsm(8)),
+    ({"tile_w": 8, "tiles": 2}, HaloLdsm(8, 2)),
+    ({"flat": True}, FlatHalo()),
+    ({"tiles": 2, "flat": True}, FlatHalo(2)),
+]
+
+
+@pytest.mark.parametrize("flags, loop", LEGACY, ids=[repr(l) for _, l in LEGACY])
+def test_plan_dicts_keep_their_format(flags, loop):
+    d = {**_SHARED, **flags}
+    p = Plan(**{k: v for k, v in _SHARED.items()}, loop=loop)
+    assert p.as_dict() == d and list(p.as_dict()) == [*_SHARED, *flags]
+    assert Plan.from_dict(d) == p and Plan.from_dict(d).loop == loop
+
+
+def test_a_2d_halo_dict_reads_as_staged_on_a_layer_that_stages_its_halo():
+    d = {**_SHARED, "vec_a": 1, "vec_b": 1, "tile_w": 16}
+    c3 = ConvProblem(32, 32, 3, 16, 3, 3, 1, 1, n=2)
+    assert Plan.from_dict(d, c3, Pass.FPROP).loop == StagedHalo(16)
+    assert Plan.from_dict(d, c3, "dgrad").loop == HaloTile(16)  # dgrad reads dy's K channels in place
+    assert Plan.from_dict(d).loop == HaloTile(16)
+    assert Plan.from_dict(d, c3, Pass.FPROP).as_dict() == d
+    with pytest.raises(ValueError, match=r"plan\.tiles=2: a layer that stages its whole halo"):
+        Plan.from_dict({**d, "tiles": 2}, c3, Pass.FPROP)
+
+
+@pytest.mark.parametrize("flags, exc, msg", [
+    (dict(tile_w=16, flat=True), ValueError, r"plan\.flat=True takes tile_w=0, got tile_w=16"),
+    (dict(tile_w=16, warps_k=2), ValueError, r"plan\.warps_k=2 needs an im2col plan"),
+    (dict(flat=True, warps_k=2), ValueError, r"plan\.warps_k=2 needs an im2col plan"),
+    (dict(wgmma=True, tile_w=16), ValueError, r"plan\.wgmma=True takes no halo tile and no sliced K"),
+    (dict(wgmma=True, warps_k=2), ValueError, r"plan\.wgmma=True takes no halo tile and no sliced K"),
+    (dict(tiles=2), ValueError, r"plan\.tiles=2 must be 1 without a halo tile"),
+    (dict(tile_w=12), ValueError, r"plan\.tile_w=12 must be 0 \(no halo tile\) or a multiple of 8"),
+    (dict(tile_w=-8), ValueError, r"plan\.tile_w=-8 must be 0"),
+    (dict(flat=1), TypeError, r"plan\.flat must be a bool, got 1"),
+    (dict(wgmma="yes"), TypeError, r"plan\.wgmma must be a bool, got 'yes'"),
+    (dict(warps_k=0), ValueError, r"Im2col\.warps_k must be >= 1, got 0"),
+    (dict(halo=True), ValueError, r"plan dict has unknown keys \['halo'\]"),
+])
+def test_bad_plan_dicts_are_rejected_naming_the_field(flags, exc, msg):
+    with pytest.raises(exc, match=msg):
+        Plan.from_dict({**_SHARED, **flags})
+
+
+def test_every_shipped_tuned_plan_round_trips():
+    """The shipped database's plans read back as kinds and write the same dicts again, with
+    and without the layer they were tuned for."""
+    db = json.loads((ROOT / "convgen" / "tuning" / "nvidia-h200.json").read_text())
+    entries = [e for gpu in db["gpus"].values() for e in gpu.values()]
+    assert len(entries) == 69
+    kinds = set()
+    for e in entries:
+        problem = ConvProblem(**e["shape"])
+        for plan in (Plan.from_dict(e["plan"]), Plan.from_dict(e["plan"], problem, e["pass"])):
+            assert plan.as_dict() == e["plan"]
+            assert json.dumps(plan.as_dict(), sort_keys=True) == json.dumps(e["plan"], sort_keys=True)
+        kinds.add(type(Plan.from_dict(e["plan"], problem, e["pass"]).loop).__name__)
+    assert kinds == {"Im2col", "HaloTile", "HaloLdsm", "FlatHalo", "StagedHalo"}
+
+
+def test_the_emitters_view_of_each_kind():
+    """tile_w, tiles, flat, warps_k, wgmma and halo: the fields the templates read."""
+    view = lambda p: (p.tile_w, p.tiles, p.flat, p.warps_k, p.wgmma, p.halo)  # noqa: E731
+    assert view(make_plan()) == (0, 1, False, 1, False, False)
+    assert view(make_plan(block_k=64, loop=Im2col(2))) == (0, 1, False, 2, False, False)
+    assert view(make_plan(block_m=128, warps_m=4, warps_n=1, loop=Wgmma())) == (0, 1, False, 1, True, False)
+    assert view(make_plan(loop=HaloTile(32, 2))) == (32, 2, False, 1, False, True)
+    assert view(make_plan(loop=HaloLdsm(8))) == (8, 1, False, 1, False, True)
+    assert view(make_plan(loop=FlatHalo(4))) == (0, 4, True, 1, False, True)
+    assert view(make_plan(loop=StagedHalo(16))) == (16, 1, False, 1, False, True)
+
+
+def test_explain_names_the_kind():
+    assert make_plan(loop=HaloTile(16, 2)).explain() == (
+        "block 64x64x32, 4 warps (2x2, warp tile 32x32), 3 stages, vec A/B 8/8, read A/B float16/float16, "
+        "split-K 1, halo tile 4x16 pixels, 2 tiles per block")
+    assert make_plan(loop=FlatHalo()).explain().endswith("split-K 1, flat halo tile of 64 grid positions")
+    assert make_plan(loop=StagedHalo(32)).explain().endswith("split-K 1, halo tile 2x32 pixels")
+    assert make_plan(block_k=64, loop=Im2col(2)).explain() == (
+        "block 64x64x64, 8 warps (2x2x2, K sliced 2 ways, warp tile 32x32), 3 stages, vec A/B 8/8, "
+        "read A/B float16/float16, split-K 1")
+
+
+def test_replace_changes_the_kind():
+    p = make_plan(loop=HaloTile(16))
+    q = dataclasses.replace(p, loop=dataclasses.replace(p.loop, tiles=4))
+    assert q.loop == HaloTile(16, 4) and q.as_dict()["tiles"] == 4 and p.tiles == 1
+    assert dataclasses.replace(p, loop=Im2col()) == make_plan()
 
 
 @pytest.mark.parametrize("stages", [1, 9])
@@ -437,8 +609,22 @@ def test_spec_key_is_stable():
     assert a.key == b.key == canonical_key(a)
     assert re.fullmatch(r"[0-9a-f]{16}", a.key)
     assert spec(pass_="fprop").key == a.key  # a pass given by name is the same spec
-    assert a.name.startswith("convgen_fprop_16x16_c8_k16_3x3_s11_p11_d11_") and a.name.endswith(a.key[:8])
+    assert a.name == f"convgen_fprop_im2col_128x32x32_s3_sm90_16x16_c8_k16_3x3_s11_p11_d11_{a.key[:8]}"
     assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", a.name)  # a C identifier
+
+
+@pytest.mark.parametrize("changes, middle", [
+    (dict(plan=Plan(128, 32, 64, 4, 1, 4, 8, 8, loop=HaloTile(16, 2))), "fprop_halo16x2_128x32x64_s4_sm90"),
+    (dict(plan=Plan(128, 32, 32, 4, 1, 3, 8, 8, loop=Wgmma()), pass_=Pass.DGRAD, epilogue=Epilogue()),
+     "dgrad_wgmma_128x32x32_s3_sm90"),
+    (dict(plan=Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8)), target=Target("gfx942")),
+     "fprop_ldsm8_64x32x16_s2_gfx942"),
+    (dict(plan=Plan(128, 32, 64, 2, 1, 2, 8, 8, loop=Im2col(2)), pass_=Pass.WGRAD), "wgrad_im2colk2_128x32x64_s2_sm90"),
+])
+def test_kernel_names_say_kind_tile_stages_and_arch(changes, middle):
+    s = spec(**changes)
+    assert s.name == f"convgen_{middle}_16x16_c8_k16_3x3_s11_p11_d11_{s.key[:8]}"
+    assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s.name) and len(s.name) <= 96
 
 
 def test_spec_key_is_the_same_in_another_process():
@@ -530,4 +716,7 @@ def test_plan_brief_names_the_halo_tile():
     from convgen.ir import Plan
 
     assert Plan(256, 32, 32, 4, 1, 2, 8, 8).brief() == "256x32x32 w4x1 s2 k1"
-    assert Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=3, tile_w=16).brief() == "256x32x32 w4x1 s2 k3 halo16"
+    assert Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=3, loop=HaloTile(16)).brief() == "256x32x32 w4x1 s2 k3 halo16"
+    assert Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=StagedHalo(32)).brief() == "256x32x32 w4x1 s2 k1 halo32"
+    assert Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=HaloLdsm(8, 2)).brief() == "128x32x32 w4x1 s2 k1 halo8x2"
+    assert Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=FlatHalo(2)).brief() == "128x32x32 w4x1 s2 k1 flatx2"

@@ -18,6 +18,7 @@ import convgen
 import convgen.runtime
 from convgen import reference
 from convgen.ir import ConvProblem, Pass, Plan
+from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 from convgen.suites import SUITES
 
 from gpu_helpers import check, rel_err, run_pass, tolerance
@@ -357,8 +358,8 @@ def test_shipped_tuned_plans_match_the_reference(gpu, entry, target):
     shape = dict(entry["shape"])
     n = shape.pop("n")
     problem = ConvProblem(**shape, n=min(n, 8))
-    plan = Plan(**entry["plan"])
     pass_ = Pass(entry["pass"])
+    plan = Plan.from_dict(entry["plan"], problem, pass_)
     res = run_pass(problem, pass_, _seed("tuned", entry["shape"], pass_), plan=plan,
                    bias=pass_ is not Pass.DGRAD, relu=pass_ is Pass.FPROP)
     check(res, "float16", what=f"tuned {pass_.value} {problem.describe()}")
@@ -390,7 +391,7 @@ HALO_EXACT = [
 def test_halo_exact_tier(case, pass_, split, target):
     """The halo path with integer data: bit for bit, whatever the split-K."""
     problem, bm, bn, bk, wm, wn, stages, tile_w = case
-    plan = Plan(bm, bn, bk, wm, wn, stages, 8, 8, split_k=split, tile_w=tile_w)
+    plan = Plan(bm, bn, bk, wm, wn, stages, 8, 8, split_k=split, loop=HaloTile(tile_w))
     res = run_pass(problem, pass_, _seed("halo-exact", problem, pass_, split), out_dtype="float32",
                    bias=pass_ is Pass.FPROP, plan=plan, exact=True)
     check(res, "float32", exact=True, what=f"halo {pass_.value} split {split}")
@@ -401,52 +402,52 @@ def test_halo_exact_tier(case, pass_, split, target):
 # first layers' case).  "staged": fprop with C not a multiple of 8, the staged-halo im2col
 # path, at strides 1 to 3, with dilation, asymmetric padding, tiles past the image edge.
 HALO_HAND = [
-    ("narrow", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(128, 16, 32, 4, 1, 2, 8, 1, tile_w=16)),
+    ("narrow", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(128, 16, 32, 4, 1, 2, 8, 1, loop=HaloTile(16))),
     ("narrow", Pass.DGRAD, ConvProblem(9, 17, 6, 24, 3, 3, 1, (1, 2), (1, 2), n=2),
-     Plan(64, 16, 16, 2, 1, 2, 8, 2, tile_w=16)),
-    ("narrow", Pass.DGRAD, ConvProblem(16, 33, 20, 48, 5, 3, 1, 2, 1, n=1), Plan(256, 32, 16, 4, 2, 3, 8, 4, tile_w=32)),
-    ("staged", Pass.FPROP, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
-    ("staged", Pass.FPROP, ConvProblem(30, 34, 3, 24, 7, 7, 2, 3, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 1, 1, tile_w=16)),
+     Plan(64, 16, 16, 2, 1, 2, 8, 2, loop=HaloTile(16))),
+    ("narrow", Pass.DGRAD, ConvProblem(16, 33, 20, 48, 5, 3, 1, 2, 1, n=1), Plan(256, 32, 16, 4, 2, 3, 8, 4, loop=HaloTile(32))),
+    ("staged", Pass.FPROP, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(256, 32, 32, 4, 1, 3, 1, 1, loop=StagedHalo(16))),
+    ("staged", Pass.FPROP, ConvProblem(30, 34, 3, 24, 7, 7, 2, 3, 1, n=2), Plan(128, 32, 32, 4, 1, 3, 1, 1, loop=StagedHalo(16))),
     ("staged", Pass.FPROP, ConvProblem(17, 23, 6, 16, 5, 3, (1, 3), (2, 0), (2, 1), n=2),
-     Plan(128, 16, 32, 4, 1, 2, 2, 2, tile_w=32)),
-    ("staged", Pass.FPROP, ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, tile_w=16)),
+     Plan(128, 16, 32, 4, 1, 2, 2, 2, loop=StagedHalo(32))),
+    ("staged", Pass.FPROP, ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, loop=StagedHalo(16))),
     # "flat": the batch as one padded grid (planner.flat_grid).  8x8 images (CIFAR's last
     # stage); odd sizes with dilation and unequal padding; no padding; a narrow-weight
     # dgrad; and a dgrad whose padding exceeds the filter's reach (its grid starts inside dy).
-    ("flat", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(256, 64, 32, 4, 2, 3, 8, 8, flat=True)),
-    ("flat", Pass.FPROP, ConvProblem(7, 9, 16, 24, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 32, 16, 4, 1, 2, 8, 8, flat=True)),
-    ("flat", Pass.FPROP, ConvProblem(10, 6, 8, 8, 3, 3, 1, 0, 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, flat=True)),
-    ("flat", Pass.DGRAD, ConvProblem(5, 13, 3, 16, 5, 3, 1, (1, 2), 1, n=3), Plan(64, 16, 16, 2, 1, 2, 8, 1, flat=True)),
-    ("flat", Pass.DGRAD, ConvProblem(6, 7, 8, 16, 2, 2, 1, (2, 1), 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, flat=True)),
+    ("flat", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(256, 64, 32, 4, 2, 3, 8, 8, loop=FlatHalo())),
+    ("flat", Pass.FPROP, ConvProblem(7, 9, 16, 24, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 32, 16, 4, 1, 2, 8, 8, loop=FlatHalo())),
+    ("flat", Pass.FPROP, ConvProblem(10, 6, 8, 8, 3, 3, 1, 0, 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, loop=FlatHalo())),
+    ("flat", Pass.DGRAD, ConvProblem(5, 13, 3, 16, 5, 3, 1, (1, 2), 1, n=3), Plan(64, 16, 16, 2, 1, 2, 8, 1, loop=FlatHalo())),
+    ("flat", Pass.DGRAD, ConvProblem(6, 7, 8, 16, 2, 2, 1, (2, 1), 1, n=2), Plan(64, 16, 16, 2, 1, 2, 8, 8, loop=FlatHalo())),
     # "ldsm": 8-pixel-wide tiles, each fragment row read through its own ldmatrix address, so
     # a fragment spans two tile rows: an 8x8 image (one tile), 7x7 (a tile past the edge),
     # wider images (several tiles across, the last one partial), dilation, a narrow-weight
     # dgrad, 2 warps of two fragment rows, fprop's [BN][BK] and dgrad's [BK][BN] weights.
-    ("ldsm", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(64, 32, 16, 4, 1, 3, 8, 8, tile_w=8)),
-    ("ldsm", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(64, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
-    ("ldsm", Pass.DGRAD, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8)),
-    ("ldsm", Pass.FPROP, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 32, 16, 2, 1, 2, 8, 8, tile_w=8)),
-    ("ldsm", Pass.FPROP, ConvProblem(11, 19, 24, 40, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(64, 48, 16, 4, 1, 2, 8, 8, tile_w=8)),
-    ("ldsm", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 1, tile_w=8)),
+    ("ldsm", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(64, 32, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))),
+    ("ldsm", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(64, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))),
+    ("ldsm", Pass.DGRAD, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8))),
+    ("ldsm", Pass.FPROP, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 32, 16, 2, 1, 2, 8, 8, loop=HaloLdsm(8))),
+    ("ldsm", Pass.FPROP, ConvProblem(11, 19, 24, 40, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(64, 48, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8))),
+    ("ldsm", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 1, loop=HaloLdsm(8))),
     # "stacked": whole images stacked in one tall 8-wide tile (planner.halo_images), the last
     # block's stack running past the batch: 2 and 4 8x8 images; 4 4x4 images (half of each
     # tile row past the image); 2 6x5 images of a dilated, unevenly padded filter.
-    ("stacked", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)),
-    ("stacked", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=5), Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8)),
-    ("stacked", Pass.DGRAD, ConvProblem(4, 4, 16, 32, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, tile_w=8)),
-    ("stacked", Pass.FPROP, ConvProblem(6, 5, 24, 16, 3, 3, 1, (2, 1), (2, 1), n=3), Plan(96, 16, 16, 2, 1, 2, 8, 8, tile_w=8)),
+    ("stacked", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))),
+    ("stacked", Pass.FPROP, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=5), Plan(256, 64, 16, 8, 1, 3, 8, 8, loop=HaloLdsm(8))),
+    ("stacked", Pass.DGRAD, ConvProblem(4, 4, 16, 32, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8))),
+    ("stacked", Pass.FPROP, ConvProblem(6, 5, 24, 16, 3, 3, 1, (2, 1), (2, 1), n=3), Plan(96, 16, 16, 2, 1, 2, 8, 8, loop=HaloLdsm(8))),
 ]
 
 
 # "tiles": several pixel tiles per block (one-step reductions), with a last block that gets
 # fewer tiles than the others, and tiles past the image edge.
 HALO_TILES = [
-    ("tiles", Pass.FPROP, ConvProblem(20, 36, 32, 24, 3, 3, 1, 1, 1, n=3), Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)),
-    ("tiles", Pass.DGRAD, ConvProblem(20, 36, 40, 32, 3, 3, 1, 1, 1, n=3), Plan(256, 48, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)),
-    ("tiles", Pass.DGRAD, ConvProblem(13, 17, 3, 16, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 16, 16, 4, 1, 2, 8, 1, tile_w=16, tiles=3)),
-    ("tiles", Pass.FPROP, ConvProblem(9, 40, 16, 40, 5, 3, 1, 2, 1, n=1), Plan(128, 48, 16, 2, 1, 2, 8, 8, tile_w=32, tiles=2)),
-    ("flat-tiles", Pass.FPROP, ConvProblem(8, 8, 32, 24, 3, 3, 1, 1, 1, n=5), Plan(128, 32, 32, 4, 1, 2, 8, 8, flat=True, tiles=3)),
-    ("flat-tiles", Pass.DGRAD, ConvProblem(11, 6, 16, 16, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, flat=True, tiles=2)),
+    ("tiles", Pass.FPROP, ConvProblem(20, 36, 32, 24, 3, 3, 1, 1, 1, n=3), Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 4))),
+    ("tiles", Pass.DGRAD, ConvProblem(20, 36, 40, 32, 3, 3, 1, 1, 1, n=3), Plan(256, 48, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 4))),
+    ("tiles", Pass.DGRAD, ConvProblem(13, 17, 3, 16, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(128, 16, 16, 4, 1, 2, 8, 1, loop=HaloTile(16, 3))),
+    ("tiles", Pass.FPROP, ConvProblem(9, 40, 16, 40, 5, 3, 1, 2, 1, n=1), Plan(128, 48, 16, 2, 1, 2, 8, 8, loop=HaloTile(32, 2))),
+    ("flat-tiles", Pass.FPROP, ConvProblem(8, 8, 32, 24, 3, 3, 1, 1, 1, n=5), Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=FlatHalo(3))),
+    ("flat-tiles", Pass.DGRAD, ConvProblem(11, 6, 16, 16, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, loop=FlatHalo(2))),
 ]
 
 
@@ -534,7 +535,7 @@ SLICED_SHAPES = [EXACT_SHAPES[i] for i in (0, 2, 5, 6, 7)]
 
 
 def _sliced(plan: Plan, warps_k: int, split: int = 1) -> Plan:
-    return dataclasses.replace(plan, block_k=max(plan.block_k, 16 * warps_k), warps_k=warps_k, split_k=split)
+    return dataclasses.replace(plan, block_k=max(plan.block_k, 16 * warps_k), loop=Im2col(warps_k), split_k=split)
 
 
 @pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
@@ -580,8 +581,8 @@ def test_fuzz_sliced_k(problem, pass_, warps_k, split, seed):
 # ---- wgmma (sm_90a): warpgroup MMAs on core-matrix-staged operands
 
 WGMMA_SHAPES = [EXACT_SHAPES[i] for i in (0, 2, 5, 6, 7)]  # C and K in 16-byte runs
-WGMMA_PLANS = [Plan(64, 64, 32, 4, 1, 2, 8, 8, wgmma=True), Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True),
-               Plan(128, 128, 64, 8, 1, 3, 8, 8, wgmma=True), Plan(256, 32, 16, 8, 1, 4, 8, 8, wgmma=True)]
+WGMMA_PLANS = [Plan(64, 64, 32, 4, 1, 2, 8, 8, loop=Wgmma()), Plan(128, 64, 64, 4, 1, 3, 8, 8, loop=Wgmma()),
+               Plan(128, 128, 64, 8, 1, 3, 8, 8, loop=Wgmma()), Plan(256, 32, 16, 8, 1, 4, 8, 8, loop=Wgmma())]
 
 
 def _needs_sm90(target):

@@ -13,6 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from convgen.ir import ARCHES, DTYPES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 from convgen.planner import check_plan, gathered_channels, make_spec, plan, smem_bytes
 from convgen.suites import SUITES
 
@@ -306,19 +307,31 @@ C64 = ConvProblem(16, 16, 64, 64, 3, 3, 1, 1, n=8)
         (C64, "fprop", Plan(512, 64, 32, 4, 1, 2, 8, 8), "sm_90", "float16",
          r"plan\.block_m=512 is larger than convgen's largest tile \(256\)"),
         # the halo path: stride-1 fprop/dgrad with 16-byte fp16 runs only
-        (C64, "wgrad", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90", "float16",
-         r"plan\.tile_w=16: the halo path computes fprop and dgrad only"),
-        (ConvProblem(16, 16, 64, 64, 3, 3, 2, 1, n=8), "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90",
-         "float16", r"plan\.tile_w=16: the halo path needs stride 1, got \(2, 2\)"),
-        (ConvProblem(200, 200, 7, 16, 7, 7, 3, 9, 3, n=1), "fprop", Plan(256, 16, 16, 4, 1, 2, 1, 1, tile_w=16),
-         "sm_90", "float16", r"plan\.tile_w=16: the block's input halo takes 57344 bytes of shared memory \(at most 49152\)"),
-        (ConvProblem(16, 16, 16, 12, 3, 3, 1, 1, n=8), "dgrad", Plan(128, 16, 16, 4, 1, 2, 4, 8, tile_w=16), "sm_90",
-         "float16", r"plan\.tile_w=16: the halo path stages 16-byte runs of the reduced channels: K=12 is not"),
-        (ConvProblem(16, 16, 3, 32, 3, 3, 1, 1, n=8), "dgrad", Plan(128, 16, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90",
+        (C64, "wgrad", Plan(128, 64, 32, 4, 1, 2, 8, 8, loop=HaloTile(16)), "sm_90", "float16",
+         r"HaloTile\(tile_w=16, tiles=1\): the halo path computes fprop and dgrad only"),
+        (ConvProblem(16, 16, 64, 64, 3, 3, 2, 1, n=8), "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, loop=FlatHalo()), "sm_90",
+         "float16", r"FlatHalo\(tiles=1\): the halo path needs stride 1, got \(2, 2\)"),
+        (ConvProblem(200, 200, 7, 16, 7, 7, 3, 9, 3, n=1), "fprop", Plan(256, 16, 16, 4, 1, 2, 1, 1, loop=StagedHalo(16)),
+         "sm_90", "float16",
+         r"StagedHalo\(tile_w=16\): the block's input halo takes 57344 bytes of shared memory \(at most 49152\)"),
+        (ConvProblem(16, 16, 16, 12, 3, 3, 1, 1, n=8), "dgrad", Plan(128, 16, 16, 4, 1, 2, 4, 8, loop=HaloTile(16)), "sm_90",
+         "float16", r"HaloTile\(tile_w=16, tiles=1\): the halo path stages 16-byte runs of the reduced channels: K=12 is not"),
+        # each halo kind on the layers it is for: a 2-D or flat tile reads C in place, StagedHalo
+        # is for fprop whose C is not a multiple of 8
+        (C3, "fprop", Plan(128, 16, 32, 4, 1, 2, 1, 1, loop=HaloTile(16)), "sm_90", "float16",
+         r"HaloTile\(tile_w=16, tiles=1\): reads each tap's fragments in place, which needs C in 16-byte runs \(C=3\); "
+         r"StagedHalo stages"),
+        (C3, "fprop", Plan(128, 16, 32, 4, 1, 2, 1, 1, loop=FlatHalo()), "sm_90", "float16",
+         r"FlatHalo\(tiles=1\): reads each tap's fragments in place, which needs C in 16-byte runs \(C=3\)"),
+        (C64, "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, loop=StagedHalo(16)), "sm_90", "float16",
+         r"StagedHalo\(tile_w=16\): stages the whole halo of fprop layers whose C is not a multiple of 8 only"),
+        (C3, "dgrad", Plan(128, 16, 32, 4, 1, 2, 8, 1, loop=StagedHalo(16)), "sm_90", "float16",
+         r"StagedHalo\(tile_w=16\): stages the whole halo of fprop layers whose C is not a multiple of 8 only"),
+        (ConvProblem(16, 16, 3, 32, 3, 3, 1, 1, n=8), "dgrad", Plan(128, 16, 32, 4, 1, 2, 8, 8, loop=HaloTile(16)), "sm_90",
          "float16", r"plan\.vec_b=8 does not divide the operand's contiguous run of 3 channels"),
-        (C64, "dgrad", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=16), "sm_90", "float32",
-         r"plan\.tile_w=16: the halo path reads fp16 inputs"),
-        (C64, "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=32, split_k=1), "sm_75", "float16",
+        (C64, "dgrad", Plan(128, 64, 32, 4, 1, 2, 8, 8, loop=HaloTile(16)), "sm_90", "float32",
+         r"HaloTile\(tile_w=16, tiles=1\): the halo path reads fp16 inputs"),
+        (C64, "fprop", Plan(128, 64, 32, 4, 1, 2, 8, 8, split_k=1, loop=HaloTile(32)), "sm_75", "float16",
          r"plan needs \d+ bytes of shared memory but sm_75 allows 65536"),
     ],
 )
@@ -343,23 +356,18 @@ def test_hand_plan_goes_through_the_epilogue_check():
         make_spec(C64, "dgrad", epilogue=Epilogue(relu=True), plan_=Plan(64, 64, 32, 2, 2, 2, 8, 8))
 
 
-def test_plan_rejects_a_halo_tile_that_splits_a_fragment():
-    with pytest.raises(ValueError, match=r"plan\.tile_w=12 must be 0 \(im2col\) or a multiple of 8 that divides block_m=128"):
-        Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=12)
-    with pytest.raises(ValueError, match=r"plan\.tile_w=48 must be 0"):
-        Plan(128, 64, 32, 4, 1, 2, 8, 8, tile_w=48)
-
-
 @pytest.mark.parametrize("prob, pass_, target", [
     (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), "dgrad", "gfx942"),  # HIP keeps WMMA's 16-pixel rows
-    (ConvProblem(8, 8, 3, 32, 3, 3, 1, 1, n=2), "fprop", "sm_90"),  # the staged-halo im2col path
+    (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), "dgrad", "sm_75"),  # ldmatrix, but no mma.sync.m16n8k16
+    (ConvProblem(8, 8, 3, 32, 3, 3, 1, 1, n=2), "fprop", "sm_90"),  # a layer that stages its whole halo
 ])
-def test_tiles_narrower_than_a_fragment_need_cudas_ldmatrix_taps_path(prob, pass_, target):
+def test_tiles_narrower_than_a_fragment_need_ldmatrix_and_mma_sync_in_place(prob, pass_, target):
     vec = 1 if prob.c % 8 else 8
-    narrow = Plan(64, 32, 16, 4, 1, 2, vec, vec, tile_w=8)
-    with pytest.raises(ValueError, match=r"plan\.tile_w=8: tiles narrower than a 16-pixel fragment need CUDA's ldmatrix"):
+    narrow = Plan(64, 32, 16, 4, 1, 2, vec, vec, loop=HaloLdsm(8))
+    with pytest.raises(ValueError, match=r"HaloLdsm\(tile_w=8, tiles=1\): tiles narrower than a 16-pixel fragment "
+                                         r"need ldmatrix and mma\.sync\.m16n8k16"):
         check_plan(narrow, prob, pass_, Target(target), "float16")
-    check_plan(Plan(64, 32, 16, 4, 1, 2, 8, 8, tile_w=8), ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), "dgrad",
+    check_plan(Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8)), ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), "dgrad",
                Target("sm_90"), "float16")
 
 
@@ -371,13 +379,13 @@ def test_tall_narrow_halo_tiles_stack_whole_images():
 
     g8 = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2).geometry
     g7 = ConvProblem(7, 7, 64, 128, 3, 3, 1, 1, n=2).geometry
-    tall = Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=8)
+    tall = Plan(128, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))
     assert halo_images(tall, g8, Pass.DGRAD) == 2
-    assert halo_images(Plan(256, 64, 16, 8, 1, 3, 8, 8, tile_w=8), g8, Pass.FPROP) == 4
-    assert halo_images(Plan(64, 64, 16, 4, 1, 3, 8, 8, tile_w=8), g8, Pass.DGRAD) == 1
-    assert halo_images(Plan(128, 64, 16, 4, 1, 3, 8, 8, tile_w=16), g8, Pass.DGRAD) == 1
+    assert halo_images(Plan(256, 64, 16, 8, 1, 3, 8, 8, loop=HaloLdsm(8)), g8, Pass.FPROP) == 4
+    assert halo_images(Plan(64, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8)), g8, Pass.DGRAD) == 1
+    assert halo_images(Plan(128, 64, 16, 4, 1, 3, 8, 8, loop=HaloTile(16)), g8, Pass.DGRAD) == 1
     assert halo_images(tall, g7, Pass.DGRAD) == 1
-    assert halo_images(Plan(64, 16, 16, 4, 1, 2, 8, 8, tile_w=8, tiles=2), g8, Pass.DGRAD) == 1
+    assert halo_images(Plan(64, 16, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8, 2)), g8, Pass.DGRAD) == 1
     assert halo_shape(tall, g8, 2) == (16, 8, 20, 10)  # two 10-row halos, stacked
     assert halo_shape(tall, g8) == (16, 8, 18, 10)
 
@@ -389,7 +397,7 @@ def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
     from convgen.planner import halo_shape
 
     prob = ConvProblem(40, 40, 64, 64, 3, 3, 1, 2, 2, n=2)
-    p = Plan(128, 32, 32, 4, 1, 2, 8, 8, tile_w=32)
+    p = Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(32))
     assert halo_shape(p, prob) == (4, 32, 8, 36)
     assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2 * (8 * 36 * 2 * 24 + 9 * 32 * 40) * 2
     assert smem_bytes(p, Pass.DGRAD, geometry=prob) == 2 * (8 * 36 * 2 * 24 + 9 * 32 * 40) * 2
@@ -410,19 +418,21 @@ def test_halo_fragments_read_shared_memory_without_bank_conflicts():
     assert HALO_LD * 2 % 16 == 0, "ldmatrix rows must stay 16-byte aligned"
 
 
-@pytest.mark.parametrize("pass_, c, k, halo, want", [
-    (Pass.FPROP, 3, 32, 0, 1),     # R*S*C = 27: one K-step of 32, whatever the plan's depth
-    (Pass.FPROP, 32, 32, 0, 4),    # 288: nine steps, the plan's 4 stages
-    (Pass.DGRAD, 32, 16, 0, 4),    # R*S*K = 144: five steps
-    (Pass.FPROP, 32, 32, 16, 1),   # a halo step is every tap of 32 channels: one step
-    (Pass.DGRAD, 32, 64, 16, 2),   # 64 dy channels: two steps
-    (Pass.WGRAD, 3, 32, 0, 4),     # wgrad reduces over the batch: only the launch knows
+@pytest.mark.parametrize("pass_, c, k, loop, want", [
+    (Pass.FPROP, 3, 32, Im2col(), 1),      # R*S*C = 27: one K-step of 32, whatever the plan's depth
+    (Pass.FPROP, 32, 32, Im2col(), 4),     # 288: nine steps, the plan's 4 stages
+    (Pass.DGRAD, 32, 16, Im2col(), 4),     # R*S*K = 144: five steps
+    (Pass.FPROP, 32, 32, HaloTile(16), 1),  # a halo step is every tap of 32 channels: one step
+    (Pass.DGRAD, 32, 64, HaloTile(16), 2),  # 64 dy channels: two steps
+    (Pass.FPROP, 3, 32, StagedHalo(16), 1),  # the staged halo runs the im2col reduction: 27, one step
+    (Pass.FPROP, 5, 32, StagedHalo(16), 2),  # 45: two steps
+    (Pass.WGRAD, 3, 32, Im2col(), 4),      # wgrad reduces over the batch: only the launch knows
 ])
-def test_one_step_reductions_allocate_one_stage(pass_, c, k, halo, want):
+def test_one_step_reductions_allocate_one_stage(pass_, c, k, loop, want):
     from convgen.planner import ring_stages
 
     prob = ConvProblem(32, 32, c, k, 3, 3, 1, 1, 1, n=8)
-    p = Plan(256, 32, 32, 4, 1, 4, 8, 8, tile_w=halo)
+    p = Plan(256, 32, 32, 4, 1, 4, 8, 8, loop=loop)
     assert ring_stages(p, pass_, prob) == want
     assert ring_stages(p, pass_, None) == 4
 
@@ -431,9 +441,9 @@ def test_im2col_plans_keep_their_keys():
     """tile_w = 0 is left out of a plan's dict, so specs, caches and tuning entries made
     before the halo path existed still match."""
     p = Plan(128, 64, 32, 4, 1, 3, 8, 8)
-    assert "tile_w" not in p.as_dict() and Plan(**p.as_dict()) == p
-    h = Plan(128, 64, 32, 4, 1, 3, 8, 8, tile_w=16)
-    assert h.as_dict()["tile_w"] == 16 and Plan(**h.as_dict()) == h
+    assert "tile_w" not in p.as_dict() and Plan.from_dict(p.as_dict()) == p
+    h = Plan(128, 64, 32, 4, 1, 3, 8, 8, loop=HaloTile(16))
+    assert h.as_dict()["tile_w"] == 16 and Plan.from_dict(h.as_dict()) == h
     assert "halo tile 8x16 pixels" in h.explain()
 
 
@@ -444,9 +454,10 @@ def test_narrow_fprop_takes_the_staged_halo_path_at_any_stride():
     from convgen.planner import halo_path, halo_shape, staged_halo_halves
 
     prob = ConvProblem(224, 224, 3, 64, 7, 7, 2, 3, n=1)
-    p = Plan(128, 64, 32, 4, 1, 3, 1, 1, tile_w=16)
+    p = Plan(128, 64, 32, 4, 1, 3, 1, 1, loop=StagedHalo(16))
     check_plan(p, prob, Pass.FPROP, Target("sm_90"), "float16")
-    assert halo_path(p, prob, Pass.FPROP) == "im2col" and halo_path(p, prob, Pass.DGRAD) == "taps"
+    assert halo_path(p, prob, Pass.FPROP) == "im2col"
+    assert halo_path(Plan(128, 64, 32, 4, 1, 3, 8, 8, loop=HaloTile(16)), prob, Pass.DGRAD) == "taps"
     assert halo_shape(p, prob) == (8, 16, 21, 37)
     assert staged_halo_halves(p, prob) == 2368  # 21 * 37 * 3 = 2331, rounded up to 128 bytes
     assert smem_bytes(p, Pass.FPROP, geometry=prob) == 2368 * 2 + 3 * (128 * 40 + 64 * 40) * 2
@@ -459,17 +470,15 @@ def test_several_tiles_per_block_need_a_one_step_halo_reduction():
     from convgen.planner import halo_stage_halves
 
     prob = ConvProblem(32, 32, 32, 32, 3, 3, 1, 1, n=8)
-    p = Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16, tiles=4)
+    p = Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 4))
     check_plan(p, prob, Pass.DGRAD, Target("sm_90"), "float16")
     a, b = halo_stage_halves(p, prob, Pass.DGRAD)
     assert smem_bytes(p, Pass.DGRAD, geometry=prob) == (b + 2 * a) * 2 + 4 * 16 * (16 * 2 + 8) * 4
-    with pytest.raises(ValueError, match=r"plan\.tiles=4: several tiles per block need the halo path's one-step reductions"):
+    with pytest.raises(ValueError, match=r"HaloTile\.tiles=4: several tiles per block need the halo path's one-step reductions"):
         check_plan(p, ConvProblem(32, 32, 32, 64, 3, 3, 1, 1, n=8), Pass.DGRAD, Target("sm_90"), "float16")  # K = 64: 2 steps
-    with pytest.raises(ValueError, match=r"plan\.tiles=2 must be 1, or more only on the halo path"):
-        Plan(256, 32, 32, 4, 1, 2, 8, 8, tiles=2)
-    with pytest.raises(ValueError, match=r"plan\.tiles=2 must be 1, or more only on the halo path .* without split-K"):
-        Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=2, tile_w=16, tiles=2)
-    assert "tiles" not in Plan(256, 32, 32, 4, 1, 2, 8, 8, tile_w=16).as_dict() and p.as_dict()["tiles"] == 4
+    with pytest.raises(ValueError, match=r"HaloTile\.tiles=2 needs plan\.split_k = 1, got 2"):
+        Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=2, loop=HaloTile(16, 2))
+    assert "tiles" not in Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16)).as_dict() and p.as_dict()["tiles"] == 4
     assert p.brief() == "256x32x32 w4x1 s2 k1 halo16x4" and "4 tiles per block" in p.explain()
 
 
@@ -528,7 +537,7 @@ def test_sliced_k_shared_memory_holds_the_parked_sums():
     """Slices 1.. park a block's worth of fp32 sums each before slice 0 drains: with four
     slices of a 128x128 tile that is 192 KiB, more than the pipeline, and more than sm_75 has."""
     problem = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2)
-    p = Plan(128, 128, 64, 2, 2, 2, 8, 8, warps_k=4)
+    p = Plan(128, 128, 64, 2, 2, 2, 8, 8, loop=Im2col(4))
     assert smem_bytes(p, Pass.DGRAD, 32, problem.geometry) == 3 * 128 * 128 * 4
     check_plan(p, problem.geometry, Pass.DGRAD, Target("sm_90"), "float16")
     with pytest.raises(ValueError, match=r"plan needs 196608 bytes of shared memory but sm_75 allows"):
@@ -536,8 +545,8 @@ def test_sliced_k_shared_memory_holds_the_parked_sums():
 
 
 @pytest.mark.parametrize("arch, pass_, changes, why", [
-    ("sm_80", Pass.FPROP, {}, "runs on sm_90 only, not sm_80"),
-    ("gfx942", Pass.DGRAD, {}, "runs on sm_90 only, not gfx942"),
+    ("sm_80", Pass.FPROP, {}, "needs warpgroup MMAs, which sm_80 does not have"),
+    ("gfx942", Pass.DGRAD, {}, "needs warpgroup MMAs, which gfx942 does not have"),
     ("sm_90", Pass.WGRAD, {}, "computes fprop and dgrad only"),
     ("sm_90", Pass.FPROP, dict(vec_a=4), "reads both operands as fp16 in 16-byte runs"),
 ])
@@ -545,10 +554,10 @@ def test_wgmma_plans_are_checked(arch, pass_, changes, why):
     problem = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2)
     import dataclasses
 
-    good = Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True)
+    good = Plan(128, 64, 64, 4, 1, 3, 8, 8, loop=Wgmma())
     check_plan(good, problem.geometry, Pass.DGRAD, Target("sm_90"), "float16")
     p = dataclasses.replace(good, **changes)
-    with pytest.raises(ValueError, match=rf"plan\.wgmma=True: the wgmma main loop {why}"):
+    with pytest.raises(ValueError, match=rf"Wgmma: the wgmma main loop {why}"):
         check_plan(p, problem.geometry, pass_, Target(arch), "float16")
 
 
@@ -556,6 +565,6 @@ def test_wgmma_stages_are_dense_core_matrices():
     """wgmma's operands are unpadded 8x8 core matrices: a 128x64x64 stage pair is exactly
     (128 + 64) x 64 halves, where the WMMA plan pads each row by 8 halves."""
     g = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2).geometry
-    wg = Plan(128, 64, 64, 4, 1, 3, 8, 8, wgmma=True)
+    wg = Plan(128, 64, 64, 4, 1, 3, 8, 8, loop=Wgmma())
     assert smem_bytes(wg, Pass.FPROP, 32, g) == 3 * (128 + 64) * 64 * 2
     assert smem_bytes(Plan(128, 64, 64, 4, 1, 3, 8, 8), Pass.FPROP, 32, g) == 3 * (128 + 64) * 72 * 2

@@ -12,6 +12,7 @@ from convgen import tuning_db
 from convgen.tools import timing, tune
 from convgen.cli import main
 from convgen.ir import ARCHES, ConvProblem, Pass, Plan, Target
+from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 from convgen.planner import check_plan, halo_path, plan
 from convgen.suites import SUITES, TUNED_ON
 
@@ -29,9 +30,9 @@ def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
         assert cands[0] == plan(layer.problem, pass_, target)
         bare = [dataclasses.replace(c, reasons=()) for c in cands]
         assert len(set(bare)) == len(bare), "duplicate candidates"
-        assert 1 <= len([c for c in cands if not c.halo and c.warps_k == 1 and not c.wgmma]) <= 48  # the limit bounds the im2col plans
-        assert len([c for c in cands if c.warps_k > 1]) <= tune.SLICED_PER_LAYER
-        assert len([c for c in cands if c.wgmma]) <= tune.WGMMA_PER_LAYER
+        assert 1 <= len([c for c in cands if c.loop == Im2col()]) <= 48  # the limit bounds the im2col plans
+        assert len([c for c in cands if c.loop == Im2col(2)]) <= tune.SLICED_PER_LAYER
+        assert len([c for c in cands if isinstance(c.loop, Wgmma)]) <= tune.WGMMA_PER_LAYER
         for c in cands:
             check_plan(c, layer.problem, pass_, target, "float16")  # raises if infeasible
             assert c.reasons, "every candidate says what it is"
@@ -72,29 +73,32 @@ def test_sliced_k_candidates_only_for_few_blocks_per_sm_and_never_wgrad_or_halo(
     (l1-3x3: 200704 pixels, thousands of blocks) gets none; neither does wgrad."""
     conv3 = SUITES["cifar-vgg"][2].problem
     h200 = Target("sm_90", sm_count=132)
-    sliced = [c for c in tune.candidates(conv3, Pass.DGRAD, h200) if c.warps_k > 1]
+    sliced = [c for c in tune.candidates(conv3, Pass.DGRAD, h200) if isinstance(c.loop, Im2col) and c.loop.warps_k > 1]
     assert any((c.block_m, c.block_n, c.block_k, c.warps_m, c.warps_n) == (128, 64, 64, 2, 2) for c in sliced)
     for c in sliced:
-        assert c.warps_k == 2 and not c.halo and c.split_k == 1 and c.warps <= 8
+        assert c.loop == Im2col(2) and c.split_k == 1 and c.warps <= 8
         assert "K sliced 2 ways" in c.reasons[0]
     l1 = next(layer for layer in SUITES["resnet50"] if layer.name == "l1-3x3").problem
-    assert not [c for c in tune.candidates(l1, Pass.DGRAD, h200) if c.warps_k > 1]
+    assert not [c for c in tune.candidates(l1, Pass.DGRAD, h200) if c.loop == Im2col(2)]
     for layer in LAYERS:
-        assert not [c for c in tune.candidates(layer.problem, Pass.WGRAD, h200) if c.warps_k > 1]
+        assert all(c.loop == Im2col() for c in tune.candidates(layer.problem, Pass.WGRAD, h200))
 
 
 def test_wgmma_candidates_are_opt_in_and_only_on_sm_90_fprop_dgrad_with_16_byte_gathers():
     h200 = Target("sm_90", sm_count=132)
     l3 = next(layer for layer in SUITES["resnet50"] if layer.name == "l3-3x3").problem
+    def wgmma(cands):
+        return [c for c in cands if isinstance(c.loop, Wgmma)]
+
     for pass_ in (Pass.FPROP, Pass.DGRAD):
-        assert not [c for c in tune.candidates(l3, pass_, h200) if c.wgmma]  # opt-in: slower so far
-        wg = [c for c in tune.candidates(l3, pass_, h200, wgmma=True) if c.wgmma]
+        assert not wgmma(tune.candidates(l3, pass_, h200))  # opt-in: slower so far
+        wg = wgmma(tune.candidates(l3, pass_, h200, wgmma=True))
         assert 1 <= len(wg) <= tune.WGMMA_PER_LAYER
         assert all(c.warps_n == 1 and c.warps_m % 4 == 0 for c in wg)
-        assert not [c for c in tune.candidates(l3, pass_, Target("sm_80"), wgmma=True) if c.wgmma]
-    assert not [c for c in tune.candidates(l3, Pass.WGRAD, h200, wgmma=True) if c.wgmma]
+        assert not wgmma(tune.candidates(l3, pass_, Target("sm_80"), wgmma=True))
+    assert not wgmma(tune.candidates(l3, Pass.WGRAD, h200, wgmma=True))
     conv1 = SUITES["cifar-vgg"][0].problem  # C = 3: no 16-byte gathers
-    assert not [c for c in tune.candidates(conv1, Pass.FPROP, h200, wgmma=True) if c.wgmma]
+    assert not wgmma(tune.candidates(conv1, Pass.FPROP, h200, wgmma=True))
 
 
 def test_database_round_trip_and_lookup_order(tmp_path, monkeypatch):
@@ -144,7 +148,7 @@ def test_shipped_h200_database_holds_feasible_plans_for_every_suite_shape():
         for pass_ in Pass:
             key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", "sm_90")
             assert key in entries, f"{layer.name} {pass_.value} has no tuned plan"
-            p = Plan(**entries[key]["plan"])
+            p = Plan.from_dict(entries[key]["plan"], layer.problem, pass_)
             check_plan(p, layer.problem, pass_, target, "float16")
 
 
@@ -189,18 +193,30 @@ def test_halo_candidates_only_where_the_halo_path_applies():
     by_name = {l.name: l.problem for l in SUITES["cifar-vgg"] + SUITES["resnet50"]}
     for name, pass_ in (("conv32", Pass.FPROP), ("conv32", Pass.DGRAD), ("l4-3x3", Pass.DGRAD)):
         cands = tune.candidates(by_name[name], pass_, target)
-        halo = [c for c in cands if c.halo]
+        halo = [c for c in cands if c.loop.halo]
         assert halo and cands[1:1 + len(halo)] == halo, name
-        assert all(c.vec_a == c.vec_b == 8 and (c.flat or c.block_m % c.tile_w == 0) for c in halo)
-        assert {c.flat for c in halo} == {False, True}, name  # 2-D and flat tiles both
+        assert all(c.vec_a == c.vec_b == 8 for c in halo)
+        assert {HaloTile, FlatHalo} <= {type(c.loop) for c in halo} <= {HaloTile, FlatHalo, HaloLdsm}, name
     vgg_conv1 = next(l.problem for l in SUITES["cifar-vgg"] if l.name == "conv1")
     conv1 = tune.candidates(vgg_conv1, Pass.DGRAD, target)
-    halo = [c for c in conv1 if c.halo]
+    halo = [c for c in conv1 if c.loop.halo]
     assert halo and conv1[1:1 + len(halo)] == halo
     assert all((c.vec_a, c.vec_b, c.block_n) == (8, 1, 16) for c in halo)
-    for problem in (vgg_conv1, by_name["conv1"]):  # 3 channels, stride 1 and 2: the "im2col" halo path
-        halo = [c for c in tune.candidates(problem, Pass.FPROP, target) if c.halo]
-        assert halo and all(halo_path(c, problem.geometry, Pass.FPROP) == "im2col" and c.vec_a == 1 for c in halo)
-        assert not any(c.flat for c in halo)  # a flat tile reads taps in place: C in 16-byte runs
+    for problem in (vgg_conv1, by_name["conv1"]):  # 3 channels, stride 1 and 2: the staged halo
+        halo = [c for c in tune.candidates(problem, Pass.FPROP, target) if c.loop.halo]
+        assert {c.loop for c in halo} == {StagedHalo(16), StagedHalo(32)}
+        assert all(halo_path(c) == "im2col" and c.vec_a == 1 for c in halo)
     for name, pass_ in (("conv32", Pass.WGRAD), ("l2-3x3-down", Pass.FPROP), ("l4-1x1", Pass.DGRAD)):
-        assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.halo], (name, pass_)
+        assert not [c for c in tune.candidates(by_name[name], pass_, target) if c.loop.halo], (name, pass_)
+
+
+@pytest.mark.parametrize("arch, offered", [("sm_90", True), ("sm_80", True), ("sm_75", False), ("gfx942", False),
+                                           ("gfx1201", False)])
+def test_8_pixel_halo_tiles_only_where_ldmatrix_and_mma_sync_are(arch, offered):
+    """CIFAR-VGG conv3 (8x8 images): HaloLdsm candidates need ldmatrix and mma.sync.m16n8k16,
+    which sm_75 (no m16n8k16) and the AMD targets lack."""
+    conv3 = next(l.problem for l in SUITES["cifar-vgg"] if l.name == "conv3")
+    for pass_ in (Pass.FPROP, Pass.DGRAD):
+        narrow = [c for c in tune.candidates(conv3, pass_, Target(arch)) if isinstance(c.loop, HaloLdsm)]
+        assert bool(narrow) is offered, (arch, pass_)
+        assert all(c.loop.tile_w == 8 for c in narrow)

@@ -27,8 +27,9 @@ from typing import Any
 
 from .. import tuning_db
 from ..fsio import atomic_write
-from ..ir import ConvProblem, Pass, Plan, Target
-from ..planner import FRAG, check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
+from ..ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
+from ..mainloop import FRAG, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, Wgmma
+from ..planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
 from . import timing
 from .cli_common import add_shape_args, layers, passes
 
@@ -149,7 +150,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             if (split == 1 and pass_ is not Pass.WGRAD and tiles <= 2 * target.sm_count and steps >= 4
                     and wm * wn <= 4 and bk >= 32):
                 try:
-                    q = dataclasses.replace(p, warps_k=2, reasons=(p.reasons[0] + ", K sliced 2 ways",))
+                    q = dataclasses.replace(p, loop=Im2col(warps_k=2), reasons=(p.reasons[0] + ", K sliced 2 ways",))
                     check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
                     sliced.append(q)
                 except ValueError:
@@ -170,7 +171,7 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                       seen: set[Plan]) -> list[Plan]:
     """Warpgroup-MMA plans where they apply, with a one-wave split-K twin when the tiles
     leave most SMs idle."""
-    if (target.arch != "sm_90" or pass_ is Pass.WGRAD or in_dtype != "float16"
+    if (not target.info.wgmma or pass_ is Pass.WGRAD or in_dtype != "float16"
             or (base.vec_a, base.vec_b) != (8, 8)):
         return []
     gemm = problem.gemm(pass_)
@@ -184,7 +185,7 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                         if tiles < target.sm_count // 2 and steps >= 8 else [])
         for split in splits:
             try:
-                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=split, wgmma=True,
+                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=split, loop=Wgmma(),
                          reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
                                   f"split-K {split}",))
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
@@ -200,10 +201,11 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         return []  # (a 1x1 filter's halo is its tile: nothing to share between taps)
     out_w = g.q if pass_ is Pass.FPROP else g.w
     n = problem.gemm(pass_).n
-    if pass_ is Pass.FPROP and g.c % 8:  # the "im2col" halo path: the default plan's gathers, halo-fed
+    staged = stages_whole_halo(g, pass_)
+    if staged:  # StagedHalo: the default plan's gathers, fed from the staged halo
         base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
         va, vb, steps = base.vec_a, base.vec_b, [(32, base.stages)]
-    else:  # the "taps" halo path
+    else:  # the in-place halo kinds
         red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
         va, vb = 8, halo_vec_b(g, pass_)
         # (block_k, stages): one step needs no deeper ring.  dgrad over up to 64 channels
@@ -217,24 +219,28 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         one_step = pass_ is Pass.DGRAD and 32 < red <= 64
         bks = [16] if red <= 16 else [32] if red <= 32 else [32, 16] + ([64] if one_step else [])
         steps = [(bk, 2 if red <= bk or not target.info.cp_async else 3) for bk in bks]
-    # The tile layouts: 2-D tiles 16 and 32 pixels wide (no wider than the image), and the
-    # flat tile, whose fragments need not start a row (images narrower than 16 pixels).
-    layouts = [dict(tile_w=tw) for tw in (16, 32) if tw <= max(16, _fit(out_w))] + [dict(flat=True)]
-    if out_w <= 8 and target.backend == "cuda" and not (pass_ is Pass.FPROP and g.c % 8):
-        layouts.append(dict(tile_w=8))
+    # The kinds: 2-D tiles 16 and 32 pixels wide (no wider than the image), staged whole
+    # where the layer's channels cannot be read in place; the flat tile, whose fragments need
+    # not start a row (images narrower than 16 pixels); and 8-pixel ldmatrix tiles.
+    widths = [tw for tw in (16, 32) if tw <= max(16, _fit(out_w))]
+    layouts: list[MainLoop] = ([StagedHalo(tw) for tw in widths] if staged
+                               else [HaloTile(tw) for tw in widths] + [FlatHalo()])
+    if out_w <= 8 and target.info.ldmatrix and target.info.mma_sync and not staged:
+        layouts.append(HaloLdsm(8))
     out, multi = [], []
     for (bk, stages), layout in itertools.product(steps, layouts):
         mine = []
-        narrow = layout.get("tile_w") == 8
+        narrow = isinstance(layout, HaloLdsm)
         if narrow and bk not in (16, 32):
             continue
         shapes = _HALO_SHAPES if not narrow else _NARROW_HALO_SHAPES if bk == 16 else _STACKED_DEEP_SHAPES
+        tile_w = 0 if isinstance(layout, FlatHalo) else layout.tile_w
         for bm, bn, wm, wn in shapes:
-            if bn > max(_fit(n), FRAG) or bm % layout.get("tile_w", FRAG):
+            if bn > max(_fit(n), FRAG) or bm % (tile_w or FRAG):
                 continue
-            tile = f"halo tile {bm // layout['tile_w']}x{layout['tile_w']}" if "tile_w" in layout else "flat halo tile"
+            tile = f"halo tile {bm // tile_w}x{tile_w}" if tile_w else "flat halo tile"
             try:
-                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, **layout,
+                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, loop=layout,
                          reasons=(f"tuning candidate: {tile}, {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages",))
                 if narrow and bm > 64 and halo_images(p, g, pass_) == 1:
                     continue  # a tile taller than an image that does not stack whole images
@@ -246,9 +252,10 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         # A one-step reduction's block loads every tap's weights for a single tile: offer
         # blocks of 2 and 4 tiles (weights staged once, the next halo in flight) for the
         # layout's first shapes.
-        for p in mine[:MULTI_TILE_SHAPES]:
+        for p in mine[:MULTI_TILE_SHAPES] if not staged else ():  # a staged halo is one tile per block
             for tiles in (2, 4):
-                q = dataclasses.replace(p, tiles=tiles, reasons=(p.reasons[0] + f", {tiles} tiles per block",))
+                q = dataclasses.replace(p, loop=dataclasses.replace(p.loop, tiles=tiles),
+                                        reasons=(p.reasons[0] + f", {tiles} tiles per block",))
                 try:
                     check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
                 except ValueError:
@@ -371,7 +378,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                         "shape": layer.problem.as_dict(), "pass": pass_.value}
         log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(), "rows": rows})
         print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
-              f"{Plan(**best['plan']).brief()}", flush=True)
+              f"{Plan.from_dict(best['plan'], layer.problem, pass_).brief()}", flush=True)
     path = Path(args.db) if args.db else tuning_db.user_db_path()
     tuning_db.record(path, gpu_name, entries)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")

@@ -140,7 +140,7 @@ def _dry_tables(groups: list[tuple[str, list[dict[str, Any]]]], tag: str) -> Non
         body = []
         for r in group_rows:
             pl = r["convgen"]["plan"]
-            plan_s = Plan(**pl).brief() if pl else (r["convgen"]["error"] or "-")
+            plan_s = Plan.from_dict(pl).brief() if pl else (r["convgen"]["error"] or "-")
             g = r["gemm"]
             body.append((r["layer"], r["pass"], f"{r['flops'] / 1e9:.2f}", f"{r['bytes'] / 1e6:.1f}",
                          f"{g['m']} x {g['n']} x {g['k']}", plan_s, r["convgen"]["key"] or "-"))

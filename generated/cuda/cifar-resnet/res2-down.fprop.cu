@@ -346,7 +346,7 @@ struct GatherW : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_32x32_c16_k32_3x3_s22_p11_d11_a034b635(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_im2col_128x32x32_s3_sm90_32x32_c16_k32_3x3_s22_p11_d11_a034b635(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

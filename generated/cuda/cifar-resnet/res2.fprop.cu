@@ -346,7 +346,7 @@ struct GatherW : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_16x16_c32_k32_3x3_s11_p11_d11_a87c20d7(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_im2col_128x32x32_s3_sm90_16x16_c32_k32_3x3_s11_p11_d11_a87c20d7(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

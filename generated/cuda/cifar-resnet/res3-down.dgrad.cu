@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_16x16_c32_k64_3x3_s22_p11_d11_48aa5509(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x32x32_s3_sm90_16x16_c32_k64_3x3_s22_p11_d11_48aa5509(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -430,7 +430,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_32x32_c3_k16_3x3_s11_p11_d11_136e04b0(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x16x32_s2_gfx1201_32x32_c3_k16_3x3_s11_p11_d11_136e04b0(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

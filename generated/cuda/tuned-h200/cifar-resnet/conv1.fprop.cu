@@ -375,7 +375,7 @@ struct GatherW : ReadAs<half_t, 1> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_32x32_c3_k16_3x3_s11_p11_d11_3296234e(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_staged32_128x16x32_s3_sm90_32x32_c3_k16_3x3_s11_p11_d11_3296234e(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -380,7 +380,7 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_16x16_c32_k32_3x3_s11_p11_d11_9f6fedf4(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_halo16_256x32x32_s2_sm90_16x16_c32_k32_3x3_s11_p11_d11_9f6fedf4(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

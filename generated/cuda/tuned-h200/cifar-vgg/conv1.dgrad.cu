@@ -428,7 +428,7 @@ __device__ __forceinline__ void halo_tiles(const half_t* src, SB& sb, int batch,
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_32x32_c3_k32_3x3_s11_p11_d11_e1b4b1d9(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_halo16x4_256x16x32_s2_sm90_32x32_c3_k32_3x3_s11_p11_d11_e1b4b1d9(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

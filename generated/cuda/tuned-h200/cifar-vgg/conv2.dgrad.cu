@@ -411,7 +411,7 @@ __device__ __forceinline__ void dgrad_halo(const half_t* __restrict__ dy, const 
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_16x16_c32_k64_3x3_s11_p11_d11_2a454bbe(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_halo16_256x32x16_s3_sm90_16x16_c32_k64_3x3_s11_p11_d11_2a454bbe(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

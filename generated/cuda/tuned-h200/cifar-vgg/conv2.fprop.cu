@@ -424,7 +424,7 @@ __device__ __forceinline__ void halo_tiles(const half_t* src, SB& sb, int batch,
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_16x16_c32_k64_3x3_s11_p11_d11_906189c1(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_halo16x2_256x32x32_s2_sm90_16x16_c32_k64_3x3_s11_p11_d11_906189c1(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

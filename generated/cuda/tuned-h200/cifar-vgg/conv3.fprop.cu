@@ -418,7 +418,7 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_8x8_c64_k128_3x3_s11_p11_d11_ec77cacf(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_ldsm8_256x64x32_s3_sm90_8x8_c64_k128_3x3_s11_p11_d11_ec77cacf(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -424,7 +424,7 @@ __device__ __forceinline__ void halo_tiles(const half_t* src, SB& sb, int batch,
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_32x32_c32_k32_3x3_s11_p11_d11_c6f6d5a6(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_halo16x4_256x32x32_s2_sm90_32x32_c32_k32_3x3_s11_p11_d11_c6f6d5a6(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

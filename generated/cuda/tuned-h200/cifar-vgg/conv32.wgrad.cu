@@ -337,7 +337,7 @@ struct GatherX : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_32x32_c32_k32_3x3_s11_p11_d11_eaf8aa78(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_32x128x32_s4_sm90_32x32_c32_k32_3x3_s11_p11_d11_eaf8aa78(
     const half_t* __restrict__ x, const half_t* __restrict__ dy,
     half_t* __restrict__ dw, half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -450,7 +450,7 @@ __device__ __forceinline__ void reduce_slices(const float* __restrict__ part, lo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_32x32_c32_k32_3x3_s11_p11_d11_eaf8aa78_reduce(
+extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_im2col_32x128x32_s4_sm90_32x32_c32_k32_3x3_s11_p11_d11_eaf8aa78_reduce(
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
   alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs

@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_224x224_c3_k64_7x7_s22_p33_d11_ff6cf64f(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x16x32_s3_sm90_224x224_c3_k64_7x7_s22_p33_d11_ff6cf64f(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

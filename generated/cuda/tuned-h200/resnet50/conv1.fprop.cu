@@ -346,7 +346,7 @@ struct GatherW : ReadAs<half_t, 1> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_224x224_c3_k64_7x7_s22_p33_d11_8800705a(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_im2col_256x64x32_s3_sm90_224x224_c3_k64_7x7_s22_p33_d11_8800705a(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_56x56_c64_k64_1x1_s11_p00_d11_e89af5b0(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_64x64x64_s3_sm90_56x56_c64_k64_1x1_s11_p00_d11_e89af5b0(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

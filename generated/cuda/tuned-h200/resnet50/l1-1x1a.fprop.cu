@@ -346,7 +346,7 @@ struct GatherW : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_56x56_c64_k64_1x1_s11_p00_d11_af8426eb(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_im2col_64x64x64_s3_sm90_56x56_c64_k64_1x1_s11_p00_d11_af8426eb(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

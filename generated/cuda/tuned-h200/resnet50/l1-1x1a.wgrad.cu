@@ -337,7 +337,7 @@ struct GatherX : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_56x56_c64_k64_1x1_s11_p00_d11_264ff87b(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_64x64x32_s4_sm90_56x56_c64_k64_1x1_s11_p00_d11_264ff87b(
     const half_t* __restrict__ x, const half_t* __restrict__ dy,
     half_t* __restrict__ dw, half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -450,7 +450,7 @@ __device__ __forceinline__ void reduce_slices(const float* __restrict__ part, lo
   }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_56x56_c64_k64_1x1_s11_p00_d11_264ff87b_reduce(
+extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_im2col_64x64x32_s4_sm90_56x56_c64_k64_1x1_s11_p00_d11_264ff87b_reduce(
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
   alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs

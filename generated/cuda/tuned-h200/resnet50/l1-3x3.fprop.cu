@@ -346,7 +346,7 @@ struct GatherW : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_56x56_c64_k64_3x3_s11_p11_d11_e2efcd09(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_im2col_256x64x32_s3_sm90_56x56_c64_k64_3x3_s11_p11_d11_e2efcd09(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

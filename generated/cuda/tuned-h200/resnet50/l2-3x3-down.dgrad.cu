@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_56x56_c128_k128_3x3_s22_p11_d11_b5cdc5d0(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x128x32_s4_sm90_56x56_c128_k128_3x3_s22_p11_d11_b5cdc5d0(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

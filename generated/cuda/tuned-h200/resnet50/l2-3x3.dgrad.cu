@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_28x28_c128_k128_3x3_s11_p11_d11_8ec299e4(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x128x64_s3_sm90_28x28_c128_k128_3x3_s11_p11_d11_8ec299e4(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_14x14_c1024_k256_1x1_s11_p00_d11_cc78cda0(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x256x64_s3_sm90_14x14_c1024_k256_1x1_s11_p00_d11_cc78cda0(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

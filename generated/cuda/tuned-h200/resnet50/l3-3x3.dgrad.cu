@@ -429,7 +429,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_14x14_c256_k256_3x3_s11_p11_d11_9ae54626(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2col_128x64x32_s3_sm90_14x14_c256_k256_3x3_s11_p11_d11_9ae54626(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

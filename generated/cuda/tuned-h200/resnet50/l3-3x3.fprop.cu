@@ -346,7 +346,7 @@ struct GatherW : ReadAs<half_t, 8> {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_14x14_c256_k256_3x3_s11_p11_d11_c0873075(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_fprop_im2col_256x128x64_s3_sm90_14x14_c256_k256_3x3_s11_p11_d11_c0873075(
     const half_t* __restrict__ x, const half_t* __restrict__ w,
 const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

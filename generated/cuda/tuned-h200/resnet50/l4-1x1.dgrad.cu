@@ -463,7 +463,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_7x7_c512_k2048_1x1_s11_p00_d11_7d96ca07(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_im2colk2_128x128x64_s3_sm90_7x7_c512_k2048_1x1_s11_p00_d11_7d96ca07(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

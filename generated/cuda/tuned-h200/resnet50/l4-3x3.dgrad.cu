@@ -413,7 +413,7 @@ __device__ __forceinline__ void dgrad_halo(const half_t* __restrict__ dy, const 
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_7x7_c512_k512_3x3_s11_p11_d11_49ed1878(
+extern "C" __global__ void __launch_bounds__(THREADS) convgen_dgrad_flat_128x64x16_s3_sm90_7x7_c512_k512_3x3_s11_p11_d11_49ed1878(
     const half_t* __restrict__ dy, const half_t* __restrict__ w,
     half_t* __restrict__ dx, float* __restrict__ workspace, int batch) {
   extern __shared__ __align__(128) unsigned char smem_raw[];

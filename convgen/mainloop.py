@@ -1,0 +1,340 @@
+"""Main-loop kinds: how a kernel's reduction loop stages and multiplies its operands.
+
+A :class:`~convgen.ir.Plan` holds one of these in ``plan.loop``; the fields every kind
+shares (tile, warps, stages, gather widths, split-K) stay on the plan.  Each kind carries
+only its own parameters, validates them where they are typed, and checks what it needs of
+the plan's shared fields in :meth:`MainLoop.check`, so no combination of flags can name a
+loop that does not exist.  What a kind needs of the layer and the target (stride, channel
+runs, capabilities) is the planner's ``check_plan``.
+
+The kinds:
+
+- :class:`Im2col`: the im2col gather from global memory into a staged ring, WMMA MMAs;
+  ``warps_k > 1`` slices each step's K over that many warp grids (CUTLASS's sliced K).
+- :class:`Wgmma`: the same gathers, Hopper warpgroup MMAs reading both operands from
+  shared memory through descriptors.
+- :class:`HaloTile`: a block computes a 2-D tile of one image's output pixels and stages
+  the input pixels its taps reach (a halo) once per K-step; each tap's WMMA fragments are
+  read in place from it.
+- :class:`HaloLdsm`: a halo tile narrower than a 16-row fragment (8 pixels wide): each lane
+  hands ldmatrix its own row address and the MMAs are raw ``mma.sync``.  A tile a whole
+  number of images tall stacks those images (``planner.halo_images``: derived from the
+  geometry, since the plan's dict has no field for it).
+- :class:`FlatHalo`: the batch laid out as one padded grid of positions
+  (``planner.flat_grid``); a block owns ``block_m`` consecutive ones and a tap is a fixed
+  shift, whatever the image's width.
+- :class:`StagedHalo`: fprop with C not a multiple of 8 (a 3-channel first layer): the block
+  stages its whole input halo, every channel, once, and runs the im2col gather over that copy.
+
+A kind's :attr:`~MainLoop.tag` is a short name derived from its configuration (CUTLASS
+names its kernels this way).  :meth:`~MainLoop.flags` is the kind in the five fields plans
+were once written with; ``Plan.as_dict`` and ``Plan.from_dict`` use it, so tuning databases
+and spec keys keep their format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+
+from ._valid import as_int
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .ir import Plan
+
+FRAG = 16  # WMMA fragment edge (m16n16k16)
+
+
+class Flags(NamedTuple):
+    """A kind in the fields of a plan's dict (and of the emitter's view of a plan)."""
+
+    tile_w: int = 0
+    tiles: int = 1
+    flat: bool = False
+    warps_k: int = 1
+    wgmma: bool = False
+
+
+def _positive(kind: str, name: str, value: Any) -> int:
+    v = as_int(f"{kind}.{name}", value)
+    if v < 1:
+        raise ValueError(f"{kind}.{name} must be >= 1, got {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class MainLoop:
+    """The base of the kinds; use one of its subclasses."""
+
+    halo: ClassVar[bool] = False  # stages input pixels once for every tap (a halo tile)
+
+    @property
+    def tag(self) -> str:
+        raise NotImplementedError
+
+    def check(self, plan: "Plan") -> None:
+        """Reject a plan whose shared fields this kind cannot run, naming both."""
+
+    def flags(self) -> Flags:
+        raise NotImplementedError
+
+    def layout(self) -> str:
+        """The kind in a table cell after the tile (``Plan.brief``): empty for WMMA im2col."""
+        return ""
+
+    def describe(self, plan: "Plan") -> str:
+        """The kind's part of ``Plan.explain``'s first line."""
+        return ""
+
+
+@dataclass(frozen=True)
+class Im2col(MainLoop):
+    """The im2col gather from global memory, WMMA MMAs.  warps_k > 1 slices each staged
+    step's block_k across that many warp grids: a block with one long reduction gets
+    warps_k times the warps to hide its latency, and the slices' sums meet in shared
+    memory before the epilogue."""
+
+    warps_k: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "warps_k", _positive("Im2col", "warps_k", self.warps_k))
+
+    @property
+    def tag(self) -> str:
+        return "im2col" + (f"k{self.warps_k}" if self.warps_k > 1 else "")
+
+    def check(self, plan: "Plan") -> None:
+        if plan.block_k % (FRAG * self.warps_k):
+            raise ValueError(f"plan.block_k={plan.block_k} does not split into Im2col.warps_k={self.warps_k} "
+                             "slices of 16-deep fragments")
+
+    def flags(self) -> Flags:
+        return Flags(warps_k=self.warps_k)
+
+
+@dataclass(frozen=True)
+class Wgmma(MainLoop):
+    """The im2col gathers with Hopper warpgroup MMAs: warps_m / 4 warpgroups (warps_n = 1),
+    each computing block_m / (warps_m / 4) rows in m64 x block_n steps, both operands read
+    from shared memory through descriptors."""
+
+    @property
+    def tag(self) -> str:
+        return "wgmma"
+
+    def check(self, plan: "Plan") -> None:
+        if plan.warps_n != 1 or plan.warps_m % 4:
+            raise ValueError(f"Wgmma needs whole warpgroups over M: plan.warps_n = 1 and plan.warps_m a multiple "
+                             f"of 4, got {plan.warps_m}x{plan.warps_n}")
+
+    def flags(self) -> Flags:
+        return Flags(wgmma=True)
+
+    def layout(self) -> str:
+        return " wgmma"
+
+    def describe(self, plan: "Plan") -> str:
+        return f", wgmma on {plan.warps_m // 4} warpgroup(s)"
+
+
+def _tiles_suffix(tiles: int) -> str:
+    return f"x{tiles}" if tiles > 1 else ""
+
+
+def _check_tile(kind: MainLoop, plan: "Plan", tile_w: int, tiles: int) -> None:
+    name = type(kind).__name__
+    if plan.block_m % tile_w:
+        raise ValueError(f"{name}.tile_w={tile_w} does not divide plan.block_m={plan.block_m}: a block computes a "
+                         "(block_m / tile_w) x tile_w tile of output pixels")
+    if tiles > 1 and plan.split_k > 1:
+        raise ValueError(f"{name}.tiles={tiles} needs plan.split_k = 1, got {plan.split_k}: a block that computes "
+                         "several tiles in turn owns their whole reductions")
+
+
+def _tile_text(plan: "Plan", tile_w: int, tiles: int) -> str:
+    return (f", halo tile {plan.block_m // tile_w}x{tile_w} pixels"
+            + (f", {tiles} tiles per block" if tiles > 1 else ""))
+
+
+@dataclass(frozen=True)
+class HaloTile(MainLoop):
+    """A (block_m / tile_w) x tile_w tile of one image's output pixels; the input pixels its
+    taps reach are staged once per K-step (BK channels, stride 1, channels in 16-byte runs)
+    and each tap's WMMA fragments read in place.  tiles > 1 (a one-step reduction) has a
+    block compute that many tiles in turn, staging every tap's weights once and the next
+    tile's halo while it computes and drains the current one."""
+
+    halo: ClassVar[bool] = True
+    tile_w: int = 16
+    tiles: int = 1
+
+    def __post_init__(self) -> None:
+        tw = as_int("HaloTile.tile_w", self.tile_w)
+        if tw < FRAG or tw % FRAG:
+            raise ValueError(f"HaloTile.tile_w={tw} must be a positive multiple of 16: a WMMA fragment's rows are 16 "
+                             "neighbouring pixels of one tile row (8-pixel tiles are HaloLdsm)")
+        object.__setattr__(self, "tile_w", tw)
+        object.__setattr__(self, "tiles", _positive("HaloTile", "tiles", self.tiles))
+
+    @property
+    def tag(self) -> str:
+        return f"halo{self.tile_w}" + _tiles_suffix(self.tiles)
+
+    def check(self, plan: "Plan") -> None:
+        _check_tile(self, plan, self.tile_w, self.tiles)
+
+    def flags(self) -> Flags:
+        return Flags(tile_w=self.tile_w, tiles=self.tiles)
+
+    def layout(self) -> str:
+        return f" halo{self.tile_w}" + _tiles_suffix(self.tiles)
+
+    def describe(self, plan: "Plan") -> str:
+        return _tile_text(plan, self.tile_w, self.tiles)
+
+
+@dataclass(frozen=True)
+class HaloLdsm(MainLoop):
+    """A halo tile narrower than a fragment (8 pixels; any odd multiple of 8): a fragment's
+    16 rows may span tile rows, so each lane gives ldmatrix its own row's address and the
+    MMAs are raw mma.sync (CUDA only).  With tiles = 1, a tile at least as wide as the image
+    and a whole number of images tall stacks that many images (planner.halo_images), so a
+    block of 8x8 images stages every tap's weights once per 128 or 256 pixels."""
+
+    halo: ClassVar[bool] = True
+    tile_w: int = 8
+    tiles: int = 1
+
+    def __post_init__(self) -> None:
+        tw = as_int("HaloLdsm.tile_w", self.tile_w)
+        if tw < 8 or tw % 8 or tw % FRAG == 0:
+            raise ValueError(f"HaloLdsm.tile_w={tw} must be an odd multiple of 8 (8, 24, ...): a multiple of 16 "
+                             "is a HaloTile, whose fragments each read one tile row")
+        object.__setattr__(self, "tile_w", tw)
+        object.__setattr__(self, "tiles", _positive("HaloLdsm", "tiles", self.tiles))
+
+    @property
+    def tag(self) -> str:
+        return f"ldsm{self.tile_w}" + _tiles_suffix(self.tiles)
+
+    def check(self, plan: "Plan") -> None:
+        _check_tile(self, plan, self.tile_w, self.tiles)
+
+    def flags(self) -> Flags:
+        return Flags(tile_w=self.tile_w, tiles=self.tiles)
+
+    def layout(self) -> str:
+        return f" halo{self.tile_w}" + _tiles_suffix(self.tiles)
+
+    def describe(self, plan: "Plan") -> str:
+        return _tile_text(plan, self.tile_w, self.tiles)
+
+
+@dataclass(frozen=True)
+class FlatHalo(MainLoop):
+    """block_m consecutive positions of the batch's padded grid (planner.flat_grid), a tap
+    one fixed shift of them.  A 2-D tile's rows are whole fragments, so an image narrower
+    than 16 pixels (an 8x8 CIFAR layer) wastes half of every 16-wide tile; the flat tile
+    only spends MMAs on the grid's padding positions.  tiles as in :class:`HaloTile`."""
+
+    halo: ClassVar[bool] = True
+    tiles: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tiles", _positive("FlatHalo", "tiles", self.tiles))
+
+    @property
+    def tag(self) -> str:
+        return "flat" + _tiles_suffix(self.tiles)
+
+    def check(self, plan: "Plan") -> None:
+        if self.tiles > 1 and plan.split_k > 1:
+            raise ValueError(f"FlatHalo.tiles={self.tiles} needs plan.split_k = 1, got {plan.split_k}: a block that "
+                             "computes several tiles in turn owns their whole reductions")
+
+    def flags(self) -> Flags:
+        return Flags(flat=True, tiles=self.tiles)
+
+    def layout(self) -> str:
+        return " flat" + _tiles_suffix(self.tiles)
+
+    def describe(self, plan: "Plan") -> str:
+        return (f", flat halo tile of {plan.block_m} grid positions"
+                + (f", {self.tiles} tiles per block" if self.tiles > 1 else ""))
+
+
+@dataclass(frozen=True)
+class StagedHalo(MainLoop):
+    """fprop with C not a multiple of 8: a (block_m / tile_w) x tile_w pixel tile whose
+    block stages its whole input halo, every channel, once, next to the pipeline; the
+    im2col gather then reads that copy instead of global memory, so each input pixel
+    leaves DRAM/L2 once instead of once per tap (any stride)."""
+
+    halo: ClassVar[bool] = True
+    tile_w: int = 16
+
+    def __post_init__(self) -> None:
+        tw = as_int("StagedHalo.tile_w", self.tile_w)
+        if tw < FRAG or tw % FRAG:
+            raise ValueError(f"StagedHalo.tile_w={tw} must be a positive multiple of 16: a WMMA fragment's rows are "
+                             "16 neighbouring pixels of one tile row")
+        object.__setattr__(self, "tile_w", tw)
+
+    @property
+    def tag(self) -> str:
+        return f"staged{self.tile_w}"
+
+    def check(self, plan: "Plan") -> None:
+        _check_tile(self, plan, self.tile_w, 1)
+
+    def flags(self) -> Flags:
+        return Flags(tile_w=self.tile_w)
+
+    def layout(self) -> str:
+        return f" halo{self.tile_w}"
+
+    def describe(self, plan: "Plan") -> str:
+        return _tile_text(plan, self.tile_w, 1)
+
+
+KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo)
+
+
+def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False, *,
+               staged: bool = False) -> MainLoop:
+    """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
+    halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
+    is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
+    narrower than a fragment)."""
+    for name, v in (("flat", flat), ("wgmma", wgmma)):
+        if not isinstance(v, bool):
+            raise TypeError(f"plan.{name} must be a bool, got {v!r}")
+    tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
+    if tile_w < 0 or tile_w % 8:
+        raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
+    halo = bool(tile_w) or flat
+    if wgmma and (halo or warps_k != 1 or tiles != 1):
+        raise ValueError(f"plan.wgmma=True takes no halo tile and no sliced K, got tile_w={tile_w}, flat={flat}, "
+                         f"tiles={tiles}, warps_k={warps_k}")
+    if halo and warps_k != 1:
+        raise ValueError(f"plan.warps_k={warps_k} needs an im2col plan (tile_w=0, flat=False): a halo step's "
+                         "fragments are spread over the taps, not over block_k")
+    if flat and tile_w:
+        raise ValueError(f"plan.flat=True takes tile_w=0, got tile_w={tile_w}: a flat tile is block_m consecutive "
+                         "positions of the batch's grid, not a tile_w-wide rectangle")
+    if tiles != 1 and not halo:
+        raise ValueError(f"plan.tiles={tiles} must be 1 without a halo tile (tile_w > 0 or flat)")
+    if wgmma:
+        return Wgmma()
+    if flat:
+        return FlatHalo(tiles)
+    if tile_w % FRAG:
+        return HaloLdsm(tile_w, tiles)
+    if tile_w and staged:
+        if tiles != 1:
+            raise ValueError(f"plan.tiles={tiles}: a layer that stages its whole halo (fprop, C not a multiple "
+                             "of 8) computes one tile per block")
+        return StagedHalo(tile_w)
+    if tile_w:
+        return HaloTile(tile_w, tiles)
+    return Im2col(warps_k)
