@@ -99,7 +99,7 @@ class PreparedConv:
     """One pass of one conv2d shape, ready to launch: see :func:`prepare`."""
 
     def __init__(self, pass_: Pass, problem: ConvProblem, epilogue: Epilogue, in_dtype: str, device: int,
-                 plan: Optional[Plan]) -> None:
+                 plan: Optional[Plan], scalar: bool = False) -> None:
         self.pass_, self.problem, self.epilogue, self.device = pass_, problem, epilogue, device
         self.in_dtype = in_dtype
         self.out_dtype = np.dtype(epilogue.out_dtype)
@@ -116,7 +116,7 @@ class PreparedConv:
         self._out_strides = tuple(_contiguous_strides(s, self.out_dtype.itemsize) for s in self.out_shapes)
         self._n_out = len(self.out_shapes)
         self._bias = pass_ is Pass.FPROP and epilogue.bias
-        self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, False)
+        self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar)
         self._ws_elems = self._db_ws_elems = 0
         if self._kernel is None:
             return

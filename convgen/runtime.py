@@ -205,25 +205,6 @@ def _operand(name: str, a: Any, read_dtype: str, vec: int) -> Any:
     return a
 
 
-def _launch(k: _Kernel, batch: int, args: dict[str, Any]) -> None:
-    src = k.source
-    main = src.main
-    m = k.gemm_m(batch)
-    grid = (main.grid_x(batch), main.grid_n_tiles, main.grid_z)
-    if k.reduce is not None:
-        args["workspace"] = _empty(grid[2] * m * k.gemm_n, np.float32)
-        if "db" in src.reduce.args:
-            args["db_workspace"] = _empty(grid[2] * k.db_len, np.float32)
-    else:
-        args["workspace"] = None
-        args.setdefault("db_workspace", None)
-    args["batch"] = np.int32(batch)
-    k.main(grid, main.block, tuple(args[a] for a in main.args), shared_mem=main.shared_mem)
-    if k.reduce is not None:
-        args["m_rows"] = np.int64(m)
-        k.reduce((src.reduce.grid_x(batch), 1, 1), src.reduce.block, tuple(args[a] for a in src.reduce.args))
-
-
 def _problem(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: PairLike,
              padding: PairLike | str, dilation: PairLike) -> ConvProblem:
     return ConvProblem(h, w, c, k, r, s, stride, resolve_padding(padding, r, s, stride, dilation), dilation, n=n)
@@ -237,6 +218,17 @@ class _Call:
     problem: ConvProblem
     out_dtype: str
     device: int
+    op: Any = None  # the PreparedConv a repeat call runs (convgen/prepared.py)
+
+
+def _prepared_call(pass_: Pass, problem: ConvProblem, epi: Epilogue, in_dtype: str, device: int,
+                   plan: Optional[Plan], scalar: bool, out: str) -> _Call:
+    """A call signature bound to a prepared op: the plain functions' repeat path is then the
+    prepared op's (a few attribute checks and the launch), so they cost no more than it."""
+    from .prepared import PreparedConv
+
+    op = PreparedConv(pass_, problem, epi, in_dtype, device, plan, scalar=scalar)
+    return _Call(op._kernel, problem, out, device, op)
 
 
 # Calls seen before, keyed by the raw arguments' shapes, dtypes, devices and options:
@@ -246,7 +238,7 @@ _calls: dict[tuple, _Call] = {}
 
 def _call_key(tag: str, arrays: tuple, *options: Any) -> Optional[tuple]:
     try:
-        key = (tag, *[None if a is None else (type(a), a.shape, a.dtype.char, a.device.id) for a in arrays], *options)
+        key = (tag, *[None if a is None else (type(a), a.shape, a.dtype.char, a.data.device_id) for a in arrays], *options)
         hash(key)
     except (TypeError, AttributeError):  # unhashable options or non-CuPy arrays: full checks
         return None
@@ -276,21 +268,9 @@ def conv2d(
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar))
-    k = call.kernel
-    if k is None:
+    if call.op is None:
         return cupy.empty(call.problem.y_shape, dtype=call.out_dtype)
-    with cupy.cuda.Device(call.device):
-        p = k.source.spec.plan
-        y = _empty(call.problem.y_shape, call.out_dtype)
-        args = {
-            "x": _operand("x", x, p.read_a, p.vec_a),
-            "w": _operand("w", w, p.read_b, p.vec_b),
-            "y": y,
-        }
-        if bias is not None:
-            args["bias"] = _operand("bias", bias, "float32", 4)  # the epilogue reads float4s
-        _launch(k, call.problem.n, args)
-    return y
+    return call.op(x, w, bias)
 
 
 def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar) -> _Call:
@@ -313,8 +293,7 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
     if n == 0:
         return _Call(None, problem, out, device)
     epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out)  # type: ignore[arg-type]
-    k = _kernel(problem, Pass.FPROP, epi, _in_dtype(x, w), device, plan, scalar)
-    return _Call(k, problem, out, device)
+    return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out)
 
 
 def conv2d_dgrad(
@@ -329,18 +308,9 @@ def conv2d_dgrad(
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar))
-    k = call.kernel
-    if k is None:
+    if call.op is None:
         return cupy.empty(call.problem.x_shape, dtype=call.out_dtype)
-    with cupy.cuda.Device(call.device):
-        p = k.source.spec.plan
-        dx = _empty(call.problem.x_shape, call.out_dtype)
-        _launch(k, call.problem.n, {
-            "dy": _operand("dy", dy, p.read_a, p.vec_a),
-            "w": _operand("w", w, p.read_b, p.vec_b),
-            "dx": dx,
-        })
-    return dx
+    return call.op(dy, w)
 
 
 def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar) -> _Call:
@@ -362,7 +332,7 @@ def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan,
     if n == 0:
         return _Call(None, problem, out, device)
     epi = Epilogue(out_dtype=out)  # type: ignore[arg-type]
-    return _Call(_kernel(problem, Pass.DGRAD, epi, _in_dtype(dy, w), device, plan, scalar), problem, out, device)
+    return _prepared_call(Pass.DGRAD, problem, epi, _in_dtype(dy, w), device, plan, scalar, out)
 
 
 def conv2d_wgrad(
@@ -383,23 +353,12 @@ def conv2d_wgrad(
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar))
-    k, problem = call.kernel, call.problem
-    with cupy.cuda.Device(call.device):
-        if k is None:  # an empty batch contributes nothing: the gradients are exactly zero
+    if call.op is None:  # an empty batch contributes nothing: the gradients are exactly zero
+        problem = call.problem
+        with cupy.cuda.Device(call.device):
             return (cupy.zeros(problem.w_shape, dtype=call.out_dtype),
                     cupy.zeros((problem.k,), dtype=call.out_dtype) if bias else None)
-        p = k.source.spec.plan
-        dw = _empty(problem.w_shape, call.out_dtype)
-        db = _empty((problem.k,), call.out_dtype) if bias else None
-        args = {
-            "dy": _operand("dy", dy, p.read_a, p.vec_a),
-            "x": _operand("x", x, p.read_b, p.vec_b),
-            "dw": dw,
-        }
-        if bias:
-            args["db"] = db
-        _launch(k, problem.n, args)
-    return dw, db
+    return call.op(x, dy)
 
 
 def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar) -> _Call:
@@ -423,7 +382,7 @@ def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype
     if n == 0:
         return _Call(None, problem, out, device)
     epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
-    return _Call(_kernel(problem, Pass.WGRAD, epi, _in_dtype(x, dy), device, plan, scalar), problem, out, device)
+    return _prepared_call(Pass.WGRAD, problem, epi, _in_dtype(x, dy), device, plan, scalar, out)
 
 
 def clear_cache() -> None:

@@ -76,7 +76,10 @@ def emit_in(tree: Path, cases: dict) -> dict:
 
 def _sass(source: str, arch: str, kernels: list[str]) -> tuple[str, dict]:
     from convgen.compile import cached_binary
-    from convgen.sass import find_cuobjdump, read_cubin
+    try:
+        from convgen.tools.sass import find_cuobjdump, read_cubin
+    except ImportError:  # before the tools moved apart
+        from convgen.sass import find_cuobjdump, read_cubin
 
     cuobjdump = find_cuobjdump()
     assert cuobjdump, "no cuobjdump (install the dev extra)"
