@@ -153,9 +153,11 @@ def test_whole_elf_restores_exactly_one_missing_byte():
     assert cc._whole_elf(b"not an elf") == b"not an elf"
 
 
-def test_nvrtc_version():
-    major, minor = cc.nvrtc_version()
-    assert major >= 11 and minor >= 0
+def test_headers_are_of_nvrtcs_cuda_major():
+    """NVRTC compiles with headers of its own CUDA major (mixing majors changes or breaks the
+    kernels), whichever toolkits and wheels the machine has."""
+    major, _ = cc.nvrtc_version()
+    assert cc._header_major(cc.cuda_include_dirs()) in (None, major)
 
 
 def test_include_dirs_have_mma():
