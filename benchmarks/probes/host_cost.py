@@ -129,6 +129,22 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
             tdy, tx, tw, None, p.stride, p.padding, p.dilation, False, (0, 0), 1, (True, False, False)))
         add("wgrad", "torch convolution_backward dW (cuDNN)", lambda: torch.ops.aten.convolution_backward(
             tdy, tx, tw, None, p.stride, p.padding, p.dilation, False, (0, 0), 1, (False, True, False)))
+        # convgen.torch's operators against PyTorch's own conv dispatch, channels_last fp16
+        import convgen.torch as cgt
+
+        cx = torch.randn(p.n, p.c, p.h, p.w, device="cuda", dtype=torch.float16).contiguous(
+            memory_format=torch.channels_last)
+        cw = torch.randn(p.k, p.c, p.r, p.s, device="cuda", dtype=torch.float16).contiguous(
+            memory_format=torch.channels_last)
+        cgy = torch.randn_like(F.conv2d(cx, cw, None, p.stride, p.padding, p.dilation))
+        geo_l = ([*p.stride], [*p.padding], [*p.dilation])
+        add("fprop", "convgen.torch operator convgen::conv2d", lambda: torch.ops.convgen.conv2d(cx, cw, None, *geo_l))
+        add("fprop", "torch F.conv2d, channels_last (cuDNN)", lambda: F.conv2d(cx, cw, None, p.stride, p.padding,
+                                                                              p.dilation))
+        add("dgrad", "convgen.torch operator convgen::conv2d_dgrad", lambda: torch.ops.convgen.conv2d_dgrad(
+            cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
+        add("wgrad", "convgen.torch operator convgen::conv2d_wgrad", lambda: torch.ops.convgen.conv2d_wgrad(
+            cgy, cx, [p.k, p.c, p.r, p.s], torch.float16, None, *geo_l))
     except ImportError:
         pass
     return rows
