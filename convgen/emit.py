@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 
 from . import __version__
-from .backends import Backend, backend_for
+from .targets import Arch
 from .ir import KernelSpec, Pass
 from .planner import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
@@ -230,7 +230,7 @@ class Context:
     kind: str
     mma: str
     banner: tuple[str, ...]  # the header comment's lines
-    be: Backend
+    be: Arch
     shape: Shape
     tile: Tile
     gathers: Gathers
@@ -290,7 +290,7 @@ def _banner(spec: KernelSpec) -> tuple[str, ...]:
     )
 
 
-def _context(spec: KernelSpec, be: Backend) -> Context:
+def _context(spec: KernelSpec, be: Arch) -> Context:
     """The templates' one input.  Every derived fact is computed here, once, from the plan
     and the planner's helpers, so no template re-derives one (or reads the plan itself)."""
     p, plan, g = spec.pass_, spec.plan, spec.geometry
@@ -402,7 +402,7 @@ def reduce_outputs_per_block(split_k: int, n: int) -> int:
 
 
 def emit(spec: KernelSpec) -> KernelSource:
-    be = backend_for(spec.target)
+    be = spec.target.info
     ctx = _context(spec, be)
     source = _environment().get_template(ctx.template).render(ctx=ctx)
     plan = spec.plan
