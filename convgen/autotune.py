@@ -216,6 +216,12 @@ def _median_us(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in pairs)
 
 
+def _capturing() -> bool:
+    import cupy as cp
+
+    return bool(cp.cuda.get_current_stream().is_capturing())
+
+
 def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, target: Target,
          gpu_name: str) -> Optional[Plan]:
     """Tune this shape and pass now, record the winner in the user's database and return it
@@ -225,9 +231,12 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     from .emit import emit
     from .planner import make_spec
 
+    what = f"{pass_.value} {problem.describe()}"
+    if _capturing():  # tuning synchronises: not inside a graph capture
+        log.info("autotune %s: not tuned, the stream is capturing a CUDA graph; using the planner's plan", what)
+        return None
     t0 = time.perf_counter()
     deadline = t0 + BUDGET_S
-    what = f"{pass_.value} {problem.describe()}"
     plans = candidates(problem, pass_, target, in_dtype)[:CANDIDATES]
     log.info("tuning %s: %d candidate plans, budget %.1f s", what, len(plans), BUDGET_S)
     sources: list[Optional[tuple[str, str]]] = []
@@ -273,9 +282,14 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
         log.info("autotune %s: candidate %s skipped: %s", what, p.brief(), reason)
     default = rows[0]
     key = tuning_db.tune_key(problem.geometry, pass_, in_dtype, target.arch)
-    tuning_db.record(tuning_db.user_db_path(), gpu_name, {key: {
-        "plan": best.plan.as_dict(), "us": best.us, "default_us": default.us,
-        "shape": problem.as_dict(), "pass": pass_.value}})
+    try:
+        tuning_db.record(tuning_db.user_db_path(), gpu_name, {key: {
+            "plan": best.plan.as_dict(), "us": best.us, "default_us": default.us,
+            "shape": problem.as_dict(), "pass": pass_.value}})
+    except OSError as exc:  # a read-only cache costs the next process a re-tune, not this call
+        log.warning("autotune %s: could not record the winner in %s (%s); it is used in this process only",
+                    what, tuning_db.user_db_path(), exc)
+        return best.plan
     timed = sum(1 for r in rows if math.isfinite(r.us))
     log.info("tuned %s in %.1f s: %s, %.1f us (default %.1f us; %d of %d candidates timed)", what,
              time.perf_counter() - t0, best.plan.brief(), best.us, default.us, timed, len(rows))

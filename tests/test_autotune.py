@@ -125,6 +125,7 @@ class _FakeGpu:
             fn()
             return times[self.last]
 
+        monkeypatch.setattr(autotune, "_capturing", lambda: False)
         monkeypatch.setattr(autotune, "_runner", runner)
         monkeypatch.setattr(autotune, "_median_us", median_us)
 
@@ -181,3 +182,14 @@ def test_a_default_that_fails_to_compile_leaves_the_call_to_the_planner(monkeypa
              compile_errors={0: "compile failed: boom"})
     assert _tune(monkeypatch, tmp_path) is None
     assert not (tmp_path / "tuning.json").exists() and "untuned" in caplog.text
+
+
+def test_no_tuning_while_a_cuda_graph_is_being_captured(monkeypatch, tmp_path, caplog):
+    import logging
+
+    plans = candidates(PROBLEM, Pass.FPROP, Target("sm_90"))[:autotune.CANDIDATES]
+    _FakeGpu(monkeypatch, plans, {i: 1.0 for i in range(len(plans))}, scale={})
+    monkeypatch.setattr(autotune, "_capturing", lambda: True)
+    with caplog.at_level(logging.INFO, logger="convgen.autotune"):
+        assert _tune(monkeypatch, tmp_path) is None
+    assert not (tmp_path / "tuning.json").exists() and "capturing" in caplog.text
