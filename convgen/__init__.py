@@ -13,6 +13,7 @@ without a GPU or CuPy; only the run-time functions need them.
 
 __version__ = "0.1.0"
 
+from .autotune import set_autotune
 from .emit import KernelSource, emit
 from .ir import ConvGeometry, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
 from .planner import make_spec, plan
@@ -22,5 +23,5 @@ from .runtime import clear_cache, conv2d, conv2d_dgrad, conv2d_wgrad
 __all__ = [
     "__version__", "ConvGeometry", "ConvProblem", "Epilogue", "KernelSource", "KernelSpec",
     "Pass", "Plan", "PreparedConv", "Target", "clear_cache", "conv2d", "conv2d_dgrad", "conv2d_wgrad",
-    "emit", "make_spec", "plan", "prepare",
+    "emit", "make_spec", "plan", "prepare", "set_autotune",
 ]

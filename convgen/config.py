@@ -69,6 +69,13 @@ TUNED = FlagSetting(
     "0 (or false/no/off) ignores the tuning databases and runs the planner's plans",
     default=True,
 )
+AUTOTUNE = FlagSetting(
+    "CONVGEN_AUTOTUNE",
+    "1 times a few candidate plans on the first call of a shape and pass that no tuning database "
+    "covers, and records the fastest in the user's database (like torch.backends.cudnn.benchmark; "
+    "convgen.set_autotune overrides it)",
+    default=False,
+)
 CUOBJDUMP = PathSetting(
     "CONVGEN_CUOBJDUMP",
     "the cuobjdump `convgen sass` runs (default: cuobjdump on PATH, else the pip wheels')",
@@ -85,7 +92,7 @@ WERROR = FlagSetting(
     default=False,
 )
 
-SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CUDA_INCLUDE, TUNED, CUOBJDUMP, BENCH_COMMIT, WERROR)
+SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CUDA_INCLUDE, TUNED, AUTOTUNE, CUOBJDUMP, BENCH_COMMIT, WERROR)
 
 
 @contextlib.contextmanager

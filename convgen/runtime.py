@@ -65,7 +65,7 @@ POISON_OUTPUTS = False
 
 _cache: dict[tuple, _Kernel] = {}
 _targets: dict[int, Any] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: the autotuner builds its candidates' kernels under it
 
 
 def _cupy():
@@ -156,7 +156,8 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     """The compiled kernel for this shape on this device.  The batch size is not in the key:
     the first call's batch sizes the plan (split-K), and every later batch reuses it.
     Without a hand plan, a tuned plan for this GPU and shape wins over the planner's
-    (``convgen tune``; set CONVGEN_TUNED=0 to plan only)."""
+    (``convgen tune``; set CONVGEN_TUNED=0 to plan only), and with autotune on, a shape
+    no database covers is tuned here first (convgen/autotune.py)."""
     key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
     k = _cache.get(key)
     if k is not None:
@@ -173,6 +174,11 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
                 from .tuning_db import tuned_plan
 
                 plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
+                if plan is None:
+                    from . import autotune
+
+                    if autotune.enabled():  # tune on first use (convgen.set_autotune)
+                        plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
             spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,
                              plan_=plan, scalar=scalar)
             src = emit(spec)

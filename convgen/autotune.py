@@ -1,0 +1,296 @@
+"""Tuning on first use, opt-in like ``torch.backends.cudnn.benchmark``.
+
+With ``convgen.set_autotune(True)`` (or ``CONVGEN_AUTOTUNE=1``), the first call of a shape
+and pass that no tuning database covers times the planner's default plan and the next
+few candidates (:func:`convgen.candidates.candidates`) on fresh random data, keeps the
+fastest whose output matches the default's, and records it in the user's tuning
+database, so this process and every later one run that plan (read back through
+:func:`convgen.tuning_db.tuned_plan`).  `convgen tune` does the same for whole suites,
+more thoroughly; this module is its quick, bounded run-time twin and imports no tool.
+
+Bounded: candidates compile in parallel in worker processes (warming the disk cache), and
+once :data:`BUDGET_S` has passed for the shape, candidates still compiling or not yet
+timed are skipped; the default plan is always measured.  A candidate that fails to
+compile, uses local memory (register spills) or disagrees with the default is skipped
+with its reason logged on the ``convgen.autotune`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+from . import config, tuning_db
+from .candidates import candidates
+from .ir import ConvProblem, Epilogue, Pass, Plan, Target
+
+log = logging.getLogger("convgen.autotune")
+
+CANDIDATES = 8  # the default plan and the next seven candidates
+BUDGET_S = 3.0  # per shape and pass: past it, no new candidate is timed
+REPS = 5  # timed launches per candidate (median)
+MAX_ERR = 1e-2  # norm-relative error against the default plan's output, as `convgen tune`
+SPIN_US = 200.0  # GPU spin before each timed launch: the host's launch cost stays out of the time
+
+_override: Optional[bool] = None
+
+
+def set_autotune(enabled: Optional[bool]) -> None:
+    """Turn tuning on first use on or off for this process (None: follow CONVGEN_AUTOTUNE)."""
+    global _override
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True, False or None, got {enabled!r}")
+    _override = enabled
+
+
+def enabled() -> bool:
+    """Whether a call should tune an untuned shape: set_autotune's choice, else CONVGEN_AUTOTUNE.
+    CONVGEN_TUNED=0 (plan only) turns it off too: it asks for the planner's plans."""
+    on = config.AUTOTUNE.enabled() if _override is None else _override
+    return on and config.TUNED.enabled()
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One candidate's outcome: its time (inf if not timed), its error against the default
+    plan's output, and why it was not timed (None if it was)."""
+
+    plan: Plan
+    us: float = math.inf
+    err: float = 0.0
+    skip: Optional[str] = None
+
+
+def select(rows: Sequence[Measured], max_err: float = MAX_ERR) -> tuple[Measured, list[tuple[Plan, str]]]:
+    """The winner among measured rows (rows[0] is the default plan, the reference the others
+    were checked against) and each skipped candidate with its reason.  The default plan
+    wins unless a candidate that matches it is faster."""
+    if not rows or rows[0].skip is not None or not math.isfinite(rows[0].us):
+        raise ValueError("the default plan was not measured: nothing to compare the candidates with")
+    best, skipped = rows[0], []
+    for r in rows[1:]:
+        reason = r.skip
+        if reason is None and not math.isfinite(r.err):
+            reason = "output not finite (unwritten elements?)"
+        elif reason is None and r.err > max_err:
+            reason = f"disagrees with the default plan: relative error {r.err:.3g} > {max_err:g}"
+        elif reason is None and not math.isfinite(r.us):
+            reason = "not timed"
+        if reason is not None:
+            skipped.append((r.plan, reason))
+        elif r.us < best.us:
+            best = r
+    return best, skipped
+
+
+# ------------------------------------------------------------------------ the GPU side
+def _compile_child() -> int:
+    """A compile worker's body (``python -c``): warm the disk cache with the source on stdin."""
+    import json
+    import sys
+
+    from .compile import cached_binary
+
+    job = json.loads(sys.stdin.read())
+    try:
+        cached_binary(job["source"], arch=job["arch"])
+    except Exception as exc:  # noqa: BLE001 - any compile failure skips the candidate
+        print(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _compile_all(sources: list[Optional[tuple[str, str]]], deadline: float) -> list[Optional[str]]:
+    """Compile in parallel, one worker process per candidate (NVRTC is single-threaded per
+    program), each warming the disk cache; None per source that compiled, else why not.
+    Workers are plain ``python -c`` processes, not a multiprocessing pool: spawn would
+    re-run an unguarded user script in every worker.  A source still compiling at the
+    deadline reads as skipped (its worker runs on and still warms the cache); the default
+    plan's (index 0) is always waited for, since the call needs it either way."""
+    import json
+    import subprocess
+    import sys
+
+    out: list[Optional[str]] = [None if s is not None else "could not be emitted" for s in sources]
+    code = "import sys, convgen.autotune as a; sys.exit(a._compile_child())"
+    procs: dict[int, subprocess.Popen] = {}
+    for i, s in enumerate(sources):
+        if s is None:
+            continue
+        try:
+            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+            proc.stdin.write(json.dumps({"source": s[0], "arch": s[1]}))  # type: ignore[union-attr]
+            proc.stdin.close()  # type: ignore[union-attr]
+        except OSError as exc:
+            out[i] = f"could not start a compile worker: {exc}"
+            continue
+        procs[i] = proc
+    for i, proc in procs.items():
+        try:
+            rc = proc.wait(None if i == 0 else max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            out[i] = "still compiling when the tuning budget ran out"
+            continue
+        if rc:
+            err = proc.stderr.read().strip().splitlines()  # type: ignore[union-attr]
+            out[i] = f"compile failed: {err[-1] if err else f'worker exit status {rc}'}"
+        proc.stderr.close()  # type: ignore[union-attr]
+    return out
+
+
+def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str) -> Callable[[Plan], Any]:
+    """A call of this pass on fresh random data (the dtype the first call had), per plan."""
+    import cupy as cp
+    import numpy as np
+
+    from . import runtime
+
+    rng = np.random.default_rng()
+    dt = np.float16 if in_dtype == "float16" else np.float32
+
+    def arr(shape):
+        return cp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(dt))
+
+    geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
+               out_dtype=epilogue.out_dtype)
+    if pass_ is Pass.FPROP:
+        x, w = arr(problem.x_shape), arr(problem.w_shape)
+        b = cp.asarray(rng.standard_normal(problem.k, dtype=np.float32)) if epilogue.bias else None
+        act = "relu" if epilogue.relu else None
+        return lambda p: runtime.conv2d(x, w, b, activation=act, plan=p, **geo)
+    if pass_ is Pass.DGRAD:
+        dy, w = arr(problem.y_shape), arr(problem.w_shape)
+        return lambda p: runtime.conv2d_dgrad(dy, w, problem.x_shape, plan=p, **geo)
+    x, dy = arr(problem.x_shape), arr(problem.y_shape)
+    return lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=epilogue.bias, plan=p, **geo)
+
+
+def _as_host(out: Any):
+    import cupy as cp
+    import numpy as np
+
+    outs = out if isinstance(out, tuple) else (out,)
+    return [cp.asnumpy(o).astype(np.float64) for o in outs if o is not None]
+
+
+def _rel_err(out: list, ref: list) -> float:
+    import numpy as np
+
+    num = math.sqrt(sum(float(np.sum((o - r) ** 2)) for o, r in zip(out, ref)))
+    den = math.sqrt(sum(float(np.sum(r ** 2)) for r in ref))
+    return num / max(den, 1e-30) if all(np.isfinite(o).all() for o in out) else math.inf
+
+
+_SPIN_SRC = r"""
+extern "C" __global__ void convgen_autotune_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+def _median_us(fn: Callable[[], Any], reps: int) -> float:
+    """Median GPU time of `fn` by CUDA events, each launch behind a short spin kernel so the
+    events bracket the kernel alone, not the host's launch cost."""
+    import cupy as cp
+
+    spin = cp.RawKernel(_SPIN_SRC, "convgen_autotune_spin")
+    try:  # the spin's length only needs to outlast a launch's host cost: the rated clock will do
+        clock_khz = cp.cuda.runtime.deviceGetAttribute(cp.cuda.runtime.cudaDevAttrClockRate, cp.cuda.Device().id)
+    except Exception:  # noqa: BLE001 - an attribute a driver no longer reports
+        clock_khz = 2_000_000
+    cycles = cp.int64(int(SPIN_US * max(clock_khz, 1_000_000) / 1000))
+    pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)]
+    cp.cuda.get_current_stream().synchronize()
+    for start, end in pairs:
+        spin((1,), (1,), (cycles,))
+        start.record()
+        fn()
+        end.record()
+    pairs[-1][1].synchronize()
+    return statistics.median(cp.cuda.get_elapsed_time(a, b) * 1000.0 for a, b in pairs)
+
+
+def _capturing() -> bool:
+    import cupy as cp
+
+    return bool(cp.cuda.get_current_stream().is_capturing())
+
+
+def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, target: Target,
+         gpu_name: str) -> Optional[Plan]:
+    """Tune this shape and pass now, record the winner in the user's database and return it
+    as a later process reads it back; None (the planner's plan is then used) if even the
+    default plan could not be measured.  Called by runtime._kernel under its lock."""
+    from . import runtime
+    from .emit import emit
+    from .planner import make_spec
+
+    what = f"{pass_.value} {problem.describe()}"
+    if _capturing():  # tuning synchronises: not inside a graph capture
+        log.info("autotune %s: not tuned, the stream is capturing a CUDA graph; using the planner's plan", what)
+        return None
+    t0 = time.perf_counter()
+    deadline = t0 + BUDGET_S
+    plans = candidates(problem, pass_, target, in_dtype)[:CANDIDATES]
+    log.info("tuning %s: %d candidate plans, budget %.1f s", what, len(plans), BUDGET_S)
+    sources: list[Optional[tuple[str, str]]] = []
+    for p in plans:
+        try:
+            src = emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=p))
+            sources.append((src.source, src.compile_arch))
+        except Exception as exc:  # noqa: BLE001 - a candidate the emitter refuses is skipped
+            log.warning("autotune %s: candidate %s skipped: could not be emitted (%s)", what, p.brief(), exc)
+            sources.append(None)
+    compiled = _compile_all(sources, deadline)
+    run = _runner(problem, pass_, epilogue, in_dtype)
+    rows: list[Measured] = []
+    ref: list = []
+    for i, (p, failed) in enumerate(zip(plans, compiled)):
+        if i and time.perf_counter() > deadline:
+            failed = failed or "not timed: the tuning budget ran out"
+        if failed:
+            rows.append(Measured(p, skip=failed))
+            continue
+        try:
+            out = _as_host(run(p))  # compiles (or loads from the warm disk cache) and runs once
+            spill = max((k.local_bytes for k in runtime.kernels_for(p)), default=0)
+            if i and spill:
+                rows.append(Measured(p, skip=f"uses {spill} bytes of local memory per thread (register spills)"))
+                continue
+            if i == 0:
+                ref = out
+            err = _rel_err(out, ref)
+            us = _median_us(lambda: run(p), REPS) if math.isfinite(err) and err <= MAX_ERR else math.inf
+            rows.append(Measured(p, us, err))
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails to load or launch is skipped
+            if i == 0:
+                log.warning("autotune %s: the default plan failed (%s); using the planner's plan untuned", what, exc)
+                return None
+            rows.append(Measured(p, skip=f"failed to load or run: {exc}"))
+    try:
+        best, skipped = select(rows)
+    except ValueError as exc:  # the default failed to compile or gave no finite output
+        log.warning("autotune %s: %s (%s); using the planner's plan untuned", what, exc, rows[0].skip or "not finite")
+        return None
+    for p, reason in skipped:
+        log.info("autotune %s: candidate %s skipped: %s", what, p.brief(), reason)
+    default = rows[0]
+    key = tuning_db.tune_key(problem.geometry, pass_, in_dtype, target.arch)
+    try:
+        tuning_db.record(tuning_db.user_db_path(), gpu_name, {key: {
+            "plan": best.plan.as_dict(), "us": best.us, "default_us": default.us,
+            "shape": problem.as_dict(), "pass": pass_.value}})
+    except OSError as exc:  # a read-only cache costs the next process a re-tune, not this call
+        log.warning("autotune %s: could not record the winner in %s (%s); it is used in this process only",
+                    what, tuning_db.user_db_path(), exc)
+        return best.plan
+    timed = sum(1 for r in rows if math.isfinite(r.us))
+    log.info("tuned %s in %.1f s: %s, %.1f us (default %.1f us; %d of %d candidates timed)", what,
+             time.perf_counter() - t0, best.plan.brief(), best.us, default.us, timed, len(rows))
+    return tuning_db.lookup(gpu_name, problem.geometry, pass_, in_dtype, target.arch)

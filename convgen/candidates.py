@@ -1,0 +1,247 @@
+"""The plans worth timing for one shape and pass: the planner's default first, then its variations.
+
+Library side of tuning, shared by `convgen tune` (``convgen.tools.tune``, which times them
+all) and tuning on first use (:mod:`convgen.autotune`, which times the first few): it lives
+in the library because the library may not import the tools.  Generation only; nothing here
+compiles or times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
+from .mainloop import FRAG, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, Wgmma
+from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
+
+# (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
+# tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
+# tiles of 8 warps (256x128, 128x256) are CUTLASS's choice for large compute-bound GEMMs;
+# 256x64 on 4 warps is what cuDNN ran for CIFAR-VGG conv3 and conv32 dgrad (ncu).
+_SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (128, 128, 2, 2, 32, 4), (128, 128, 2, 4, 32, 3), (128, 128, 4, 2, 64, 3), (128, 128, 2, 2, 64, 3),
+    (256, 128, 4, 2, 64, 3), (128, 256, 2, 4, 64, 3), (128, 256, 2, 4, 32, 4),
+    (256, 128, 4, 2, 32, 3), (128, 64, 2, 2, 32, 4), (128, 64, 4, 1, 32, 3), (128, 64, 2, 2, 64, 3),
+    (256, 64, 4, 2, 32, 3), (256, 64, 4, 1, 32, 3), (128, 64, 2, 1, 32, 4), (128, 64, 2, 1, 64, 3),
+    (64, 128, 2, 2, 32, 4), (64, 64, 2, 2, 32, 4), (64, 64, 2, 2, 64, 3),
+    (128, 32, 4, 1, 32, 3), (256, 32, 8, 1, 32, 3), (256, 32, 4, 1, 32, 4), (64, 32, 2, 1, 32, 4),
+    (128, 16, 4, 1, 32, 3), (256, 16, 8, 1, 32, 3), (256, 16, 4, 1, 64, 3), (128, 16, 2, 1, 32, 4),
+    (64, 16, 4, 1, 32, 4), (512, 16, 8, 1, 32, 3),
+    (32, 128, 1, 4, 64, 3), (32, 128, 1, 2, 32, 4), (16, 128, 1, 4, 64, 3), (32, 64, 1, 2, 64, 3),
+    (16, 64, 1, 2, 64, 3), (32, 32, 1, 2, 64, 3), (16, 32, 1, 2, 64, 3),
+)
+
+
+MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
+# Sliced-K candidates per layer (fprop and dgrad im2col plans with few blocks per SM), on top
+# of `limit`.  The first im2col shapes that leave at most two blocks per SM get warps_k = 2.
+SLICED_PER_LAYER = 6
+# wgmma candidates (sm_90 fprop/dgrad with 16-byte fp16 gathers), on top of `limit`:
+# (block_m, block_n, warps_m, block_k, stages), whole warpgroups over M.
+_WGMMA_SHAPES: tuple[tuple[int, int, int, int, int], ...] = (
+    (128, 128, 8, 64, 3), (128, 64, 4, 64, 3), (256, 128, 8, 64, 3), (128, 256, 8, 64, 3), (128, 128, 4, 64, 3),
+    (256, 64, 8, 64, 3), (64, 64, 4, 64, 4), (128, 64, 8, 64, 4), (64, 128, 4, 64, 3), (128, 128, 8, 32, 4),
+)
+WGMMA_PER_LAYER = 10
+
+# Halo-path shapes (block_m, block_n, warps_m, warps_n): tried with tiles 16 and 32 pixels
+# wide and with flat tiles, for stride-1 fprop and dgrad with channel counts in multiples of 8.
+# Warp tiles of 64 pixels come first: each staged fragment then feeds more MMAs, and the
+# halo kernels are bound by shared-memory reads (ncu: L1 82% busy on CIFAR-VGG conv32 fprop).
+_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (256, 32, 4, 1), (256, 64, 4, 2), (128, 32, 2, 1), (256, 32, 8, 1), (128, 32, 4, 1), (128, 64, 4, 1),
+    (128, 64, 2, 2), (128, 128, 2, 4), (64, 64, 2, 2), (128, 16, 4, 1), (256, 16, 4, 1),
+)
+HALO_PER_LAYOUT = 8  # halo candidates per tile layout, placed right after the default plan
+# Tiles 8 pixels wide (CUDA's ldmatrix halo MMAs) for images at most 8 pixels wide: one
+# 8x8 tile per 64-row block, whole images of CIFAR's 8x8 and ResNet-50's 7x7 layers; and
+# 128 or 256 rows where whole images stack in them (planner.halo_images: 2 or 4 8x8 images
+# per block, every tap's weights staged once for all).  16-channel steps (the stacked shapes
+# below also take 32).
+_NARROW_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (64, 32, 4, 1), (64, 64, 4, 1), (128, 64, 4, 1), (128, 64, 8, 1), (256, 64, 8, 1), (256, 64, 4, 1),
+    (128, 64, 4, 2),
+    (64, 32, 2, 1), (64, 16, 4, 1),
+)
+# Stacked-image blocks also take 32-channel steps (fewer, longer steps per staged stack: CIFAR-VGG
+# conv3 dgrad 13.3 against 13.9 us at 16 on the H200, hand-timed at 6f2c3b8), and 256 rows with
+# 64-pixel warp tiles (conv3 fprop 14.8 us).  64-row tiles keep 16-channel steps: with 32
+# they spilled under NVRTC 13.
+_STACKED_DEEP_SHAPES: tuple[tuple[int, int, int, int], ...] = (
+    (128, 64, 4, 1), (256, 64, 4, 1), (128, 64, 8, 1), (256, 64, 8, 1),
+)
+MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several tiles per block
+
+
+def _fit(extent: int) -> int:
+    t = FRAG
+    while t < extent:
+        t *= 2
+    return t
+
+
+def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
+               limit: int = 48, wgmma: bool = False) -> list[Plan]:
+    """The default plan first, then halo-path plans where they apply, then feasible
+    variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
+    (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
+    plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
+    WMMA plans on every suite layer (benchmarks/NOTES.md)."""
+    pass_ = Pass.parse(pass_)
+    base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+    gemm = problem.gemm(pass_)
+    out: list[Plan] = [base]
+    seen = {dataclasses.replace(base, reasons=())}
+    for p in _halo_candidates(problem, pass_, target, in_dtype):
+        _add_unique(p, seen, out)
+    halo = len(out) - 1
+    sliced: list[Plan] = []
+    shapes = list(_SHAPES)
+    exact_n = math.ceil(gemm.n / FRAG) * FRAG
+    if exact_n <= 256 and exact_n & (exact_n - 1):  # not a power of two: a tile that fits N exactly
+        frags = exact_n // FRAG
+        wn = max(d for d in (1, 2, 3, 4) if frags % d == 0)
+        for bm, wm in ((16, 1), (32, 1), (64, 2), (128, 2)):
+            shapes.append((bm, exact_n, wm, wn, 64 if pass_ is Pass.WGRAD else 32, 3))
+    for bm, bn, wm, wn, bk, stages in shapes:
+        if pass_ is not Pass.WGRAD and bm < 64:
+            continue  # fprop/dgrad M is the pixel count: short tiles only multiply launches
+        if bn > max(_fit(gemm.n), FRAG) or bm > max(_fit(gemm.m), FRAG):
+            continue  # a tile past the GEMM's extent only computes padding
+        if bn < 64 and gemm.n > bn * 2:
+            continue  # far too narrow: many re-reads of A for nothing
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        steps = math.ceil(gemm.k / bk)
+        splits = {1}
+        if tiles < 2 * target.sm_count and steps >= 8:  # one, two and four waves of slices
+            for waves in (1, 2, 4):
+                splits.add(max(1, min(math.ceil(waves * target.sm_count / tiles), steps // 4, MAX_SPLIT)))
+        if not target.info.cp_async:
+            stages = 2
+        for split in sorted(splits):
+            try:
+                p = Plan(bm, bn, bk, wm, wn, stages, base.vec_a, base.vec_b, base.read_a, base.read_b, split,
+                         reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages, split-K {split}",))
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            _add_unique(p, seen, out)
+            # A block that owns a long reduction alone on its SM waits on its own loads: the
+            # same tile with K sliced over twice the warps (at most 8) hides that latency.
+            if (split == 1 and pass_ is not Pass.WGRAD and tiles <= 2 * target.sm_count and steps >= 4
+                    and wm * wn <= 4 and bk >= 32):
+                try:
+                    q = dataclasses.replace(p, loop=Im2col(warps_k=2), reasons=(p.reasons[0] + ", K sliced 2 ways",))
+                    check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+                    sliced.append(q)
+                except ValueError:
+                    pass
+    return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
+            + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else []))
+
+
+def _add_unique(p: Plan, seen: set[Plan], out: list[Plan]) -> None:
+    """Append p unless an equal plan (reasons aside) is already offered."""
+    bare = dataclasses.replace(p, reasons=())
+    if bare not in seen:
+        seen.add(bare)
+        out.append(p)
+
+
+def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
+                      seen: set[Plan]) -> list[Plan]:
+    """Warpgroup-MMA plans where they apply, with a one-wave split-K twin when the tiles
+    leave most SMs idle."""
+    if (not target.info.wgmma or pass_ is Pass.WGRAD or in_dtype != "float16"
+            or (base.vec_a, base.vec_b) != (8, 8)):
+        return []
+    gemm = problem.gemm(pass_)
+    out: list[Plan] = []
+    for bm, bn, wm, bk, stages in _WGMMA_SHAPES:
+        if bn > max(_fit(gemm.n), FRAG) or bm > max(_fit(gemm.m), FRAG):
+            continue
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        steps = math.ceil(gemm.k / bk)
+        splits = [1] + ([min(math.ceil(target.sm_count / tiles), steps // 4)]
+                        if tiles < target.sm_count // 2 and steps >= 8 else [])
+        for split in splits:
+            try:
+                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=split, loop=Wgmma(),
+                         reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
+                                  f"split-K {split}",))
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            _add_unique(p, seen, out)
+    return out[:WGMMA_PER_LAYER]
+
+
+def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
+    g = problem.geometry
+    if halo_eligible(g, pass_, in_dtype) is not None or g.r * g.s == 1:  # type: ignore[arg-type]
+        return []  # (a 1x1 filter's halo is its tile: nothing to share between taps)
+    out_w = g.q if pass_ is Pass.FPROP else g.w
+    n = problem.gemm(pass_).n
+    staged = stages_whole_halo(g, pass_)
+    if staged:  # StagedHalo: the default plan's gathers, fed from the staged halo
+        base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+        va, vb, steps = base.vec_a, base.vec_b, [(32, base.stages)]
+    else:  # the in-place halo kinds
+        red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
+        va, vb = 8, halo_vec_b(g, pass_)
+        # (block_k, stages): one step needs no deeper ring.  dgrad over up to 64 channels
+        # also gets a one-step reduction, which then stages every tap's weights once per
+        # block and can take several tiles per block.  (fprop's 64-channel steps spill: its
+        # weights are staged [tap][BN][BK], and a 64-deep K row holds twice the fragments.)
+        # A multi-step halo reduction also gets 16-channel steps: a step stages every tap's
+        # weights, 9 x BK x BN halves for a 3x3 filter, so at 32 channels and 3 stages a
+        # 128x64 block holds 160 KB and one block fits per SM (CIFAR-VGG conv3 dgrad: 1.2 to
+        # 1.9 waves); at 16, two or three do.
+        one_step = pass_ is Pass.DGRAD and 32 < red <= 64
+        bks = [16] if red <= 16 else [32] if red <= 32 else [32, 16] + ([64] if one_step else [])
+        steps = [(bk, 2 if red <= bk or not target.info.cp_async else 3) for bk in bks]
+    # The kinds: 2-D tiles 16 and 32 pixels wide (no wider than the image), staged whole
+    # where the layer's channels cannot be read in place; the flat tile, whose fragments need
+    # not start a row (images narrower than 16 pixels); and 8-pixel ldmatrix tiles.
+    widths = [tw for tw in (16, 32) if tw <= max(16, _fit(out_w))]
+    layouts: list[MainLoop] = ([StagedHalo(tw) for tw in widths] if staged
+                               else [HaloTile(tw) for tw in widths] + [FlatHalo()])
+    if out_w <= 8 and target.info.ldmatrix and target.info.mma_sync and not staged:
+        layouts.append(HaloLdsm(8))
+    out, multi = [], []
+    for (bk, stages), layout in itertools.product(steps, layouts):
+        mine = []
+        narrow = isinstance(layout, HaloLdsm)
+        if narrow and bk not in (16, 32):
+            continue
+        shapes = _HALO_SHAPES if not narrow else _NARROW_HALO_SHAPES if bk == 16 else _STACKED_DEEP_SHAPES
+        tile_w = 0 if isinstance(layout, FlatHalo) else layout.tile_w
+        for bm, bn, wm, wn in shapes:
+            if bn > max(_fit(n), FRAG) or bm % (tile_w or FRAG):
+                continue
+            tile = f"halo tile {bm // tile_w}x{tile_w}" if tile_w else "flat halo tile"
+            try:
+                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, loop=layout,
+                         reasons=(f"tuning candidate: {tile}, {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages",))
+                if narrow and bm > 64 and halo_images(p, g, pass_) == 1:
+                    continue  # a tile taller than an image that does not stack whole images
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            mine.append(p)
+        out += mine[:HALO_PER_LAYOUT]
+        # A one-step reduction's block loads every tap's weights for a single tile: offer
+        # blocks of 2 and 4 tiles (weights staged once, the next halo in flight) for the
+        # layout's first shapes.
+        for p in mine[:MULTI_TILE_SHAPES] if not staged else ():  # a staged halo is one tile per block
+            for tiles in (2, 4):
+                q = dataclasses.replace(p, loop=dataclasses.replace(p.loop, tiles=tiles),
+                                        reasons=(p.reasons[0] + f", {tiles} tiles per block",))
+                try:
+                    check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+                except ValueError:
+                    continue
+                multi.append(q)
+    return out + multi

@@ -1,0 +1,195 @@
+"""Tuning on first use without a GPU: the switch (function and environment variable), the
+winner's selection and skip reasons on measured rows, and the parallel compile workers
+(NVRTC needs no GPU).  The GPU run itself is tests/test_autotune_gpu.py."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+import convgen
+from convgen import autotune
+from convgen.candidates import candidates
+from convgen.ir import ConvProblem, Pass, Target
+
+PROBLEM = ConvProblem(16, 16, 32, 64, 3, 3, 1, 1, 1, n=8)
+PLANS = candidates(PROBLEM, Pass.FPROP, Target("sm_90"))[:4]
+
+
+@pytest.fixture(autouse=True)
+def _no_override():
+    autotune.set_autotune(None)
+    yield
+    autotune.set_autotune(None)
+
+
+def test_autotune_is_off_by_default_and_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("CONVGEN_AUTOTUNE", raising=False)
+    assert autotune.enabled() is False
+    monkeypatch.setenv("CONVGEN_AUTOTUNE", "1")
+    assert autotune.enabled() is True
+    monkeypatch.setenv("CONVGEN_AUTOTUNE", "off")
+    assert autotune.enabled() is False
+
+
+def test_set_autotune_overrides_the_environment_until_reset(monkeypatch):
+    monkeypatch.setenv("CONVGEN_AUTOTUNE", "0")
+    convgen.set_autotune(True)
+    assert autotune.enabled() is True
+    monkeypatch.setenv("CONVGEN_AUTOTUNE", "1")
+    convgen.set_autotune(False)
+    assert autotune.enabled() is False
+    convgen.set_autotune(None)
+    assert autotune.enabled() is True
+
+
+def test_plan_only_turns_autotune_off(monkeypatch):
+    convgen.set_autotune(True)
+    monkeypatch.setenv("CONVGEN_TUNED", "0")
+    assert autotune.enabled() is False
+
+
+def test_set_autotune_refuses_a_non_bool():
+    with pytest.raises(TypeError, match="enabled"):
+        convgen.set_autotune(1)
+
+
+def M(i, us=math.inf, err=0.0, skip=None):
+    return autotune.Measured(PLANS[i], us, err, skip)
+
+
+def test_the_fastest_matching_candidate_wins():
+    best, skipped = autotune.select([M(0, 10.0), M(1, 8.0, 1e-3), M(2, 6.0, 2e-3), M(3, 9.0)])
+    assert best.plan == PLANS[2] and skipped == []
+
+
+def test_the_default_wins_when_no_candidate_is_faster():
+    best, skipped = autotune.select([M(0, 5.0), M(1, 8.0), M(2, 6.0)])
+    assert best.plan == PLANS[0] and skipped == []
+
+
+def test_a_faster_candidate_that_disagrees_or_was_not_timed_is_skipped_with_its_reason():
+    rows = [M(0, 10.0), M(1, 1.0, 0.5), M(2, 1.0, math.inf), M(3, skip="compile failed: NVRTC says no")]
+    best, skipped = autotune.select(rows)
+    assert best.plan == PLANS[0]
+    assert len(skipped) == 3
+    assert "relative error 0.5" in skipped[0][1] and skipped[0][0] == PLANS[1]
+    assert "not finite" in skipped[1][1]
+    assert skipped[2] == (PLANS[3], "compile failed: NVRTC says no")
+
+
+def test_selection_needs_the_default_measured():
+    with pytest.raises(ValueError, match="default plan"):
+        autotune.select([M(0, skip="compile failed"), M(1, 1.0)])
+
+
+GOOD = 'extern "C" __global__ void convgen_autotune_test_ok(float* p) { p[threadIdx.x] = %d.0f; }'
+BAD = 'extern "C" __global__ void convgen_autotune_test_bad(float* p) { p[threadIdx.x] = undeclared; }'
+
+
+def test_compile_workers_report_failures_and_the_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
+    salt = time.time_ns() % 100000  # a source no cache has seen
+    sources = [(GOOD % salt, "sm_90"), (BAD, "sm_90"), None]
+    out = autotune._compile_all(sources, time.perf_counter() + 120)
+    assert out[0] is None, out
+    assert out[1] is not None and out[1].startswith("compile failed") and "NVRTC" in out[1], out
+    assert out[2] == "could not be emitted"
+    assert len(list(tmp_path.rglob("*"))) > 0  # the worker warmed this cache directory
+    # Past the deadline a candidate's worker is not waited for (a worker takes longer than
+    # no time at all to start); the default's (index 0) always is, as the first call above shows.
+    late = autotune._compile_all([None, (GOOD % (salt + 1), "sm_90")], time.perf_counter())
+    assert late[1] == "still compiling when the tuning budget ran out", late
+
+
+class _FakeGpu:
+    """Stands in for compile, launch and timing: outputs and times per candidate index."""
+
+    def __init__(self, monkeypatch, plans, times, scale, compile_errors=None):
+        import numpy as np
+
+        self.plans, self.last = plans, None
+        ref = np.random.default_rng(1).standard_normal((8, 16, 16, 64))
+        monkeypatch.setattr(autotune, "_compile_all", lambda sources, deadline: [
+            (compile_errors or {}).get(i) for i in range(len(sources))])
+
+        def runner(problem, pass_, epilogue, in_dtype):
+            def run(p):
+                self.last = plans.index(p)
+                return ref * scale.get(self.last, 1.0)
+            return run
+
+        def median_us(fn, reps):
+            fn()
+            return times[self.last]
+
+        monkeypatch.setattr(autotune, "_capturing", lambda: False)
+        monkeypatch.setattr(autotune, "_runner", runner)
+        monkeypatch.setattr(autotune, "_median_us", median_us)
+
+
+def _tune(monkeypatch, tmp_path):
+    from convgen.ir import Epilogue
+
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
+    return autotune.tune(PROBLEM, Pass.FPROP, Epilogue(bias=True), "float16", Target("sm_90"), "Fake GPU 1")
+
+
+def test_tune_records_the_winner_and_a_fresh_lookup_reads_it_back(monkeypatch, tmp_path, caplog):
+    import logging
+
+    from convgen import tuning_db
+
+    plans = candidates(PROBLEM, Pass.FPROP, Target("sm_90"))[:autotune.CANDIDATES]
+    assert len(plans) == autotune.CANDIDATES
+    times = {i: 10.0 - i for i in range(len(plans))}  # the last is fastest ...
+    _FakeGpu(monkeypatch, plans, times, scale={len(plans) - 1: 1.5},  # ... but wrong
+             compile_errors={len(plans) - 2: "compile failed: boom"})
+    with caplog.at_level(logging.INFO, logger="convgen.autotune"):
+        got = _tune(monkeypatch, tmp_path)
+    want = plans[len(plans) - 3]  # the fastest that compiled and agrees with the default
+    assert got is not None and got.as_dict() == want.as_dict()
+    db = tuning_db.read_db(tmp_path / "tuning.json")
+    key = tuning_db.tune_key(PROBLEM.geometry, Pass.FPROP, "float16", "sm_90")
+    entry = db["gpus"]["fake-gpu-1"][key]
+    assert entry["plan"] == want.as_dict() and entry["pass"] == "fprop" and entry["shape"] == PROBLEM.as_dict()
+    assert (entry["us"], entry["default_us"]) == (times[len(plans) - 3], times[0])
+    tuning_db._loaded.clear()  # as a new process would read it
+    again = tuning_db.tuned_plan("Fake GPU 1", PROBLEM.geometry, Pass.FPROP, "float16", "sm_90")
+    assert again is not None and again.as_dict() == want.as_dict()
+    text = caplog.text
+    assert "compile failed: boom" in text and "disagrees with the default plan" in text
+    assert "tuned fprop" in text
+
+
+def test_tune_stops_timing_when_the_budget_is_spent(monkeypatch, tmp_path, caplog):
+    import logging
+
+    plans = candidates(PROBLEM, Pass.FPROP, Target("sm_90"))[:autotune.CANDIDATES]
+    _FakeGpu(monkeypatch, plans, {i: 10.0 - i for i in range(len(plans))}, scale={})
+    monkeypatch.setattr(autotune, "BUDGET_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="convgen.autotune"):
+        got = _tune(monkeypatch, tmp_path)
+    assert got is not None and got.as_dict() == plans[0].as_dict()  # only the default was timed
+    assert caplog.text.count("the tuning budget ran out") == len(plans) - 1
+
+
+def test_a_default_that_fails_to_compile_leaves_the_call_to_the_planner(monkeypatch, tmp_path, caplog):
+    plans = candidates(PROBLEM, Pass.FPROP, Target("sm_90"))[:autotune.CANDIDATES]
+    _FakeGpu(monkeypatch, plans, {i: 1.0 for i in range(len(plans))}, scale={},
+             compile_errors={0: "compile failed: boom"})
+    assert _tune(monkeypatch, tmp_path) is None
+    assert not (tmp_path / "tuning.json").exists() and "untuned" in caplog.text
+
+
+def test_no_tuning_while_a_cuda_graph_is_being_captured(monkeypatch, tmp_path, caplog):
+    import logging
+
+    plans = candidates(PROBLEM, Pass.FPROP, Target("sm_90"))[:autotune.CANDIDATES]
+    _FakeGpu(monkeypatch, plans, {i: 1.0 for i in range(len(plans))}, scale={})
+    monkeypatch.setattr(autotune, "_capturing", lambda: True)
+    with caplog.at_level(logging.INFO, logger="convgen.autotune"):
+        assert _tune(monkeypatch, tmp_path) is None
+    assert not (tmp_path / "tuning.json").exists() and "capturing" in caplog.text

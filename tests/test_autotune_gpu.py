@@ -1,0 +1,61 @@
+"""Tuning on first use on the GPU: a first call with autotune on returns correct numbers
+(float64 reference, poisoned outputs), within the budget, and leaves a plan in the user's
+tuning database that a fresh lookup reads back; a second call does not tune again."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import tuning_db
+from convgen.compile import detect_target
+from convgen.ir import ConvProblem, Pass
+
+from gpu_helpers import check, run_pass
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+PROBLEM = ConvProblem(14, 14, 32, 48, 3, 3, 1, 1, 1, n=8)  # in no shipped database
+
+
+@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+def test_first_call_tunes_records_and_reads_back(pass_, tmp_path, monkeypatch, caplog):
+    import cupy as cp
+
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))  # a cold cache and an empty user database
+    monkeypatch.delenv("CONVGEN_TUNED", raising=False)
+    convgen.clear_cache()
+    target = detect_target()
+    gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+    if tuning_db.lookup(gpu, PROBLEM.geometry, pass_, "float16", target.arch) is not None:
+        pytest.skip("a shipped database already covers this shape: nothing to tune")
+    convgen.set_autotune(True)
+    try:
+        with caplog.at_level(logging.INFO, logger="convgen.autotune"):
+            t0 = time.perf_counter()
+            res = run_pass(PROBLEM, pass_, np.random.default_rng(16), bias=pass_ is not Pass.DGRAD)
+            elapsed = time.perf_counter() - t0  # the tuning, the tuned kernel's call and the reference
+        check(res, "float16", what=f"autotuned {pass_.value}")
+        assert "tuned " in caplog.text, caplog.text
+        assert elapsed < 5.0, f"tuning took {elapsed:.1f} s"
+        db = tuning_db.read_db(tmp_path / "tuning.json")
+        key = tuning_db.tune_key(PROBLEM.geometry, pass_, "float16", target.arch)
+        entry = db["gpus"][tuning_db.gpu_slug(gpu)][key]
+        assert entry["pass"] == pass_.value and entry["us"] <= entry["default_us"]
+        tuning_db._loaded.clear()  # as a new process would read the database
+        plan = tuning_db.tuned_plan(gpu, PROBLEM.geometry, pass_, "float16", target.arch)
+        assert plan is not None and plan.as_dict() == entry["plan"]
+        # The next process (here: a cleared kernel cache) runs the recorded plan without tuning.
+        convgen.clear_cache()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="convgen.autotune"):
+            res = run_pass(PROBLEM, pass_, np.random.default_rng(17), bias=pass_ is not Pass.DGRAD)
+        check(res, "float16", what=f"tuned {pass_.value}, second process")
+        assert "tuning" not in caplog.text, caplog.text
+    finally:
+        convgen.set_autotune(None)
+        convgen.clear_cache()
