@@ -41,7 +41,9 @@ Operators.  The three passes are registered PyTorch operators (``convgen::conv2d
 ``convgen::conv2d_dgrad``, ``convgen::conv2d_wgrad``, through ``torch.library.custom_op``)
 with fake implementations and an autograd formula, so ``torch.compile`` traces a model built
 from :class:`Conv2d` with no graph break (``fullgraph=True``) and its CUDA-graph mode
-(``mode="reduce-overhead"``) captures the kernels.
+(``mode="reduce-overhead"``) captures the kernels.  Eager calls run the same
+implementations through an autograd Function instead, since the operator dispatcher costs
+several times a launch in host time.
 
 Memory.  Outputs and split-K workspaces are PyTorch tensors that the kernels write
 (``convgen.prepare`` ops with ``out=`` and ``workspace=``), so they come from PyTorch's
@@ -63,6 +65,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 import convgen
 from convgen.ir import ConvGeometry, as_pair
@@ -455,17 +458,16 @@ def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
     ctx.geo = (list(stride), list(padding), list(dilation))
 
 
-def _backward(ctx: Any, gy: torch.Tensor):
-    """dgrad and wgrad, each only when autograd asks for it.  They are operators without
-    an autograd formula of their own: a double backward through them raises."""
+def _grads(ctx: Any, gy: torch.Tensor, dgrad: Any, wgrad: Any):
+    """dgrad and wgrad, each only when autograd asks for it (through the operators when
+    traced, through their implementations when eager)."""
     need_dx, need_dw, need_db = ctx.needs_input_grad[:3]
     x, w = ctx.saved_tensors
     dx = dw = db = None
     if need_dx:
-        dx = torch.ops.convgen.conv2d_dgrad(gy, w, list(ctx.x_meta[0]), ctx.x_meta[1], *ctx.geo)
+        dx = dgrad(gy, w, list(ctx.x_meta[0]), ctx.x_meta[1], *ctx.geo)
     if need_dw:
-        dw, db_ = torch.ops.convgen.conv2d_wgrad(gy, x, list(ctx.w_meta[0]), ctx.w_meta[1],
-                                                 ctx.b_dtype if need_db else None, *ctx.geo)
+        dw, db_ = wgrad(gy, x, list(ctx.w_meta[0]), ctx.w_meta[1], ctx.b_dtype if need_db else None, *ctx.geo)
         db = db_ if need_db else None
     elif need_db:
         # Only the bias trains: db is a plain reduction of dy (rounded to float16, as the
@@ -474,10 +476,40 @@ def _backward(ctx: Any, gy: torch.Tensor):
     return dx, dw, db, None, None, None
 
 
+def _backward(ctx: Any, gy: torch.Tensor):
+    """The operator's autograd formula.  dgrad and wgrad are operators without one of their
+    own: a double backward through them raises."""
+    return _grads(ctx, gy, torch.ops.convgen.conv2d_dgrad, torch.ops.convgen.conv2d_wgrad)
+
+
 _fprop_op.register_autograd(_backward, setup_context=_setup_context)
 # Under autocast the inputs are cast to float16 first, like nn.Conv2d's under a float16
 # autocast (also under a bfloat16 one, where nn.Conv2d's output would be bfloat16).
 torch.library.register_autocast("convgen::conv2d", "cuda", torch.float16)
+
+
+class _EagerConv2d(torch.autograd.Function):
+    """The operator's forward and backward without the operator dispatcher, for eager calls.
+
+    A ``torch.library.custom_op`` call costs about 100 us of host time on the H200 machine
+    against 17 us for ``F.conv2d`` (benchmarks/probes/host_cost.py), and eager training
+    loops are host-bound.  So eager calls take this Function, which runs the same
+    implementations, and only code that torch.compile traces goes through the operators.
+    """
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: list,
+                padding: list, dilation: list) -> torch.Tensor:
+        y = _fprop_impl(x, w, bias, stride, padding, dilation)
+        _setup_context(ctx, (x, w, bias, stride, padding, dilation), y)
+        return y
+
+    @staticmethod
+    @once_differentiable  # the backward is kernels, not torch ops: no double backward, and say so
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx: Any, gy: torch.Tensor):
+        return _grads(ctx, gy, _dgrad_impl, _wgrad_impl)
 
 
 def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: _PairArg,
@@ -491,7 +523,8 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     pad, extra = _plan_padding(padding, (w.shape[2], w.shape[3]), stride_, dilation_)
     if extra != (0, 0):
         x = F.pad(x, (0, extra[1], 0, extra[0]))
-    return _fprop_op(x, w, bias, list(stride_), list(pad), list(dilation_))
+    args = (x, w, bias, list(stride_), list(pad), list(dilation_))
+    return _fprop_op(*args) if torch.compiler.is_compiling() else _EagerConv2d.apply(*args)
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: _PairArg = 1,

@@ -5,13 +5,14 @@ tuning database that a fresh lookup reads back; a second call does not tune agai
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import numpy as np
 import pytest
 
 import convgen
-from convgen import tuning_db
+from convgen import autotune, tuning_db
 from convgen.compile import detect_target
 from convgen.ir import ConvProblem, Pass
 
@@ -40,8 +41,12 @@ def test_first_call_tunes_records_and_reads_back(pass_, tmp_path, monkeypatch, c
             res = run_pass(PROBLEM, pass_, np.random.default_rng(16), bias=pass_ is not Pass.DGRAD)
             elapsed = time.perf_counter() - t0  # the tuning, the tuned kernel's call and the reference
         check(res, "float16", what=f"autotuned {pass_.value}")
-        assert "tuned " in caplog.text, caplog.text
-        assert elapsed < 5.0, f"tuning took {elapsed:.1f} s"
+        m = re.search(r"tuned .* in ([0-9.]+) s", caplog.text)
+        assert m, caplog.text
+        # The tuner's own clock: the 3 s budget bounds the candidates, and the default plan
+        # (always compiled and timed) may run past it; the whole first call stays bounded too.
+        assert float(m.group(1)) <= autotune.BUDGET_S + 1.0, caplog.text
+        assert elapsed < 10.0, f"the first call took {elapsed:.1f} s"
         db = tuning_db.read_db(tmp_path / "tuning.json")
         key = tuning_db.tune_key(PROBLEM.geometry, pass_, "float16", target.arch)
         entry = db["gpus"][tuning_db.gpu_slug(gpu)][key]
