@@ -34,7 +34,6 @@ import numpy as np
 from . import runtime as _rt
 from .ir import ConvProblem, Epilogue, Pass, PairLike, Plan
 
-_F16 = np.dtype("float16")
 _F32 = np.dtype("float32")
 
 

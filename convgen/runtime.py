@@ -220,11 +220,10 @@ def _problem(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: Pai
 class _Call:
     """A validated call signature: what a repeat of the same shapes and options needs."""
 
-    kernel: Optional[_Kernel]  # None for an empty batch: nothing to launch
     problem: ConvProblem
     out_dtype: str
     device: int
-    op: Any = None  # the PreparedConv a repeat call runs (convgen/prepared.py)
+    op: Any = None  # the PreparedConv a repeat call runs (convgen/prepared.py); None for an empty batch
 
 
 def _prepared_call(pass_: Pass, problem: ConvProblem, epi: Epilogue, in_dtype: str, device: int,
@@ -234,7 +233,7 @@ def _prepared_call(pass_: Pass, problem: ConvProblem, epi: Epilogue, in_dtype: s
     from .prepared import PreparedConv
 
     op = PreparedConv(pass_, problem, epi, in_dtype, device, plan, scalar=scalar)
-    return _Call(op._kernel, problem, out, device, op)
+    return _Call(problem, out, device, op)
 
 
 # Calls seen before, keyed by the raw arguments' shapes, dtypes, devices and options:
@@ -297,7 +296,7 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
     out = _out_dtype(out_dtype)
     device = _same_device(x=x, w=w, bias=bias)
     if n == 0:
-        return _Call(None, problem, out, device)
+        return _Call(problem, out, device)
     epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out)  # type: ignore[arg-type]
     return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out)
 
@@ -336,7 +335,7 @@ def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan,
     out = _out_dtype(out_dtype)
     device = _same_device(dy=dy, w=w)
     if n == 0:
-        return _Call(None, problem, out, device)
+        return _Call(problem, out, device)
     epi = Epilogue(out_dtype=out)  # type: ignore[arg-type]
     return _prepared_call(Pass.DGRAD, problem, epi, _in_dtype(dy, w), device, plan, scalar, out)
 
@@ -386,7 +385,7 @@ def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype
     out = _out_dtype(out_dtype)
     device = _same_device(x=x, dy=dy)
     if n == 0:
-        return _Call(None, problem, out, device)
+        return _Call(problem, out, device)
     epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
     return _prepared_call(Pass.WGRAD, problem, epi, _in_dtype(x, dy), device, plan, scalar, out)
 

@@ -130,7 +130,7 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         add("wgrad", "torch convolution_backward dW (cuDNN)", lambda: torch.ops.aten.convolution_backward(
             tdy, tx, tw, None, p.stride, p.padding, p.dilation, False, (0, 0), 1, (False, True, False)))
         # convgen.torch's operators against PyTorch's own conv dispatch, channels_last fp16
-        import convgen.torch as cgt
+        import convgen.torch  # noqa: F401  (registers the convgen:: operators)
 
         cx = torch.randn(p.n, p.c, p.h, p.w, device="cuda", dtype=torch.float16).contiguous(
             memory_format=torch.channels_last)
