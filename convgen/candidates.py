@@ -13,8 +13,8 @@ import itertools
 import math
 
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
-from .mainloop import FRAG, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, Wgmma
-from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
+from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma
+from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan, tma_eligible, TMA_TILES
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -94,7 +94,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     gemm = problem.gemm(pass_)
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
-    for p in _halo_candidates(problem, pass_, target, in_dtype):
+    for p in _tma_candidates(problem, pass_, target, in_dtype) + _halo_candidates(problem, pass_, target, in_dtype):
         _add_unique(p, seen, out)
     halo = len(out) - 1
     sliced: list[Plan] = []
@@ -176,6 +176,26 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                 continue
             _add_unique(p, seen, out)
     return out[:WGMMA_PER_LAYER]
+
+
+def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
+    """TMA main-loop plans where the copy engine can run the layer (planner.tma_eligible)."""
+    if tma_eligible(problem.geometry, pass_, target, in_dtype) is not None:  # type: ignore[arg-type]
+        return []
+    n = problem.gemm(pass_).n
+    out: list[Plan] = []
+    for bm, bn, stages, _ in TMA_TILES:  # the planner's TMA tiles, every one timed
+        if bn > max(_fit(n), 64):
+            continue  # a tile past N only multiplies padding
+        try:
+            p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma(),
+                     reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {bm // 64} consumer "
+                              f"warpgroup(s), {stages} stages",))
+            check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        out.append(p)
+    return out
 
 
 def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:

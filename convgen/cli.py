@@ -89,9 +89,12 @@ def cmd_emit(args: argparse.Namespace) -> int:
         manifest.append(entry)
         if not args.quiet:
             print(f"{out / filename}  {src.main.kernel}")
-    # The kernels include "convgen/device.h": a copy next to them compiles with `nvcc -I DIR`.
+    # The kernels include "convgen/device.h" (and TMA kernels "convgen/hopper.h"): a copy of
+    # each header some kernel includes, next to them, compiles with `nvcc -I DIR`.
     headers = []
     for rel in device_headers():
+        if not any(f'#include "{rel.as_posix()}"' in src.source for _, _, src in rendered):
+            continue
         (out / rel).parent.mkdir(parents=True, exist_ok=True)
         (out / rel).write_bytes((include_dir() / rel).read_bytes())
         headers.append(rel.as_posix())

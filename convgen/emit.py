@@ -63,7 +63,7 @@ class KernelSource:
     def compile_arch(self) -> str:
         """The arch NVRTC compiles for: wgmma needs the arch-specific "sm_90a" features
         (its cubin runs on sm_90 parts only, which the plan check already demands)."""
-        return self.spec.target.arch + ("a" if self.spec.plan.wgmma else "")
+        return self.spec.target.arch + ("a" if self.spec.plan.wgmma or self.spec.plan.tma else "")
 
     @property
     def kernel_names(self) -> tuple[str, ...]:
@@ -216,7 +216,7 @@ class SplitK:
 
 
 # The main-loop kinds (`_kind`), and the MMA flavours they compute with.
-KINDS = ("im2col", "im2col_wgmma", "halo", "halo_ldsm", "halo_flat", "staged_halo")
+KINDS = ("im2col", "im2col_wgmma", "tma", "halo", "halo_ldsm", "halo_flat", "staged_halo")
 MMAS = ("wmma", "ldsm", "wgmma")
 
 
@@ -245,7 +245,7 @@ class Context:
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.mma not in MMAS:
             raise ValueError(f"unknown main-loop kind {self.kind!r} or MMA flavour {self.mma!r}")
-        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma")):
+        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma", "tma")):
             raise ValueError(f"kind {self.kind!r} with halo facts {self.halo!r}")
 
     @property
@@ -257,9 +257,9 @@ class Context:
     @property
     def loop(self) -> str:
         """The kernel body's structure, which picks its template: "im2col" (from global
-        memory), "staged_halo", "halo" (the taps read in place) or "halo_tiles" (several
-        pixel tiles per block)."""
-        if self.kind in ("im2col", "im2col_wgmma", "staged_halo"):
+        memory), "tma" (Hopper's copy engine and warpgroups), "staged_halo", "halo" (the taps
+        read in place) or "halo_tiles" (several pixel tiles per block)."""
+        if self.kind in ("im2col", "im2col_wgmma", "tma", "staged_halo"):
             return self.kind.replace("_wgmma", "")
         return "halo_tiles" if self.halo is not None and self.halo.tiles > 1 else "halo"
 
@@ -274,7 +274,7 @@ def _kind(spec: KernelSpec) -> str:
         return "staged_halo"
     if path == "taps":
         return "halo_flat" if plan.flat else "halo_ldsm" if plan.tile_w % 16 else "halo"
-    return "im2col_wgmma" if plan.wgmma else "im2col"
+    return "tma" if plan.tma else "im2col_wgmma" if plan.wgmma else "im2col"
 
 
 def _banner(spec: KernelSpec) -> tuple[str, ...]:
@@ -321,7 +321,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         name=spec.name,
         pass_=p.value,
         kind=kind,
-        mma="wgmma" if plan.wgmma else "ldsm" if kind == "halo_ldsm" else "wmma",
+        mma="wgmma" if plan.wgmma or plan.tma else "ldsm" if kind == "halo_ldsm" else "wmma",
         banner=_banner(spec),
         be=be,
         shape=Shape(h=g.h, w=g.w, c=g.c, k=g.k, r=g.r, s=g.s, p=g.p, q=g.q, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw),
@@ -360,7 +360,10 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
 
 def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
     p, epi = spec.pass_, ctx.epi
-    if p is Pass.FPROP:
+    if p is Pass.FPROP and spec.plan.tma:  # the copy engine reads x and w through tensor maps (convgen/tma.py)
+        main = ("x_map", "w_map") + (("bias",) if epi.bias_add else ()) + ("y", "batch")
+        out = "y"
+    elif p is Pass.FPROP:
         main = ("x", "w") + (("bias",) if epi.bias_add else ()) + ("y", "workspace", "batch")
         out = "y"
     elif p is Pass.DGRAD:

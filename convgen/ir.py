@@ -450,8 +450,13 @@ class Plan:
 
     @property
     def warps(self) -> int:
-        """Warps of the block (threads / warp size), every K slice's."""
-        return self.warps_m * self.warps_n * self.warps_k
+        """Warps of the block (threads / warp size): every K slice's, and a TMA loop's producers."""
+        return self.warps_m * self.warps_n * self.warps_k + self.loop.producer_warps
+
+    @property
+    def tma(self) -> bool:
+        """Emitter's view: whether the kind is :class:`~convgen.mainloop.TmaWgmma`."""
+        return self.loop.flags().tma
 
     @property
     def warp_tile(self) -> tuple[int, int]:

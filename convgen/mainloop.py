@@ -13,6 +13,9 @@ The kinds:
   ``warps_k > 1`` slices each step's K over that many warp grids (CUTLASS's sliced K).
 - :class:`Wgmma`: the same gathers, Hopper warpgroup MMAs reading both operands from
   shared memory through descriptors.
+- :class:`TmaWgmma`: Hopper's own loop (sm_90a): the tensor memory accelerator copies both
+  operands into a ring of swizzled stages, a producer warp hands each stage to consumer
+  warpgroups through mbarriers, and they multiply it with asynchronous wgmma.
 - :class:`HaloTile`: a block computes a 2-D tile of one image's output pixels and stages
   the input pixels its taps reach (a halo) once per K-step; each tap's WMMA fragments are
   read in place from it.
@@ -53,6 +56,7 @@ class Flags(NamedTuple):
     flat: bool = False
     warps_k: int = 1
     wgmma: bool = False
+    tma: bool = False
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -67,6 +71,7 @@ class MainLoop:
     """The base of the kinds; use one of its subclasses."""
 
     halo: ClassVar[bool] = False  # stages input pixels once for every tap (a halo tile)
+    producer_warps: ClassVar[int] = 0  # warps on top of warps_m x warps_n that only copy operands
 
     @property
     def tag(self) -> str:
@@ -135,6 +140,50 @@ class Wgmma(MainLoop):
 
     def describe(self, plan: "Plan") -> str:
         return f", wgmma on {plan.warps_m // 4} warpgroup(s)"
+
+
+TMA_BLOCK_K = 64  # one 128-byte swizzle row of fp16 per pixel (or weight row) and stage
+
+
+@dataclass(frozen=True)
+class TmaWgmma(MainLoop):
+    """Hopper's own main loop (sm_90a), as CUTLASS's warp-specialised collectives are built.
+    The tensor memory accelerator copies both operands into a ring of ``plan.stages``
+    128-byte-swizzled stages (the activations in its im2col mode, so the copy engine does the
+    gather and the padding; the weights as tiles); one producer warp issues the copies and
+    hands each stage over through an mbarrier; ``warps_m / 4`` consumer warpgroups each
+    multiply 64 rows of the tile with asynchronous wgmma, keeping one step in flight while
+    they wait for the next.  ``block_k`` is 64: one swizzle row of fp16."""
+
+    producer_warps: ClassVar[int] = 4  # a whole warpgroup, so setmaxnreg can move its registers
+
+    @property
+    def tag(self) -> str:
+        return "tma"
+
+    def check(self, plan: "Plan") -> None:
+        if plan.warps_n != 1 or plan.warps_m not in (4, 8) or plan.block_m != 16 * plan.warps_m:
+            raise ValueError(f"TmaWgmma needs one or two consumer warpgroups of 64 rows each: plan.warps_m in "
+                             f"(4, 8), plan.warps_n = 1 and plan.block_m = 16 * warps_m, got block_m="
+                             f"{plan.block_m} and {plan.warps_m}x{plan.warps_n} warps")
+        if plan.block_k != TMA_BLOCK_K:
+            raise ValueError(f"TmaWgmma stages 64 channels per step (one 128-byte swizzle row): plan.block_k "
+                             f"must be {TMA_BLOCK_K}, got {plan.block_k}")
+        if plan.block_n % 16 or not 16 <= plan.block_n <= 256:
+            raise ValueError(f"TmaWgmma's wgmma is m64nNk16 with N a multiple of 16 up to 256: got plan.block_n="
+                             f"{plan.block_n}")
+        if plan.split_k != 1:
+            raise ValueError(f"TmaWgmma reduces the whole of K in one block: plan.split_k must be 1, got "
+                             f"{plan.split_k}")
+
+    def flags(self) -> Flags:
+        return Flags(tma=True)
+
+    def layout(self) -> str:
+        return " tma"
+
+    def describe(self, plan: "Plan") -> str:
+        return f", TMA + wgmma: a producer warpgroup and {plan.warps_m // 4} consumer warpgroup(s)"
 
 
 def _tiles_suffix(tiles: int) -> str:
@@ -297,16 +346,16 @@ class StagedHalo(MainLoop):
         return _tile_text(plan, self.tile_w, 1)
 
 
-KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo)
+KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo)
 
 
-def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False, *,
-               staged: bool = False) -> MainLoop:
+def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
+               tma: Any = False, *, staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
     narrower than a fragment)."""
-    for name, v in (("flat", flat), ("wgmma", wgmma)):
+    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma)):
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
@@ -324,6 +373,11 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
                          "positions of the batch's grid, not a tile_w-wide rectangle")
     if tiles != 1 and not halo:
         raise ValueError(f"plan.tiles={tiles} must be 1 without a halo tile (tile_w > 0 or flat)")
+    if tma and (wgmma or halo or warps_k != 1 or tiles != 1):
+        raise ValueError(f"plan.tma=True names the TMA main loop alone, got wgmma={wgmma}, tile_w={tile_w}, "
+                         f"flat={flat}, tiles={tiles}, warps_k={warps_k}")
+    if tma:
+        return TmaWgmma()
     if wgmma:
         return Wgmma()
     if flat:

@@ -22,7 +22,7 @@ from .ir import (
     stages_whole_halo,
 )
 from .limits import check_index_limits
-from .mainloop import FRAG, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
+from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -195,7 +195,13 @@ def ring_stages(plan: Plan, pass_: Pass, geometry: ConvGeometry | None) -> int:
 def stage_pad(plan: Plan) -> int:
     """Halves of padding per staged row: WMMA's ldmatrix rows need it to miss each other's
     banks; wgmma's operands are dense 8x8 core matrices, which its descriptors describe."""
-    return 0 if isinstance(plan.loop, Wgmma) else SMEM_PAD
+    return 0 if isinstance(plan.loop, (Wgmma, TmaWgmma)) else SMEM_PAD
+
+
+# TmaWgmma's shared memory beyond its ring: each stage's two 8-byte mbarriers, ahead of the
+# ring, and the 1024 bytes that may be lost aligning the ring to the swizzle's 1024-byte atoms.
+TMA_ALIGN_SLACK = 1024
+TMA_BARRIER_BYTES = 16
 
 
 def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeometry | None = None) -> int:
@@ -214,6 +220,9 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
     if isinstance(plan.loop, StagedHalo):
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
+    if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring; barriers follow it
+        pipeline = max(pipeline, plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4)
+        return TMA_ALIGN_SLACK + pipeline + ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
     # The drain's per-warp strips (slice 0's warps drain), and with sliced K the sums the
     # other slices park for slice 0 (mainloop), which use the same freed stages first.
     epilogue = plan.warps_m * plan.warps_n * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
@@ -280,6 +289,15 @@ def plan(
     reasons: list[str] = [
         f"GEMM M={gemm.m} ({gemm.m_axis}) x N={gemm.n} ({gemm.n_axis}) x K={gemm.k} ({gemm.k_axis})"
     ]
+
+    if not scalar and pass_ is Pass.FPROP and tma_eligible(problem.geometry, pass_, target, in_dtype) is None:
+        steps = gemm.k // TMA_BLOCK_K
+        if steps >= TMA_MIN_STEPS and gemm.n >= 64:
+            return _tma_plan(problem, pass_, target, reasons, steps)
+        reasons.append(f"not the TMA main loop: " + (
+            f"{steps} K-step(s) of 64 channels, fewer than {TMA_MIN_STEPS}; its ring's fill and its epilogue would "
+            "not be amortised (measured slower on ResNet-50's 1x1 layers)" if steps < TMA_MIN_STEPS else
+            f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = _fit(gemm.n, 128)
     reasons.append(
@@ -403,6 +421,12 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         _check_halo(plan, geometry, pass_, target, in_dtype)
     if isinstance(plan.loop, Wgmma):
         _check_wgmma(plan, pass_, target)
+    if isinstance(plan.loop, TmaWgmma):
+        why = tma_eligible(geometry, pass_, target, in_dtype)
+        if why is None and (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16"):
+            why = "copies fp16 operands as they are: vec_a = vec_b = 8, read_a = read_b = 'float16'"
+        if why:
+            raise ValueError(f"TmaWgmma: the TMA main loop {why}")
     tiles = tiles_per_block(plan)
     if tiles > 1 and reduction_steps(plan, pass_, geometry) != 1:
         raise ValueError(
@@ -427,6 +451,76 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
            if (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16") else None)
     if why:
         raise ValueError(f"Wgmma: the wgmma main loop {why}")
+
+
+# The TMA main loop's tiles (block_m, block_n, stages) and the TFLOP/s each sustained on the
+# H200 over many waves (VGG-16 conv4_2 at batch 64: 36 K-steps, 1,176 to 4,704 tiles;
+# benchmarks/results/2026-12-01_h200_tma-probe_*.json).  The stages fill an H200 block's
+# 227 KB.  The default takes the tile whose waves cost least: ceil(tiles / SMs) x (tile
+# FLOPs / its rate), so a layer with few tiles trades the 128x256 tile's rate for waves.
+TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
+    (128, 256, 4, 704.0), (64, 256, 5, 647.0), (128, 128, 6, 625.0), (64, 128, 4, 525.0), (64, 64, 6, 349.0),
+)  # (128x64 on 8 stages was measured too: slower than 64x64 on every layer with N = 64)
+# Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
+TMA_MIN_STEPS = 8
+
+
+def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float) -> tuple[int, float]:
+    """(tiles, cost in arbitrary units) of a TMA tile on this layer: the cost model above."""
+    gemm = problem.gemm(pass_)
+    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+    return tiles, math.ceil(tiles / target.sm_count) * bm * bn / rate
+
+
+def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int) -> Plan:
+    gemm = problem.gemm(pass_)
+    best = None
+    for bm, bn, stages, rate in TMA_TILES:
+        if bn > max(_fit(gemm.n, 256), 64):
+            continue  # wider than N: the extra columns would be padding
+        tiles, cost = tma_tile_cost(problem, pass_, target, bm, bn, rate)
+        if best is None or cost < best[0]:
+            best = (cost, bm, bn, stages, tiles, rate)
+    cost, bm, bn, stages, tiles, rate = best  # type: ignore[misc]
+    waves = math.ceil(tiles / target.sm_count)
+    chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma())
+    reasons += [
+        f"TMA main loop (sm_90a): C={problem.c} in 64-channel steps, {steps} K-steps; the copy engine gathers "
+        "the taps and the padding, a producer warpgroup feeds the consumers' asynchronous wgmma",
+        f"block N {bn}: with block M, the least of waves x tile work / measured rate over the TMA tiles: {tiles} "
+        f"tiles = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s",
+        f"block M {bm}: {bm // 64} consumer warpgroup(s) of 64 rows",
+        f"K-step {TMA_BLOCK_K}: one 128-byte swizzle row of fp16 per pixel and tap",
+        f"{chosen.warps} warps as {bm // 16}x1 consumer warps and a producer warpgroup (one thread issues the copies)",
+        "vec A 8, vec B 8: the copy engine moves whole 128-byte rows, no gather in the kernel",
+        f"{stages} stages: the deepest ring of this tile that fits an H200 block's shared memory",
+        "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers",
+        f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",
+    ]
+    return Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma(), reasons=tuple(reasons))
+
+
+def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:
+    """Why the TMA main loop cannot run this layer (None when it can).  The limits are the
+    copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
+    (rank-4 tensors), its traversal stride is at most 8, and a stage holds 64 channels of one
+    filter tap, so C is a whole number of stages."""
+    if not (target.info.tma and target.info.wgmma):
+        return f"needs the tensor memory accelerator and warpgroup MMAs (sm_90a), which {target.arch} does not have"
+    if pass_ is not Pass.FPROP:
+        return "computes fprop only (dgrad and wgrad keep the other loops)"
+    if in_dtype != "float16":
+        return "copies fp16 inputs as they are (the copy engine cannot cast)"
+    if geometry.c % 64:
+        return f"stages 64 channels of one tap per step: C={geometry.c} is not a multiple of 64"
+    (sh, sw), (ph, pw), (dh, dw) = geometry.stride, geometry.padding, geometry.dilation
+    if max(sh, sw) > 8:
+        return f"walks the image at most 8 pixels per step: stride {geometry.stride} is larger"
+    for pad, reach, axis in ((ph, (geometry.r - 1) * dh, "H"), (pw, (geometry.s - 1) * dw, "W")):
+        if pad > 127 or reach - pad > 128:
+            return (f"needs the bounding box's corners within [-128, 127] of the image's edges: along {axis}, "
+                    f"padding {pad} and filter reach {reach} are too far")
+    return None
 
 
 # StagedHalo keeps its whole input halo in shared memory next to the pipeline.

@@ -71,10 +71,12 @@ _ARENA = _Arena()
 
 
 # The values a launch may pass, by slot: the two inputs, bias, the two outputs, the two
-# workspaces, then the batch (int32) and the reduction's row count (int64).
-_SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8}
+# workspaces, the batch (int32) and the reduction's row count (int64), then a TMA kernel's
+# tensor maps of the two inputs (convgen/tma.py).
+_SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8,
+         "a_map": 9, "b_map": 10}
 _ARG_SLOT = {
-    Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0"},
+    Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0", "x_map": "a_map", "w_map": "b_map"},
     Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0"},
     Pass.WGRAD: {"x": "a", "dy": "b", "dw": "out0", "db": "out1"},
 }
@@ -142,6 +144,11 @@ class PreparedConv:
             self._launchers.append(_Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block,
                                              0, src.reduce.args, pass_))
         self._scalars = (np.int32(batch), np.int64(self._kernel.gemm_m(batch)))
+        self._maps = None
+        if splan.tma:  # the copy engine reads x and w through maps of their addresses
+            from .tma import TmaMaps
+
+            self._maps = TmaMaps(p, splan.block_m, splan.block_n)
 
     @property
     def workspace_elems(self) -> int:
@@ -223,6 +230,8 @@ class PreparedConv:
                 bias = _rt._operand("bias", bias, "float32", 4)
             ws, dbws = self._workspaces(workspace)
             objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars]
+            if self._maps is not None:
+                objs += (self._maps.x(a.data.ptr), self._maps.w(b.data.ptr))
             for launcher in self._launchers:
                 launcher.launch(objs)
         finally:

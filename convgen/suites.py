@@ -136,6 +136,16 @@ _SUITES: tuple[Suite, ...] = (
               (14, 112, 672), (14, 672, 112), (7, 672, 192), (7, 192, 1152), (7, 1152, 192),
               (7, 1152, 320),
           ))),
+    Suite("large", "compute-bound 3x3 layers for the Hopper main loop: VGG-16's (configuration D) "
+                   "widest layers at batch 64, and 256-channel layers at batch 512 and 1024", (
+        _layer("vgg-conv2_2", 64, 112, 128, 128),
+        _layer("vgg-conv3_2", 64, 56, 256, 256),
+        _layer("vgg-conv4_2", 64, 28, 512, 512),
+        _layer("vgg-conv5", 64, 14, 512, 512),
+        _layer("c256-14px", 512, 14, 256, 256),
+        _layer("c256-7px", 1024, 7, 256, 256),
+        _layer("c64to256-15px", 1024, 15, 64, 256),
+    )),
     Suite("speech", "spectrogram front ends: DeepSpeech2's two conv layers (Amodei et al. 2015, "
                     "161 frequency bins x 700 frames) and a 5x20 stride-2 layer, batch 32", (
         _rect("ds2-conv1", 32, 161, 700, 1, 32, 41, 11, (2, 2), (20, 5)),

@@ -22,6 +22,10 @@ from convgen.suites import SUITE_INFO, SUITES, get_suite
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# the device headers the suites' default kernels include (sm_90 fprop has TMA kernels, which
+# include convgen/hopper.h too), which `convgen emit -o DIR` copies next to them
+HEADERS = ["convgen/device.h", "convgen/hopper.h"]
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     # PYTHONPATH: this checkout's convgen, whatever else is installed
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -89,10 +93,10 @@ def test_emit_suite_writes_one_file_per_layer_and_pass(cli, tmp_path):
     assert {f.name for f in out.iterdir()} == expected | {"manifest.json", "convgen"}
     assert len(stdout.splitlines()) == len(expected)  # one line per file written
     # the kernels' #include "convgen/device.h", copied so that `nvcc -I out` finds it
-    assert [p.relative_to(out).as_posix() for p in (out / "convgen").iterdir()] == ["convgen/device.h"]
+    assert sorted(p.relative_to(out).as_posix() for p in (out / "convgen").iterdir()) == HEADERS
     assert (out / "convgen" / "device.h").read_bytes() == (include_dir() / "convgen" / "device.h").read_bytes()
     data = json.loads((out / "manifest.json").read_text())
-    assert data["headers"] == ["convgen/device.h"] and data["include_dir"] == "."
+    assert sorted(data["headers"]) == HEADERS and data["include_dir"] == "."
     assert all('#include "convgen/device.h"' in (out / f).read_text() for f in expected)
 
     entries = read_manifest(out)
@@ -127,7 +131,7 @@ def test_emit_is_the_same_both_ways(tmp_path, capsys):
     assert capsys.readouterr().out == ""  # --quiet
     names = sorted(f.relative_to(a).as_posix() for f in a.rglob("*") if f.is_file())
     assert names == sorted(f.relative_to(b).as_posix() for f in b.rglob("*") if f.is_file())
-    assert len(names) == 3 * 7 + 2  # the kernels, the manifest and convgen/device.h
+    assert len(names) == 3 * 7 + 1 + len(HEADERS)  # the kernels, the manifest and convgen's headers
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 

@@ -24,7 +24,7 @@ import convgen
 from convgen.emit import REDUCE_BLOCK, KernelSource, _context, _environment, emit
 from convgen.resources import templates_dir
 from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
-from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
+from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 from convgen.planner import make_spec, plan, smem_bytes
 from convgen.suites import SUITES
 
@@ -103,6 +103,11 @@ def cases():
                            (Plan(64, 64, 32, 2, 2, 2, 8, 8, loop=Im2col(2)), "gfx942")):
             out.append((f"sliced/{pass_.value}/{arch}/w{hand.warps_k}k{hand.split_k}",
                         make_spec(prob, pass_, target=Target(arch), epilogue=default_epilogue(pass_), plan_=hand)))
+    # the TMA main loop (sm_90a fprop): two consumer warpgroups and one, with and without bias
+    prob = ConvProblem(14, 14, 128, 96, 3, 3, 1, 1, n=2)
+    for hand, epi in ((Plan(128, 96, 64, 8, 1, 4, 8, 8, loop=TmaWgmma()), Epilogue(bias=True, relu=True)),
+                      (Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()), Epilogue(out_dtype="float32"))):
+        out.append((f"tma/{prob.describe()}/fprop/{hand.block_m}", make_spec(prob, Pass.FPROP, epilogue=epi, plan_=hand)))
     # 8-pixel-wide halo tiles (ldmatrix rows, raw mma.sync), one and several tiles per block
     for prob in (ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2), ConvProblem(7, 20, 32, 24, 3, 3, 1, 1, n=2)):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
@@ -247,7 +252,7 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     assert constant(src, "WARPS_M") == spec.plan.warps_m and constant(src, "WARPS_N") == spec.plan.warps_n
     assert constant(src, "WARP_SIZE") == spec.target.warp_size
     bounds, params = sigs[ks.main.kernel]
-    assert bounds in ("THREADS", str(threads))
+    assert bounds in ("THREADS", str(threads)) or (spec.plan.tma and bounds == "THREADS, 1")
     _check_params(spec, ks.main.args, params, reduce=False)
     assert ks.main.shared_mem == smem_bytes(spec.plan, spec.pass_, spec.target.warp_size, spec.geometry) <= spec.target.smem_limit
     assert (ks.reduce is not None) == (spec.plan.split_k > 1) == (ks.main.grid_z > 1)
@@ -279,6 +284,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
         a_name: f"const {ta}*", b_name: f"const {tb}*", "bias": "const float*",
         out_name: f"{out_t}*", "db": f"{out_t}*", "workspace": "float*", "db_workspace": "float*",
         "batch": "int", "m_rows": "long long",
+        "x_map": "const __grid_constant__ TmaMap", "w_map": "const __grid_constant__ TmaMap",  # by value (tma.py)
     }
     if reduce:
         expected["workspace"] = expected["db_workspace"] = "const float*"
@@ -395,6 +401,9 @@ def test_cuda_with_cp_async_uses_it_for_vector_fp16_gathers(sources):
         if spec.target.arch != "sm_90":
             continue
         code = code_only(sources[name].source)
+        if spec.plan.tma:  # the copy engine moves both operands: no cp.async, no Stager
+            assert "cp_async(" not in code and "Stager" not in code and "tma_load_im2col(" in code, name
+            continue
         vector_fp16 = any(read == "float16" and vec >= 2 for read, vec in
                           ((spec.plan.read_a, spec.plan.vec_a), (spec.plan.read_b, spec.plan.vec_b)))
         assert ("ASYNC = true" in code) == vector_fp16, name
@@ -511,6 +520,9 @@ def test_wgmma_kernels_stage_core_matrices_and_compile_for_sm_90a(sources):
     assert len(wg) == 8
     for name, spec in CASES:
         ks, src = sources[name], sources[name].source
+        if spec.plan.tma:  # wgmma too, on TMA's swizzled stages (tests/test_tma.py)
+            assert ks.compile_arch == "sm_90a" and "core_at" not in src
+            continue
         if not spec.plan.wgmma:
             assert ks.compile_arch == spec.target.arch and "wgmma" not in src and "core_at" not in src
             continue

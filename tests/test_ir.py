@@ -32,7 +32,7 @@ from convgen.ir import (
     Target,
     resolve_padding,
 )
-from convgen.mainloop import KINDS, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
+from convgen.mainloop import KINDS, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -393,7 +393,7 @@ def test_plan_wgmma_takes_whole_warpgroups_over_m():
 
 def test_plan_loop_must_be_a_kind():
     for bad in (None, "im2col", dict(tile_w=16)):
-        with pytest.raises(TypeError, match=r"plan\.loop must be a main-loop kind \(Im2col, Wgmma, HaloTile"):
+        with pytest.raises(TypeError, match=r"plan\.loop must be a main-loop kind \(Im2col, Wgmma, TmaWgmma, HaloTile"):
             make_plan(loop=bad)
     with pytest.raises(TypeError, match="unexpected keyword argument 'tile_w'"):  # flags are gone
         make_plan(tile_w=16)
@@ -434,10 +434,11 @@ def test_kinds_check_the_plans_shared_fields(loop, changes, msg):
 
 def test_kind_tags_name_their_configuration():
     tags = [Im2col().tag, Im2col(2).tag, Wgmma().tag, HaloTile(16).tag, HaloTile(32, 4).tag, HaloLdsm(8).tag,
-            HaloLdsm(8, 2).tag, FlatHalo().tag, FlatHalo(3).tag, StagedHalo(16).tag]
+            HaloLdsm(8, 2).tag, FlatHalo().tag, FlatHalo(3).tag, StagedHalo(16).tag, TmaWgmma().tag]
     assert tags == ["im2col", "im2colk2", "wgmma", "halo16", "halo32x4", "ldsm8", "ldsm8x2", "flat", "flatx3",
-                    "staged16"]
-    assert {k.__name__ for k in KINDS} == {"Im2col", "Wgmma", "HaloTile", "HaloLdsm", "FlatHalo", "StagedHalo"}
+                    "staged16", "tma"]
+    assert {k.__name__ for k in KINDS} == {"Im2col", "Wgmma", "TmaWgmma", "HaloTile", "HaloLdsm", "FlatHalo",
+                                                "StagedHalo"}
 
 
 # Plans in the dicts they have always been written as (the tuning database's format, part of
@@ -508,7 +509,7 @@ def test_every_shipped_tuned_plan_round_trips():
             assert plan.as_dict() == e["plan"]
             assert json.dumps(plan.as_dict(), sort_keys=True) == json.dumps(e["plan"], sort_keys=True)
         kinds.add(type(Plan.from_dict(e["plan"], problem, e["pass"]).loop).__name__)
-    assert kinds == {"Im2col", "HaloTile", "HaloLdsm", "FlatHalo", "StagedHalo"}
+    assert kinds == {"Im2col", "HaloTile", "HaloLdsm", "FlatHalo", "StagedHalo", "TmaWgmma"}
 
 
 def test_the_emitters_view_of_each_kind():

@@ -1,0 +1,130 @@
+"""Probe: the TMA main loop (TmaWgmma) on every fprop layer it can run, beside convgen's
+current plan (tuned or default) and cuDNN, in one process on the same bytes.
+
+For each layer of the chosen suites whose C is a multiple of 64 (planner.tma_eligible), it
+times cuDNN (PyTorch, channels_last fp16, cudnn.benchmark, no bias), convgen's current
+plan, and each TMA candidate (convgen.candidates), with `convgen bench`'s method: CUDA
+events around each call, a spin kernel ahead so no host gap is timed, the L2 flushed
+before every rep, reps interleaved.  Every output is checked against cuDNN's first.  The
+candidates' kernels are compiled in parallel first (one NVRTC process per kernel).
+
+    python3 benchmarks/probes/tma_fprop.py --suites resnet50 large --reps 10 --out tma.json
+
+This is a probe for choosing the planner's rule, not the same-work bench: it reports GPU
+time only.  The bench (`convgen bench`) gives the three figures per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import cupy as cp
+import torch
+import torch.nn.functional as F
+
+import convgen
+from convgen.autotune import _compile_all
+from convgen.candidates import candidates
+from convgen.compile import detect_target
+from convgen.emit import emit
+from convgen.ir import Pass
+from convgen.planner import make_spec, tma_eligible
+from convgen.runtime import _gpu_name
+from convgen.suites import SUITES
+from convgen.tools.timing import CudaDevice, time_interleaved
+from convgen.tuning_db import tuned_plan
+
+
+def _rel(a, b) -> float:
+    a, b = a.astype(cp.float64), b.astype(cp.float64)
+    return float(cp.linalg.norm(a - b) / max(float(cp.linalg.norm(b)), 1e-30))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suites", nargs="*", default=list(SUITES))
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--jobs", type=int, default=16)
+    args = ap.parse_args()
+    target = detect_target()
+    gpu = _gpu_name(cp.cuda.Device().id)
+    torch.backends.cudnn.benchmark = True
+    layers = []
+    for suite in args.suites:
+        for layer in SUITES[suite]:
+            p = layer.problem
+            if tma_eligible(p.geometry, Pass.FPROP, target) is None:
+                layers.append((suite, layer, [c for c in candidates(p, Pass.FPROP, target) if c.tma]))
+    print(f"{len(layers)} layers; GPU {gpu}", flush=True)
+
+    t0 = time.perf_counter()
+    sources = []
+    for _, layer, plans in layers:
+        cur = tuned_plan(gpu, layer.problem.geometry, Pass.FPROP, "float16", target.arch)
+        for plan in [cur] + plans:
+            src = emit(make_spec(layer.problem, Pass.FPROP, target=target, plan_=plan))
+            sources.append((src.source, src.compile_arch))
+    for i in range(0, len(sources), args.jobs):
+        for why in _compile_all(sources[i:i + args.jobs], time.perf_counter() + 600):
+            if why:
+                print("compile:", why, flush=True)
+    print(f"compiled {len(sources)} kernels in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    rows = []
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream) if torch.cuda.current_stream().cuda_stream \
+        else cp.cuda.Stream.null
+    with stream, torch.no_grad():
+        dev = CudaDevice(cp, stream)
+        for suite, layer, plans in layers:
+            p = layer.problem
+            g = torch.Generator(device="cuda")
+            g.manual_seed(1)
+            x = torch.randn(p.x_shape, generator=g, device="cuda").half()
+            w = (torch.randn(p.w_shape, generator=g, device="cuda") / (p.r * p.s * p.c) ** 0.5).half()
+            xt, wt = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
+            cx, cw = cp.from_dlpack(x), cp.from_dlpack(w)
+            geo = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+            ref = cp.from_dlpack(F.conv2d(xt, wt, None, **geo).permute(0, 2, 3, 1).contiguous())
+            ops = [("cudnn", lambda: F.conv2d(xt, wt, None, **geo))]
+            errs = {}
+            for name, plan in [("current", None)] + [(c.brief(), c) for c in plans]:
+                try:
+                    op = convgen.prepare("fprop", p.x_shape, p.w_shape, plan=plan, **geo)
+                    y = cp.full(p.y_shape, cp.nan, dtype=cp.float16)
+                    op(cx, cw, out=y)
+                    errs[name] = _rel(y, ref)
+                except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
+                    print(f"{suite}/{layer.name} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                    continue
+                ops.append((name, lambda op=op, y=y: op(cx, cw, out=y)))
+            for _, fn in ops:
+                fn()
+            times = {k: statistics.median(v) for k, v in time_interleaved(dev, ops, args.reps).items()}
+            tflop = 2 * p.gemm(Pass.FPROP).m * p.gemm(Pass.FPROP).n * p.gemm(Pass.FPROP).k / 1e12
+            tma = {k: v for k, v in times.items() if k not in ("cudnn", "current")}
+            best = min(tma, key=tma.get) if tma else None
+            row = dict(suite=suite, layer=layer.name, shape=p.describe(), gflop=tflop * 1e3, us=times, err=errs,
+                       best_tma=best)
+            rows.append(row)
+            cur = times.get("current")
+            print(f"{suite}/{layer.name:14s} {tflop * 1e3:7.1f} GFLOP  cuDNN {tflop / times['cudnn'] * 1e6:5.0f}  "
+                  f"current {tflop / cur * 1e6 if cur else 0:5.0f}  best TMA {best} "
+                  f"{tflop / tma[best] * 1e6 if best else 0:5.0f} TFLOP/s  "
+                  f"(x cuDNN {times['cudnn'] / tma[best] if best else 0:.2f}, x current "
+                  f"{cur / tma[best] if best and cur else 0:.2f})  max err {max(errs.values()) if errs else 0:.1e}",
+                  flush=True)
+            for k in tma:
+                print(f"      {k:40s} {tflop / tma[k] * 1e6:5.0f} TFLOP/s  err {errs[k]:.1e}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(gpu=gpu, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

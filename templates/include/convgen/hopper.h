@@ -1,0 +1,98 @@
+// convgen's fixed Hopper (sm_90a) helpers: the tensor memory accelerator's copies, the
+// mbarriers that hand shared-memory stages between a producer and its consumers, the
+// warpgroup MMA's ordering instructions and matrix descriptors, and register rebalancing.
+// Each is one PTX instruction (PTX ISA 8.x: "cp.async.bulk.tensor", "mbarrier",
+// "wgmma", "setmaxnreg") with the operand types the instruction wants, so a kernel reads
+// as its algorithm.  Nothing here depends on a kernel's shape.
+//
+// Include after convgen/device.h, in kernels compiled for sm_90a.
+#pragma once
+
+namespace {
+
+// A CUtensorMap (cuda.h), opaque: the host encodes it (convgen/tma.py) and passes its 128
+// bytes by value as a __grid_constant__ kernel parameter, where the copy engine reads it.
+struct alignas(64) TmaMap { unsigned long long opaque[16]; };
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+// ---- mbarriers: a phase completes when `count` arrivals and the expected bytes are in ----
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+// Makes the barriers' initialisation visible to the copy engine (the async proxy) before use.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+// One arrival that also announces the bytes the copies signalling this phase will bring.
+__device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Waits until the phase of parity `parity` has completed.  A fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once: a producer's first pass over an empty ring.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  } while (!done);
+}
+
+// ---- the tensor memory accelerator: one instruction copies a box, completing on a barrier ----
+__device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+// A tiled box of a 2-D tensor, its corner at (c0 innermost, c1); outside the tensor reads zeros.
+__device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
+}
+
+// An im2col box of a 4-D NHWC tensor: the map's pixels-per-column pixels, walked in N, H, W
+// order through the map's bounding box from input pixel (n, h, w), each shifted by the
+// filter tap's offset (off_w, off_h), channels c.. of each; outside the image reads zeros.
+__device__ __forceinline__ void tma_load_im2col(void* dst, const TmaMap* map, unsigned long long* bar, int c, int w,
+                                                int h, int n, unsigned short off_w, unsigned short off_h) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%3, %4, %5, %6}], [%2], {%7, %8};\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c), "r"(w), "r"(h), "r"(n), "h"(off_w), "h"(off_h)
+      : "memory");
+}
+
+// ---- warpgroup MMAs ----
+// Before a warpgroup's first wgmma of a batch: orders its earlier register and shared-memory
+// accesses before the MMAs read them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed batches are still in flight.
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// The matrix descriptor of a K-major operand tile staged with the 128-byte swizzle (as the
+// TMA writes it with CU_TENSOR_MAP_SWIZZLE_128B): rows of 64 fp16 (128 bytes), 8-row atoms
+// 1024 bytes apart (SBO), the tile 1024-byte aligned.  A k16 step inside the atom moves the
+// start address by 32 bytes; the hardware applies the swizzle to the address it forms.
+__device__ __forceinline__ unsigned long long sw128_desc(const void* tile, int k_bytes) {
+  const unsigned addr = smem_u32(tile) + static_cast<unsigned>(k_bytes);
+  return static_cast<unsigned long long>((addr >> 4) & 0x3FFF) | (1ull << 16) |  // LBO: unused by swizzled K-major
+         (static_cast<unsigned long long>(1024 >> 4) << 32) | (1ull << 62);       // SBO, layout: 128-byte swizzle
+}
+
+// ---- register rebalancing between a warpgroup that only copies and those that multiply ----
+template <int N> __device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N> __device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+
+// A barrier among the `threads` threads of the consumer warpgroups only (id 1; 0 is __syncthreads).
+__device__ __forceinline__ void consumers_sync(int threads) { asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory"); }
+
+}  // namespace
