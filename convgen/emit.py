@@ -84,6 +84,7 @@ class KernelSource:
         launches = [self.main] + ([self.reduce] if self.reduce else [])
         return {
             "file": self.filename,
+            "compile_arch": self.compile_arch,  # what nvcc or NVRTC must target (sm_90a for wgmma and TMA)
             "spec": self.spec.as_dict(),
             "key": self.spec.key,
             "plan_reasons": list(self.spec.plan.reasons),

@@ -154,7 +154,7 @@ def compiled(tmp_path_factory) -> dict[str, Result]:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
             # biggest sources first: better packing of the long compiles
             reps = sorted((members[0] for members in groups.values()), key=lambda k: -len(pending[k].source))
-            futures = {k: pool.submit(_compile_job, pending[k].source, JOBS_BY_ID[k].arch, pending[k].filename)
+            futures = {k: pool.submit(_compile_job, pending[k].source, pending[k].compile_arch, pending[k].filename)
                        for k in reps}
             for members in groups.values():
                 rep = members[0]

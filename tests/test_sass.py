@@ -84,7 +84,10 @@ def test_shipped_plans_use_tensor_cores_16_byte_copies_and_no_spills(suite, laye
     k = _main_sass(spec)
     assert k.count("HMMA") + k.count("HGMMA") > 0, "no tensor-core MMA in the kernel"
     p = spec.plan
-    if min(p.vec_a, p.vec_b) >= 8:  # both operands gathered 16 bytes at a time by cp.async
+    if p.tma:  # the copy engine moves both operands (im2col and tiled), warpgroup MMAs multiply
+        assert k.count("UTMALDG") >= 2 and k.count("LDGSTS") == 0 and k.count("HGMMA") > 0, k.opcodes
+        assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+    elif min(p.vec_a, p.vec_b) >= 8:  # both operands gathered 16 bytes at a time by cp.async
         assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
         assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
