@@ -1,0 +1,35 @@
+"""Probe: run a sample of TMA main-loop kernels (TmaWgmma) once each, for compute-sanitizer.
+
+    compute-sanitizer --tool memcheck python3 benchmarks/probes/sanitize_tma.py
+    compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
+
+Small shapes with M, N and padding tails, both consumer counts, and a check against the
+float64 reference so a run that the sanitizer passes also computed the right numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import cupy as cp
+
+import convgen
+from convgen import reference
+from convgen.ir import ConvProblem, Plan
+from convgen.mainloop import TmaWgmma
+
+CASES = [
+    (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma())),
+    (ConvProblem(10, 9, 128, 72, 3, 5, (2, 1), (1, 2), (1, 2), n=2), Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
+    (ConvProblem(7, 7, 64, 256, 1, 1, 1, 0, 1, n=3), Plan(128, 256, 64, 8, 1, 2, 8, 8, loop=TmaWgmma())),
+]
+
+rng = np.random.default_rng(7)
+for prob, plan in CASES:
+    x = rng.integers(-2, 3, size=prob.x_shape).astype(np.float16)
+    w = rng.integers(-2, 3, size=prob.w_shape).astype(np.float16)
+    y = convgen.conv2d(cp.asarray(x), cp.asarray(w), stride=prob.stride, padding=prob.padding,
+                       dilation=prob.dilation, out_dtype="float32", plan=plan)
+    ref = reference.fprop(x.astype(np.float64), w.astype(np.float64), None, stride=prob.stride,
+                          padding=prob.padding, dilation=prob.dilation)
+    bad = int((cp.asnumpy(y).astype(np.float64) != ref).sum())
+    print(f"{prob.describe()} {plan.brief()}: {bad} of {ref.size} outputs differ from the exact reference")
