@@ -367,9 +367,15 @@ def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, .
     elif p is Pass.FPROP:
         main = ("x", "w") + (("bias",) if epi.bias_add else ()) + ("y", "workspace", "batch")
         out = "y"
+    elif p is Pass.DGRAD and spec.plan.tma:  # dy and w through tensor maps, as fprop's
+        main = ("dy_map", "w_map", "dx", "batch")
+        out = "dx"
     elif p is Pass.DGRAD:
         main = ("dy", "w", "dx", "workspace", "batch")
         out = "dx"
+    elif spec.plan.tma:  # wgrad: x's im2col and dy's tiles through tensor maps
+        main = ("x_map", "dy_map", "dw") + (("db", "db_workspace") if epi.db else ()) + ("workspace", "batch")
+        out = "dw"
     else:
         main = ("x", "dy", "dw") + (("db", "db_workspace") if epi.db else ()) + ("workspace", "batch")
         out = "dw"

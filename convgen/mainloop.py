@@ -153,7 +153,8 @@ class TmaWgmma(MainLoop):
     gather and the padding; the weights as tiles); one producer warp issues the copies and
     hands each stage over through an mbarrier; ``warps_m / 4`` consumer warpgroups each
     multiply 64 rows of the tile with asynchronous wgmma, keeping one step in flight while
-    they wait for the next.  ``block_k`` is 64: one swizzle row of fp16."""
+    they wait for the next.  ``block_k`` is 64: one swizzle row of fp16.  fprop and dgrad
+    reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``)."""
 
     producer_warps: ClassVar[int] = 4  # a whole warpgroup, so setmaxnreg can move its registers
 
@@ -172,9 +173,6 @@ class TmaWgmma(MainLoop):
         if plan.block_n % 16 or not 16 <= plan.block_n <= 256:
             raise ValueError(f"TmaWgmma's wgmma is m64nNk16 with N a multiple of 16 up to 256: got plan.block_n="
                              f"{plan.block_n}")
-        if plan.split_k != 1:
-            raise ValueError(f"TmaWgmma reduces the whole of K in one block: plan.split_k must be 1, got "
-                             f"{plan.split_k}")
 
     def flags(self) -> Flags:
         return Flags(tma=True)

@@ -290,14 +290,19 @@ def plan(
         f"GEMM M={gemm.m} ({gemm.m_axis}) x N={gemm.n} ({gemm.n_axis}) x K={gemm.k} ({gemm.k_axis})"
     ]
 
-    if not scalar and pass_ is Pass.FPROP and tma_eligible(problem.geometry, pass_, target, in_dtype) is None:
-        steps = gemm.k // TMA_BLOCK_K
-        if steps >= TMA_MIN_STEPS and gemm.n >= 64:
+    if not scalar:
+        why = tma_eligible(problem.geometry, pass_, target, in_dtype)
+        steps = math.ceil(gemm.k / TMA_BLOCK_K)
+        if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
+            why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
+        if why is None and (pass_ is Pass.WGRAD or steps >= TMA_MIN_STEPS and gemm.n >= 64):
             return _tma_plan(problem, pass_, target, reasons, steps)
-        reasons.append(f"not the TMA main loop: " + (
-            f"{steps} K-step(s) of 64 channels, fewer than {TMA_MIN_STEPS}; its ring's fill and its epilogue would "
-            "not be amortised (measured slower on ResNet-50's 1x1 layers)" if steps < TMA_MIN_STEPS else
-            f"N={gemm.n} is narrower than its narrowest tile (64)"))
+        if why is None or target.info.tma:  # on other targets the TMA loop is not a candidate worth naming
+            reasons.append("not the TMA main loop: " + (
+                why if why is not None else
+                f"{steps} K-step(s) of 64 channels, fewer than {TMA_MIN_STEPS}; its ring's fill and its epilogue would "
+                "not be amortised (measured slower on ResNet-50's 1x1 layers)" if steps < TMA_MIN_STEPS else
+                f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = _fit(gemm.n, 128)
     reasons.append(
@@ -425,6 +430,11 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         why = tma_eligible(geometry, pass_, target, in_dtype)
         if why is None and (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16"):
             why = "copies fp16 operands as they are: vec_a = vec_b = 8, read_a = read_b = 'float16'"
+        if why is None and pass_ is not Pass.FPROP and plan.block_n % 64:
+            why = (f"stages {pass_.value}'s B as boxes of 64 channels (one 128-byte swizzle row, N-major): "
+                   f"plan.block_n={plan.block_n} must be a multiple of 64")
+        if why is None and pass_ is not Pass.WGRAD and plan.split_k != 1:
+            why = f"reduces the whole of {pass_.value}'s K in one block: plan.split_k must be 1, got {plan.split_k}"
         if why:
             raise ValueError(f"TmaWgmma: the TMA main loop {why}")
     tiles = tiles_per_block(plan)
@@ -465,59 +475,105 @@ TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
 TMA_MIN_STEPS = 8
 
 
-def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float) -> tuple[int, float]:
-    """(tiles, cost in arbitrary units) of a TMA tile on this layer: the cost model above."""
+# wgrad's split-K slices each write an fp32 partial of dW that the reduction reads back:
+# their traffic, at the H200's measured bandwidth, is part of a split's cost.
+HBM_BYTES_PER_US = 4.2e6
+MAX_TMA_SPLIT = 64
+
+
+def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,
+                  split: int = 1) -> tuple[int, float]:
+    """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
+    reducing its share of K at the tile's measured rate (an SM's part of it), plus a split's
+    workspace traffic."""
     gemm = problem.gemm(pass_)
-    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
-    return tiles, math.ceil(tiles / target.sm_count) * bm * bn / rate
+    blocks = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * split
+    steps = math.ceil(math.ceil(gemm.k / TMA_BLOCK_K) / split)
+    block_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
+    traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
+    return blocks, math.ceil(blocks / target.sm_count) * block_us + traffic
+
+
+def tma_tiles(n: int) -> tuple[tuple[int, int, int, float], ...]:
+    """The TMA tiles worth running on a GEMM N of ``n``: none much wider than N, whose
+    extra columns would only multiply padding."""
+    return tuple(t for t in TMA_TILES if t[1] <= max(_fit(n, 256), 64))
+
+
+def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:
+    """The split-K counts a TMA plan may take: 1 for fprop and dgrad (a block reduces its
+    tile's whole K), powers of two and a few between for wgrad's long pixel reduction."""
+    if pass_ is not Pass.WGRAD:
+        return (1,)
+    steps = math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)
+    return tuple(s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= min(steps, MAX_TMA_SPLIT))
 
 
 def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int) -> Plan:
     gemm = problem.gemm(pass_)
-    best = None
-    for bm, bn, stages, rate in TMA_TILES:
-        if bn > max(_fit(gemm.n, 256), 64):
-            continue  # wider than N: the extra columns would be padding
-        tiles, cost = tma_tile_cost(problem, pass_, target, bm, bn, rate)
-        if best is None or cost < best[0]:
-            best = (cost, bm, bn, stages, tiles, rate)
-    cost, bm, bn, stages, tiles, rate = best  # type: ignore[misc]
-    waves = math.ceil(tiles / target.sm_count)
-    chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma())
+    costed = [(tma_tile_cost(problem, pass_, target, bm, bn, rate, split), bm, bn, stages, rate, split)
+              for bm, bn, stages, rate in tma_tiles(gemm.n) for split in tma_splits(problem, pass_)]
+    (blocks, us), bm, bn, stages, rate, split = min(costed, key=lambda c: c[0][1])
+    waves = math.ceil(blocks / target.sm_count)
+    chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma())
+    gather = {
+        Pass.FPROP: "x's im2col: the copy engine gathers the taps and the padding",
+        Pass.DGRAD: "dy's im2col under the flipped filter (stride 1), w read as stored (N-major B, wgmma transposes it)",
+        Pass.WGRAD: "dy's tiles as A and x's im2col as B, both read transposed (M- and N-major)",
+    }[pass_]
+    traffic = ", plus the slices' workspace traffic" if pass_ is Pass.WGRAD else ""
     reasons += [
-        f"TMA main loop (sm_90a): C={problem.c} in 64-channel steps, {steps} K-steps; the copy engine gathers "
-        "the taps and the padding, a producer warpgroup feeds the consumers' asynchronous wgmma",
-        f"block N {bn}: with block M, the least of waves x tile work / measured rate over the TMA tiles: {tiles} "
-        f"tiles = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s",
+        f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps; {gather}; a "
+        "producer warpgroup feeds the consumers' asynchronous wgmma",
+        f"block N {bn}: with block M {bm}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "") + ", the least "
+        f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "
+        f"of K at the tile's measured rate{traffic}): "
+        f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s (rates measured on "
+        f"fprop), {us:.0f} us predicted",
         f"block M {bm}: {bm // 64} consumer warpgroup(s) of 64 rows",
         f"K-step {TMA_BLOCK_K}: one 128-byte swizzle row of fp16 per pixel and tap",
         f"{chosen.warps} warps as {bm // 16}x1 consumer warps and a producer warpgroup (one thread issues the copies)",
         "vec A 8, vec B 8: the copy engine moves whole 128-byte rows, no gather in the kernel",
         f"{stages} stages: the deepest ring of this tile that fits an H200 block's shared memory",
-        "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers",
+        (f"split-K {split}: the batch's pixels in {split} slices, reduced in fixed order (deterministic)"
+         if split > 1 else "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers"),
         f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",
     ]
-    return Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma(), reasons=tuple(reasons))
+    return _replace(chosen, reasons=tuple(reasons))
 
 
 def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:
     """Why the TMA main loop cannot run this layer (None when it can).  The limits are the
     copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
-    (rank-4 tensors), its traversal stride is at most 8, and a stage holds 64 channels of one
-    filter tap, so C is a whole number of stages."""
+    (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
+    16-byte units.  fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows,
+    and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes; dgrad
+    reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, but
+    walks dy one pixel per dx pixel (stride 1)."""
     if not (target.info.tma and target.info.wgmma):
         return f"needs the tensor memory accelerator and warpgroup MMAs (sm_90a), which {target.arch} does not have"
-    if pass_ is not Pass.FPROP:
-        return "computes fprop only (dgrad and wgrad keep the other loops)"
     if in_dtype != "float16":
         return "copies fp16 inputs as they are (the copy engine cannot cast)"
-    if geometry.c % 64:
-        return f"stages 64 channels of one tap per step: C={geometry.c} is not a multiple of 64"
-    (sh, sw), (ph, pw), (dh, dw) = geometry.stride, geometry.padding, geometry.dilation
-    if max(sh, sw) > 8:
-        return f"walks the image at most 8 pixels per step: stride {geometry.stride} is larger"
-    for pad, reach, axis in ((ph, (geometry.r - 1) * dh, "H"), (pw, (geometry.s - 1) * dw, "W")):
-        if pad > 127 or reach - pad > 128:
+    g = geometry
+    (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
+    if pass_ is not Pass.DGRAD:
+        if g.c % 64:
+            return f"stages 64 channels of one tap per box: C={g.c} is not a multiple of 64"
+        if pass_ is Pass.WGRAD and g.k % 8:
+            return f"copies dy's rows as whole 16-byte runs: K={g.k} is not a multiple of 8"
+        if max(sh, sw) > 8:
+            return f"walks the image at most 8 pixels per step: stride {g.stride} is larger"
+        # the bounding box's corners: -padding and padding - reach
+        corners = ((ph, (g.r - 1) * dh, "H"), (pw, (g.s - 1) * dw, "W"))
+    else:
+        if (sh, sw) != (1, 1):
+            return f"computes stride-1 dgrad only (strided dgrad keeps its residue classes): stride {g.stride}"
+        if g.k % 8 or g.c % 8:
+            return f"copies whole 16-byte runs: K={g.k} and C={g.c} must be multiples of 8"
+        # the flipped filter's padding (reach - padding) takes the padding's place
+        corners = (((g.r - 1) * dh - ph, (g.r - 1) * dh, "H"), ((g.s - 1) * dw - pw, (g.s - 1) * dw, "W"))
+    for pad, reach, axis in corners:
+        if not -127 <= pad <= 128 or not -128 <= pad - reach <= 127:
             return (f"needs the bounding box's corners within [-128, 127] of the image's edges: along {axis}, "
                     f"padding {pad} and filter reach {reach} are too far")
     return None

@@ -77,8 +77,8 @@ _SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_wo
          "a_map": 9, "b_map": 10}
 _ARG_SLOT = {
     Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0", "x_map": "a_map", "w_map": "b_map"},
-    Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0"},
-    Pass.WGRAD: {"x": "a", "dy": "b", "dw": "out0", "db": "out1"},
+    Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0", "dy_map": "a_map", "w_map": "b_map"},
+    Pass.WGRAD: {"x": "a", "dy": "b", "dw": "out0", "db": "out1", "x_map": "a_map", "dy_map": "b_map"},
 }
 
 
@@ -145,10 +145,10 @@ class PreparedConv:
                                              0, src.reduce.args, pass_))
         self._scalars = (np.int32(batch), np.int64(self._kernel.gemm_m(batch)))
         self._maps = None
-        if splan.tma:  # the copy engine reads x and w through maps of their addresses
+        if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
 
-            self._maps = TmaMaps(p, splan.block_m, splan.block_n)
+            self._maps = TmaMaps(p, pass_, splan.block_m, splan.block_n)
 
     @property
     def workspace_elems(self) -> int:
@@ -231,7 +231,7 @@ class PreparedConv:
             ws, dbws = self._workspaces(workspace)
             objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars]
             if self._maps is not None:
-                objs += (self._maps.x(a.data.ptr), self._maps.w(b.data.ptr))
+                objs += (self._maps.a(a.data.ptr), self._maps.b(b.data.ptr))
             for launcher in self._launchers:
                 launcher.launch(objs)
         finally:

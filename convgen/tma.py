@@ -1,8 +1,8 @@
 """Tensor maps: the descriptors that Hopper's copy engine (TMA) reads, encoded on the host.
 
 A :class:`~convgen.mainloop.TmaWgmma` kernel takes two ``CUtensorMap`` values by value: one
-for the activations, in the copy engine's im2col mode (so it gathers the filter taps and
-reads zeros in the padding), and one for the weights as plain tiles.  A map holds its
+for the activations (fprop's x, dgrad's dy), in the copy engine's im2col mode (so it gathers
+the filter taps and reads zeros in the padding), and one for the weights as plain tiles.  A map holds its
 tensor's base address, so it is encoded for each pair of base addresses a call brings;
 frameworks reuse their buffers, so :class:`TmaMaps` keeps the maps it has made, keyed by
 address, and a repeat call costs two dictionary reads.
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .ir import ConvProblem
+from .ir import ConvProblem, Pass
 from .mainloop import TMA_BLOCK_K
 
 _MAP = np.dtype((np.void, 128))
@@ -49,61 +49,109 @@ def _check(result: tuple, what: str) -> np.void:
     return np.array(tmap.opaque, dtype=np.uint64).view(_MAP)[0]
 
 
-def im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
-    """The activations' map: NHWC fp16 x as a 4-D tensor (C, W, H, N), innermost first.
-    A box is ``block_m`` output pixels x 64 channels of one filter tap.  Its bounding box is
-    where tap (0, 0) reaches over the output grid: from -padding at the top left to
-    padding - (filter reach) past the bottom right, walked with the conv's stride."""
+def _im2col(ptr: int, dims: tuple[int, int, int, int], lower: tuple[int, int], upper: tuple[int, int],
+            stride: tuple[int, int], block_m: int, what: str) -> np.void:
+    """An NHWC fp16 tensor as the 4-D im2col map (channels, W, H, N), innermost first: a box
+    is ``block_m`` pixels x 64 channels.  The bounding box runs from ``lower`` (W, H) to the
+    far edges plus ``upper``, walked ``stride`` pixels per output pixel."""
     d = _driver()
-    p = problem
-    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    c, w, h, n = dims
     u64, u32 = d.cuuint64_t, d.cuuint32_t
     return _check(d.cuTensorMapEncodeIm2col(
         d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
-        [u64(p.c), u64(p.w), u64(p.h), u64(p.n)],
-        [u64(p.c * 2), u64(p.w * p.c * 2), u64(p.h * p.w * p.c * 2)],
-        [-pw, -ph], [pw - (p.s - 1) * dw, ph - (p.r - 1) * dh],
-        TMA_BLOCK_K, block_m, [u32(1), u32(sw), u32(sh), u32(1)],
+        [u64(c), u64(w), u64(h), u64(n)], [u64(c * 2), u64(w * c * 2), u64(h * w * c * 2)],
+        list(lower), list(upper), TMA_BLOCK_K, block_m, [u32(1), u32(stride[0]), u32(stride[1]), u32(1)],
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    ), "x")
+    ), what)
 
 
-def weight_map(ptr: int, problem: ConvProblem, block_n: int) -> np.void:
-    """The weights' map: KRSC fp16 w as a 2-D tensor [K][R*S*C]; a box is ``block_n``
-    filters x 64 of their (tap, channel) pairs, rows past K read as zeros."""
+def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str) -> np.void:
+    """A dense fp16 tensor (``dims`` innermost first) as a tiled map of ``box`` boxes,
+    128-byte swizzled; a box past an edge reads zeros there."""
     d = _driver()
-    p = problem
-    rsc = p.r * p.s * p.c
     u64, u32 = d.cuuint64_t, d.cuuint32_t
+    strides, step = [], 2
+    for extent in dims[:-1]:
+        step *= extent
+        strides.append(u64(step))
     return _check(d.cuTensorMapEncodeTiled(
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, ptr,
-        [u64(rsc), u64(p.k)], [u64(rsc * 2)], [u32(TMA_BLOCK_K), u32(block_n)], [u32(1), u32(1)],
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, len(dims), ptr,
+        [u64(e) for e in dims], strides, [u32(b) for b in box], [u32(1)] * len(dims),
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    ), "w")
+    ), what)
+
+
+def im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
+    """fprop's and wgrad's x: a box is ``block_m`` output pixels x 64 channels of one filter tap.  Its
+    bounding box is where tap (0, 0) reaches over the output grid: from -padding at the top
+    left to padding - (filter reach) past the bottom right, walked with the conv's stride."""
+    p = problem
+    (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
+    return _im2col(ptr, (p.c, p.w, p.h, p.n), (-pw, -ph), (pw - (p.s - 1) * dw, ph - (p.r - 1) * dh), (sw, sh),
+                   block_m, "x")
+
+
+def dgrad_im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
+    """dgrad's dy (stride 1): fprop's map of dy under the flipped filter, whose padding is
+    (filter reach) - padding, so its bounding box walks exactly the H x W dx pixels."""
+    p = problem
+    (ph, pw), (dh, dw) = p.padding, p.dilation
+    fph, fpw = (p.r - 1) * dh - ph, (p.s - 1) * dw - pw
+    return _im2col(ptr, (p.k, p.q, p.p, p.n), (-fpw, -fph), (-pw, -ph), (1, 1), block_m, "dy")
+
+
+def weight_map(ptr: int, problem: ConvProblem, block_n: int) -> np.void:
+    """fprop's w: KRSC as a 2-D tensor [K][R*S*C]; a box is ``block_n`` filters x 64 of their
+    (tap, channel) pairs, rows past K read as zeros."""
+    p = problem
+    return _tiled(ptr, (p.r * p.s * p.c, p.k), (TMA_BLOCK_K, block_n), "w")
+
+
+def wgrad_dy_map(ptr: int, problem: ConvProblem) -> np.void:
+    """wgrad's dy: NHWC as a 2-D tensor [N*P*Q][K]; a box is 64 pixels x 64 filters, so a
+    stage's A tile runs along M (filters), pixels past the batch and filters past K zeros."""
+    p = problem
+    return _tiled(ptr, (p.k, p.n * p.p * p.q), (64, TMA_BLOCK_K), "dy")
+
+
+def dgrad_weight_map(ptr: int, problem: ConvProblem) -> np.void:
+    """dgrad's w: KRSC as a 3-D tensor (C, R*S, K); a box is 64 channels of one tap of 64
+    filters, so a stage's B tile is N-major (channels along the rows), filters past K zeros."""
+    p = problem
+    return _tiled(ptr, (p.c, p.r * p.s, p.k), (64, 1, TMA_BLOCK_K), "w")
 
 
 class TmaMaps:
-    """One prepared fprop's tensor maps, by base address (see the module's docstring)."""
+    """One prepared op's tensor maps of its two inputs, in the op's argument order (fprop:
+    x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring)."""
 
-    def __init__(self, problem: ConvProblem, block_m: int, block_n: int) -> None:
-        self.problem, self.block_m, self.block_n = problem, block_m, block_n
-        self._x: dict[int, np.void] = {}
-        self._w: dict[int, np.void] = {}
+    def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int) -> None:
+        if pass_ is Pass.FPROP:
+            self._make_a = lambda ptr: im2col_map(ptr, problem, block_m)
+            self._make_b = lambda ptr: weight_map(ptr, problem, block_n)
+        elif pass_ is Pass.DGRAD:
+            self._make_a = lambda ptr: dgrad_im2col_map(ptr, problem, block_m)
+            self._make_b = lambda ptr: dgrad_weight_map(ptr, problem)
+        else:  # wgrad: A is x (64 pixels of one tap a box), B is dy
+            self._make_a = lambda ptr: im2col_map(ptr, problem, TMA_BLOCK_K)
+            self._make_b = lambda ptr: wgrad_dy_map(ptr, problem)
+        self._a: dict[int, np.void] = {}
+        self._b: dict[int, np.void] = {}
 
-    def x(self, ptr: int) -> np.void:
-        m = self._x.get(ptr)
+    def a(self, ptr: int) -> np.void:
+        m = self._a.get(ptr)
         if m is None:
-            m = self._remember(self._x, ptr, im2col_map(ptr, self.problem, self.block_m))
+            m = self._remember(self._a, ptr, self._make_a(ptr))
         return m
 
-    def w(self, ptr: int) -> np.void:
-        m = self._w.get(ptr)
+    def b(self, ptr: int) -> np.void:
+        m = self._b.get(ptr)
         if m is None:
-            m = self._remember(self._w, ptr, weight_map(ptr, self.problem, self.block_n))
+            m = self._remember(self._b, ptr, self._make_b(ptr))
         return m
 
     @staticmethod

@@ -284,7 +284,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
         a_name: f"const {ta}*", b_name: f"const {tb}*", "bias": "const float*",
         out_name: f"{out_t}*", "db": f"{out_t}*", "workspace": "float*", "db_workspace": "float*",
         "batch": "int", "m_rows": "long long",
-        "x_map": "const __grid_constant__ TmaMap", "w_map": "const __grid_constant__ TmaMap",  # by value (tma.py)
+        **{m: "const __grid_constant__ TmaMap" for m in ("x_map", "w_map", "dy_map")},  # by value (tma.py)
     }
     if reduce:
         expected["workspace"] = expected["db_workspace"] = "const float*"

@@ -35,7 +35,6 @@ def test_plan_dict_round_trip_and_name():
     (dict(block_k=32), "block_k must be 64"),
     (dict(warps_m=4), "consumer warpgroups"),
     (dict(block_m=256, warps_m=16), "consumer warpgroups"),
-    (dict(split_k=2), "split_k must be 1"),
 ])
 def test_kind_rejects_plans_it_cannot_run(change, needle):
     with pytest.raises(ValueError, match=needle):
@@ -44,14 +43,18 @@ def test_kind_rejects_plans_it_cannot_run(change, needle):
 
 @pytest.mark.parametrize("layer,pass_,target,in_dtype,needle", [
     (dataclasses.replace(LAYER, c=96), Pass.FPROP, SM90, "float16", "C=96 is not a multiple of 64"),
-    (LAYER, Pass.DGRAD, SM90, "float16", "fprop only"),
+    (dataclasses.replace(LAYER, c=96), Pass.WGRAD, SM90, "float16", "C=96 is not a multiple of 64"),
+    (dataclasses.replace(LAYER, k=100), Pass.WGRAD, SM90, "float16", "K=100 is not a multiple of 8"),
+    (dataclasses.replace(LAYER, stride=(2, 1)), Pass.DGRAD, SM90, "float16", "stride-1 dgrad only"),
+    (dataclasses.replace(LAYER, k=100), Pass.DGRAD, SM90, "float16", "K=100 and C=128 must be multiples of 8"),
+    (dataclasses.replace(LAYER, r=1, padding=(130, 1)), Pass.DGRAD, SM90, "float16", "along H"),
     (LAYER, Pass.FPROP, Target("sm_80"), "float16", "sm_80 does not have"),
     (LAYER, Pass.FPROP, SM90, "float32", "fp16 inputs"),
     (dataclasses.replace(LAYER, stride=(9, 1)), Pass.FPROP, SM90, "float16", "stride"),
 ])
 def test_check_plan_names_what_the_layer_lacks(layer, pass_, target, in_dtype, needle):
     assert needle in tma_eligible(layer.geometry, pass_, target, in_dtype)
-    with pytest.raises(ValueError, match="TmaWgmma"):
+    with pytest.raises(ValueError, match="TmaWgmma|does not divide"):  # K=100: the vector width says first
         check_plan(PLAN, layer, pass_, target, in_dtype)
 
 
@@ -61,7 +64,12 @@ def test_candidates_offer_the_kind_only_where_it_runs():
     for p in tma:
         check_plan(p, LAYER, Pass.FPROP, SM90, "float16")
     assert not [p for p in candidates(LAYER, Pass.FPROP, Target("sm_80")) if p.tma]
-    assert not [p for p in candidates(LAYER, Pass.DGRAD, SM90) if p.tma]
+    dgrad = [p for p in candidates(LAYER, Pass.DGRAD, SM90) if p.tma]
+    assert {(p.block_m, p.block_n) for p in dgrad} >= {(128, 128), (64, 128)}  # N = C = 128: no 256-wide tile
+    assert max(p.block_n for p in dgrad) == 128
+    assert not [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
+    wgrad = [p for p in candidates(LAYER, Pass.WGRAD, SM90) if p.tma]
+    assert {(p.block_m, p.block_n) for p in wgrad} >= {(128, 256), (64, 128)} and any(p.split_k > 1 for p in wgrad)
     narrow = dataclasses.replace(LAYER, k=64)  # no tile wider than N
     assert max(p.block_n for p in candidates(narrow, Pass.FPROP, SM90) if p.tma) == 64
 
@@ -76,6 +84,29 @@ def test_launch_takes_tensor_maps_and_the_producer_warpgroup():
     assert emit(make_spec(LAYER, Pass.FPROP, target=SM90, plan_=PLAN, epilogue=Epilogue(bias=True))).source == src.source
 
 
+def test_dgrad_takes_maps_of_dy_and_w_and_boxes_of_64_channels():
+    plan = Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma())
+    src = emit(make_spec(LAYER, Pass.DGRAD, target=SM90, plan_=plan))
+    assert src.main.args == ("dy_map", "w_map", "dx", "batch")
+    assert src.main.block == (384, 1, 1) and src.compile_arch == "sm_90a" and src.reduce is None
+    assert src.grid(64) == (-(-64 * 28 * 28 // 128), 1, 1)  # one tile row per 128 dx pixels, N = C = 128
+    with pytest.raises(ValueError, match="multiple of 64"):
+        check_plan(dataclasses.replace(plan, block_n=96), LAYER, Pass.DGRAD, SM90, "float16")
+
+
+def test_default_plans_take_the_loop_where_the_reduction_is_long():
+    """fprop and stride-1 dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps) take the
+    TMA loop; a 1x1 dgrad of K=256 (4 K-steps) and a strided dgrad keep the others, and say why."""
+    from convgen.planner import plan as default_plan
+
+    assert default_plan(LAYER, Pass.FPROP, SM90).tma and default_plan(LAYER, Pass.DGRAD, SM90).tma
+    short = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
+    assert not short.tma and any("4 K-step(s)" in r for r in short.reasons)
+    strided = default_plan(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90)
+    assert not strided.tma and any("stride-1 dgrad only" in r for r in strided.reasons)
+    assert not default_plan(LAYER, Pass.DGRAD, Target("sm_80")).tma
+
+
 TMA_COMPILE = [
     (LAYER, PLAN, Epilogue(bias=True)),
     (ConvProblem(7, 7, 512, 2048, 1, 1, 1, 0, 1, n=64), Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()),
@@ -83,6 +114,59 @@ TMA_COMPILE = [
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 1), (1, 2), (2, 1), n=2), Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma()),
      Epilogue()),
 ]
+
+
+def test_wgrad_splits_its_pixels_and_takes_maps_of_x_and_dy():
+    """The planner splits a wgrad whose few tiles would leave SMs idle, and the split's
+    reduction kernel follows; with bias the db arguments come along."""
+    from convgen.planner import plan as default_plan
+
+    plan = default_plan(LAYER, Pass.WGRAD, SM90)  # M = 256 x N = 1,152: a few dozen tiles
+    assert plan.tma and plan.split_k > 1
+    src = emit(make_spec(LAYER, Pass.WGRAD, target=SM90, plan_=plan, epilogue=Epilogue(bias=True)))
+    assert src.main.args == ("x_map", "dy_map", "dw", "db", "db_workspace", "workspace", "batch")
+    assert src.reduce is not None and src.main.grid_z == plan.split_k
+    for bad, needle in ((dict(block_n=96), "multiple of 64"),):
+        with pytest.raises(ValueError, match=needle):
+            check_plan(dataclasses.replace(plan, **bad), LAYER, Pass.WGRAD, SM90, "float16")
+    with pytest.raises(ValueError, match="split_k must be 1"):  # fprop and dgrad reduce in one block
+        check_plan(dataclasses.replace(plan, split_k=2), LAYER, Pass.FPROP, SM90, "float16")
+
+
+def test_wgrad_cost_model_trades_waves_for_workspace():
+    """More slices fill the SMs but write more partials: the modelled best split of a layer
+    with 18 tiles is above 1, and a split past the SMs' one wave costs more than the best."""
+    from convgen.planner import tma_splits, tma_tile_cost
+
+    costs = {s: tma_tile_cost(LAYER, Pass.WGRAD, SM90, 128, 256, 704.0, s)[1] for s in tma_splits(LAYER, Pass.WGRAD)}
+    best = min(costs, key=costs.get)
+    assert best > 1 and costs[best] < costs[1] and costs[best] < costs[max(costs)]
+
+
+TMA_COMPILE_DGRAD = [
+    (LAYER, Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), Epilogue(out_dtype="float32")),
+    (ConvProblem(15, 13, 48, 72, 3, 5, 1, (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
+     Epilogue()),
+]
+
+
+TMA_COMPILE_WGRAD = [
+    (LAYER, Plan(128, 256, 64, 8, 1, 4, 8, 8, split_k=4, loop=TmaWgmma()), Epilogue(bias=True)),
+    (ConvProblem(15, 13, 64, 40, 3, 5, (2, 1), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
+     Epilogue(bias=True, out_dtype="float32")),
+]
+
+
+@pytest.mark.parametrize("pass_,layer,plan,epi", [(Pass.DGRAD, *c) for c in TMA_COMPILE_DGRAD]
+                         + [(Pass.WGRAD, *c) for c in TMA_COMPILE_WGRAD],
+                         ids=lambda v: getattr(v, "brief", lambda: getattr(v, "value", None))() or None)
+def test_nvrtc_compiles_tma_gradient_kernels(pass_, layer, plan, epi):
+    pytest.importorskip("cupy", reason="NVRTC comes with CuPy")
+    from convgen.compile import compile_binary
+
+    src = emit(make_spec(layer, pass_, target=SM90, plan_=plan, epilogue=epi))
+    binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
+    assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
 
 
 @pytest.mark.parametrize("layer,plan,epi", TMA_COMPILE, ids=lambda v: getattr(v, "brief", lambda: None)() or None)

@@ -66,6 +66,66 @@ def test_tma_exact_tier(problem, plan):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
 
 
+# dgrad's TMA loop (stride 1): dy's im2col under the flipped filter, so the bounding box's
+# corners come from (filter reach - padding); w as an N-major 3-D tensor.  The shapes vary
+# the flipped padding on each axis (negative where padding exceeds the reach), K tails
+# (zeros past K in dy and w), C that is not a whole box, and dilation.
+DGRAD_SHAPES = [
+    ConvProblem(9, 11, 16, 64, 3, 3, 1, 1, 1, n=3),                  # M tail; C < one 64-channel box
+    ConvProblem(14, 14, 72, 128, 1, 1, 1, 0, 1, n=2),                # pointwise; C tail of 72
+    ConvProblem(15, 13, 48, 72, 3, 5, 1, (1, 2), (2, 1), n=2),       # H/W differ; K tail of 72
+    ConvProblem(12, 10, 24, 64, 3, 2, 1, (0, 1), (1, 2), n=2),       # no padding on H
+    ConvProblem(9, 9, 32, 64, 7, 7, 1, 3, 1, n=2),                   # 7x7
+    ConvProblem(8, 8, 136, 192, 3, 3, 1, 1, 1, n=5),                 # three filter steps per tap
+    ConvProblem(7, 7, 64, 64, 3, 3, 1, 2, 2, n=3),                   # dilation 2, padding 2
+    ConvProblem(10, 9, 64, 64, 3, 1, 1, (3, 0), 1, n=2),             # padding past the reach: corner < 0
+]
+DGRAD_PLANS = [p for p in TMA_PLANS if p.block_n % 64 == 0] + [Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma())]
+
+
+@pytest.mark.parametrize("problem", DGRAD_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", DGRAD_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_dgrad_exact_tier(problem, plan):
+    """Integer data, bit for bit: the flipped taps, the flipped padding's zeros, the N-major
+    B boxes the transposed descriptors read, and the tails past K and C."""
+    res = run_pass(problem, Pass.DGRAD, _seed("tma-dgrad", problem, plan), out_dtype="float32", plan=plan,
+                   exact=True)
+    check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()}")
+
+
+# wgrad's TMA loop: dy's tiles (A, M-major) and x's im2col (B, N-major), both read
+# transposed, the pixels split among slices.  The shapes vary what fprop's do (x's map is
+# fprop's, 64 pixels a box), and K (M) tails and whole boxes past K (K = 24 with 128-row
+# tiles), N tails (R*S*C not a whole tile: the last box repeats, never stored), and pixel
+# counts that leave a slice's last step part-empty, or a slice with no steps at all.
+WGRAD_SHAPES = [
+    ConvProblem(9, 11, 64, 16, 3, 3, 1, 1, 1, n=3),                  # 297 pixels; K < 64
+    ConvProblem(14, 14, 128, 72, 1, 1, 1, 0, 1, n=2),                # pointwise; K tail of 72
+    ConvProblem(16, 15, 64, 40, 1, 1, 2, 0, 1, n=3),                 # strided 1x1
+    ConvProblem(15, 13, 64, 48, 3, 5, (2, 1), (1, 2), (2, 1), n=2),  # every H/W pair differs
+    ConvProblem(12, 10, 64, 24, 3, 2, (1, 3), (0, 1), (1, 2), n=2),
+    ConvProblem(9, 9, 64, 32, 7, 7, 2, 3, 1, n=2),                   # 7x7 stride 2
+    ConvProblem(8, 8, 192, 136, 3, 3, 1, 1, 1, n=5),                 # 1,728 columns; three boxes per tap
+    ConvProblem(7, 7, 64, 64, 3, 3, 1, 2, 2, n=3),                   # dilation 2, padding 2
+]
+WGRAD_PLANS = [
+    Plan(128, 256, 64, 8, 1, 4, 8, 8, split_k=3, loop=TmaWgmma()),
+    Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma()),
+    Plan(64, 128, 64, 4, 1, 6, 8, 8, split_k=7, loop=TmaWgmma()),   # 7 slices of few steps: some empty
+    Plan(64, 64, 64, 4, 1, 3, 8, 8, split_k=2, loop=TmaWgmma()),
+]
+
+
+@pytest.mark.parametrize("problem", WGRAD_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", WGRAD_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_wgrad_exact_tier(problem, plan):
+    """Integer data, bit for bit, dW and db: every pixel x's map gathers, the transposed
+    descriptors of both operands, the db warps' reads through the swizzle, and the slices."""
+    res = run_pass(problem, Pass.WGRAD, _seed("tma-wgrad", problem, plan), out_dtype="float32", bias=True,
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
+
+
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])
 @pytest.mark.parametrize("relu", [False, True])
 def test_tma_epilogues(out_dtype, relu):
@@ -80,7 +140,8 @@ def test_tma_epilogues(out_dtype, relu):
 def test_tma_maps_follow_the_buffers():
     """A prepared op gets new buffers each call (as a framework's allocator hands them out):
     each call's tensor maps must be the ones of its own arrays, including a buffer seen
-    before, and a view that starts 16 bytes into an allocation."""
+    before, and a view that starts 16 bytes into an allocation.  (dgrad's maps go through
+    the same cache.)"""
     import cupy as cp
 
     import convgen
@@ -104,8 +165,29 @@ def test_tma_maps_follow_the_buffers():
                                       err_msg=f"call with x[{i}], w[{(i + 1) % 3}]")
 
 
+def test_tma_dgrad_maps_follow_the_buffers():
+    """dgrad's two maps (dy's im2col, w's 3-D tiles) per call's arrays, as fprop's."""
+    import cupy as cp
+
+    import convgen
+    from convgen import reference
+
+    problem = ConvProblem(10, 10, 64, 64, 3, 3, 1, 1, 1, n=2)
+    op = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, padding=1, plan=DGRAD_PLANS[-1])
+    rng = _seed("tma-dgrad-maps")
+    dys = [rng.integers(-2, 3, size=problem.y_shape).astype(np.float16) for _ in range(2)]
+    ws = [rng.integers(-2, 3, size=problem.w_shape).astype(np.float16) for _ in range(2)]
+    ddy, dw = [cp.asarray(a) for a in dys], [cp.asarray(a) for a in ws]
+    for i, j in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        dx = cp.full(problem.x_shape, cp.nan, dtype=cp.float16)
+        op(ddy[i], dw[j], out=dx)
+        ref = reference.dgrad(dys[i].astype(np.float64), ws[j].astype(np.float64), problem.x_shape, padding=1)
+        np.testing.assert_array_equal(cp.asnumpy(dx).astype(np.float64), ref.astype(np.float16).astype(np.float64),
+                                      err_msg=f"call with dy[{i}], w[{j}]")
+
+
 @st.composite
-def tma_problems(draw):
+def tma_problems(draw, k_step: int = 1):
     n = draw(st.integers(1, 6))
     r, s = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
@@ -115,7 +197,7 @@ def tma_problems(draw):
     h = draw(st.integers(max(1, reach_h - 2 * pad[0]), 20))
     w = draw(st.integers(max(1, reach_w - 2 * pad[1]), 20))
     c = 64 * draw(st.integers(1, 3))
-    k = draw(st.integers(1, 160))
+    k = k_step * draw(st.integers(1, 160 // k_step))
     return ConvProblem(h, w, c, k, r, s, stride, pad, dil, n=n)
 
 
@@ -123,3 +205,29 @@ def tma_problems(draw):
 def test_fuzz_tma(problem, plan, seed):
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+@st.composite
+def tma_dgrad_problems(draw):
+    n = draw(st.integers(1, 6))
+    r, s = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    reach_h, reach_w = (r - 1) * dil[0] + 1, (s - 1) * dil[1] + 1
+    h = draw(st.integers(max(1, reach_h - 2 * pad[0]), 20))
+    w = draw(st.integers(max(1, reach_w - 2 * pad[1]), 20))
+    c = 8 * draw(st.integers(1, 24))
+    k = 8 * draw(st.integers(1, 24))
+    return ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
+
+
+@given(problem=tma_problems(k_step=8), plan=st.sampled_from(WGRAD_PLANS), bias=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_wgrad(problem, plan, bias, seed):
+    res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
+    check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
+
+
+@given(problem=tma_dgrad_problems(), plan=st.sampled_from(DGRAD_PLANS), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_dgrad(problem, plan, seed):
+    res = run_pass(problem, Pass.DGRAD, np.random.default_rng(seed), plan=plan)
+    check(res, "float16", what=f"dgrad {problem.describe()} {plan.brief()}")

@@ -3,8 +3,9 @@
     compute-sanitizer --tool memcheck python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
 
-Small shapes with M, N and padding tails, both consumer counts, and a check against the
-float64 reference so a run that the sanitizer passes also computed the right numbers."""
+Small shapes with M, N and padding tails, both consumer counts, all three passes (wgrad
+with db, whose reader warps share the ring, split and not), and a check against the float64
+reference so a run that the sanitizer passes also computed the right numbers."""
 
 from __future__ import annotations
 
@@ -23,7 +24,33 @@ CASES = [
     (ConvProblem(7, 7, 64, 256, 1, 1, 1, 0, 1, n=3), Plan(128, 256, 64, 8, 1, 2, 8, 8, loop=TmaWgmma())),
 ]
 
+DGRAD_CASES = [
+    (ConvProblem(9, 11, 40, 64, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma())),
+    (ConvProblem(10, 9, 136, 72, 3, 5, 1, (1, 2), (1, 2), n=2), Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
+]
+WGRAD_CASES = [
+    (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, split_k=3, loop=TmaWgmma())),
+    (ConvProblem(10, 9, 128, 72, 3, 5, (2, 1), (1, 2), (1, 2), n=2),
+     Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
+]
+
 rng = np.random.default_rng(7)
+geo = lambda prob: dict(stride=prob.stride, padding=prob.padding, dilation=prob.dilation)  # noqa: E731
+for prob, plan in DGRAD_CASES:
+    dy = rng.integers(-2, 3, size=prob.y_shape).astype(np.float16)
+    w = rng.integers(-2, 3, size=prob.w_shape).astype(np.float16)
+    dx = convgen.conv2d_dgrad(cp.asarray(dy), cp.asarray(w), prob.x_shape, out_dtype="float32", plan=plan, **geo(prob))
+    ref = reference.dgrad(dy.astype(np.float64), w.astype(np.float64), prob.x_shape, **geo(prob))
+    bad = int((cp.asnumpy(dx).astype(np.float64) != ref).sum())
+    print(f"dgrad {prob.describe()} {plan.brief()}: {bad} of {ref.size} outputs differ from the exact reference")
+for prob, plan in WGRAD_CASES:
+    x = rng.integers(-2, 3, size=prob.x_shape).astype(np.float16)
+    dy = rng.integers(-2, 3, size=prob.y_shape).astype(np.float16)
+    dw, db = convgen.conv2d_wgrad(cp.asarray(x), cp.asarray(dy), prob.w_shape, bias=True, out_dtype="float32",
+                                  plan=plan, **geo(prob))
+    rdw, rdb = reference.wgrad(x.astype(np.float64), dy.astype(np.float64), prob.w_shape, **geo(prob))
+    bad = int((cp.asnumpy(dw).astype(np.float64) != rdw).sum()) + int((cp.asnumpy(db).astype(np.float64) != rdb).sum())
+    print(f"wgrad {prob.describe()} {plan.brief()}: {bad} of {rdw.size + rdb.size} outputs differ from the exact reference")
 for prob, plan in CASES:
     x = rng.integers(-2, 3, size=prob.x_shape).astype(np.float16)
     w = rng.integers(-2, 3, size=prob.w_shape).astype(np.float16)
@@ -32,4 +59,4 @@ for prob, plan in CASES:
     ref = reference.fprop(x.astype(np.float64), w.astype(np.float64), None, stride=prob.stride,
                           padding=prob.padding, dilation=prob.dilation)
     bad = int((cp.asnumpy(y).astype(np.float64) != ref).sum())
-    print(f"{prob.describe()} {plan.brief()}: {bad} of {ref.size} outputs differ from the exact reference")
+    print(f"fprop {prob.describe()} {plan.brief()}: {bad} of {ref.size} outputs differ from the exact reference")

@@ -56,6 +56,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, unsign
       ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
 }
 
+// A tiled box of a 3-D tensor, its corner at (c0 innermost, c1, c2).
+__device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
 // An im2col box of a 4-D NHWC tensor: the map's pixels-per-column pixels, walked in N, H, W
 // order through the map's bounding box from input pixel (n, h, w), each shifted by the
 // filter tap's offset (off_w, off_h), channels c.. of each; outside the image reads zeros.
@@ -88,11 +96,23 @@ __device__ __forceinline__ unsigned long long sw128_desc(const void* tile, int k
          (static_cast<unsigned long long>(1024 >> 4) << 32) | (1ull << 62);       // SBO, layout: 128-byte swizzle
 }
 
+// The descriptor of an MN-major operand tile (wgmma's transposed A or B) staged with the
+// 128-byte swizzle, as TMA boxes of 64 M (or N) columns x k rows write it: each k row is 64
+// fp16 along M or N (128 bytes), 8-row atoms 1024 bytes apart along k (SBO), and the next
+// 64 columns of M or N `mn_bytes` on (LBO: one box).  A k16 step moves the start by two
+// atoms (2048 bytes), so it stays on the swizzle's 1024-byte boundary.
+__device__ __forceinline__ unsigned long long sw128_mn_desc(const void* tile, unsigned mn_bytes) {
+  return static_cast<unsigned long long>((smem_u32(tile) >> 4) & 0x3FFF) |
+         (static_cast<unsigned long long>((mn_bytes >> 4) & 0x3FFF) << 16) |
+         (static_cast<unsigned long long>(1024 >> 4) << 32) | (1ull << 62);
+}
+
 // ---- register rebalancing between a warpgroup that only copies and those that multiply ----
 template <int N> __device__ __forceinline__ void regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
-// A barrier among the `threads` threads of the consumer warpgroups only (id 1; 0 is __syncthreads).
+// A barrier among the consumer warpgroups' `threads` threads (and any reader's warps that join
+// them), id 1; 0 is __syncthreads.
 __device__ __forceinline__ void consumers_sync(int threads) { asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory"); }
 
 }  // namespace

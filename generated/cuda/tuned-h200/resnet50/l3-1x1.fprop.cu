@@ -33,7 +33,6 @@ constexpr int CONSUMERS = WARPS_M / 4, THREADS = (CONSUMERS + 1) * 128;  // and 
 constexpr int STAGES = 4;
 constexpr int RING = 4;  // stages allocated: a block never runs more K-steps than this many
 constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTES + B_BYTES;
-constexpr int C_STEPS = C / BK, STEPS = R * S * C_STEPS;          // the reduction: 64 channels of one tap a step
 // A consumer warpgroup holds 64 x BN fp32 accumulators: warp w of it rows 16*w.. as FN
 // blocks of 16x16 (wgmma's m64nNk16 D fragment), so the epilogue drains them as it drains
 // the other wgmma kinds' (FM = 1 step of 64 rows per group).
@@ -46,9 +45,11 @@ constexpr int GEMM_N = 256;                           // K
 // each; the producer gives back all but 40 and the consumers take them (2 x 128 x 232 +
 // 128 x 40 = 64512 of the SM's 65536).  One consumer group has 255 registers from the start.
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
-static_assert(C % BK == 0 && BM == 64 * CONSUMERS && CONSUMERS <= 2 && RING <= STAGES, "a stage is 64 channels of one tap; 64 rows a warpgroup");
+static_assert(BM == 64 * CONSUMERS && CONSUMERS <= 2 && RING <= STAGES, "64 rows a consumer warpgroup");
 static_assert(1024 + RING * (STAGE_BYTES + 16) <= SMEM_BYTES, "the ring and its barriers overflow shared memory");
 static_assert(1024 + RING * 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the epilogue's scratch overflows shared memory");
+constexpr int C_STEPS = C / BK, STEPS = R * S * C_STEPS;  // the reduction: 64 channels of one tap a step
+static_assert(C % BK == 0, "a stage is 64 channels of one tap");
 
 // One 16x16 block of a warp's accumulators: x[e] is row lane/4 + 8*(e%4/2), column
 // 8*(e/4) + 2*(lane%4) + e%2 of the block (PTX's D fragment of m16n8k16, and of each warp's
@@ -139,29 +140,105 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
     }
   }
 }
+
+// ---- the ring: RING stages of STAGE_BYTES, each with two mbarriers.  full[s] completes
+//      when stage s has landed (the producer's arrival and the stage's bytes), empty[s]
+//      when every consumer warpgroup has finished reading it ----
+struct Ring {
+  unsigned long long* full;
+  unsigned long long* empty;
+  unsigned char* stages;  // on a 1024-byte boundary: the 128-byte swizzle's atom
+
+  __device__ __forceinline__ unsigned char* stage(int s) const { return stages + s * STAGE_BYTES; }
+};
+
+// The barriers first, then the stages on the next 1024-byte boundary.  The whole block
+// calls it: one thread initialises the barriers, and all wait until they are.  A stage is
+// free again once `readers` arrivals (one per consumer warpgroup, and any reader) are in.
+__device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned readers) {
+  Ring ring;
+  ring.full = reinterpret_cast<unsigned long long*>(smem_raw);
+  ring.empty = ring.full + RING;
+  ring.stages = smem_raw + RING * 16 + (1024 - (smem_u32(smem_raw) + RING * 16) % 1024) % 1024;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < RING; ++s) {
+      mbar_init(&ring.full[s], 1);            // the producer's arrival, plus the stage's bytes
+      mbar_init(&ring.empty[s], readers);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  return ring;
+}
+
+// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
+// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
+template <class Load>
+__device__ __forceinline__ void produce(const Ring& ring, int steps, Load load) {
+  int stage = 0;
+  unsigned parity = 0;
+  for (int step = 0; step < steps; ++step) {
+    mbar_wait(&ring.empty[stage], parity ^ 1);  // the first pass over the ring finds every stage free
+    mbar_expect_bytes(&ring.full[stage], STAGE_BYTES);
+    load(step, ring.stage(stage), &ring.full[stage]);
+    if (++stage == RING) {
+      stage = 0;
+      parity ^= 1;
+    }
+  }
+}
+
+// A consumer warpgroup: for each K-step, waits for its stage and issues `mma(stage)` as one
+// batch of wgmma.  One batch stays in flight while the next stage is awaited; the one
+// before it has finished reading its stage, which goes back to the producer.
+template <class Mma>
+__device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
+  int stage = 0;
+  unsigned parity = 0;
+  for (int step = 0; step < steps; ++step) {
+    mbar_wait(&ring.full[stage], parity);
+    wgmma_fence();
+    mma(static_cast<const unsigned char*>(ring.stage(stage)));
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[(stage + RING - 1) % RING]);
+    if (++stage == RING) {
+      stage = 0;
+      parity ^= 1;
+    }
+  }
+  wgmma_wait<0>();
+}
+
+// A reader beside the consumers (whole warps, `threads` threads, one of them the `leader`):
+// for each K-step, waits for its stage, calls `read(stage)`, and releases the stage with
+// one arrival once every one of its threads has read.
+template <class Read>
+__device__ __forceinline__ void read_ring(const Ring& ring, int steps, int threads, bool leader, Read read) {
+  int stage = 0;
+  unsigned parity = 0;
+  for (int step = 0; step < steps; ++step) {
+    mbar_wait(&ring.full[stage], parity);
+    read(static_cast<const unsigned char*>(ring.stage(stage)));
+    asm volatile("bar.sync 2, %0;\n" ::"r"(threads) : "memory");  // the reader's threads only
+    if (leader) mbar_arrive(&ring.empty[stage]);
+    if (++stage == RING) {
+      stage = 0;
+      parity ^= 1;
+    }
+  }
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_fprop_tma_128x256x64_s4_sm90_14x14_c1024_k256_1x1_s11_p00_d11_548ed30a(
     const __grid_constant__ TmaMap x_map, const __grid_constant__ TmaMap w_map,
 const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // The barriers first, then the ring on the next 1024-byte boundary (the swizzle's atom).
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem_raw);
-  unsigned long long* empty = full + RING;
-  unsigned char* ring = smem_raw + RING * 16 + (1024 - (smem_u32(smem_raw) + RING * 16) % 1024) % 1024;
+  const Ring ring = ring_init(smem_raw, CONSUMERS);
   const long long m_total = static_cast<long long>(batch) * (P * Q);
   const long long tile_m = static_cast<long long>(blockIdx.x) * BM;
   const int tile_n = static_cast<int>(blockIdx.y) * BN;
   const int group = static_cast<int>(threadIdx.x) / 128;
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < RING; ++s) {
-      mbar_init(&full[s], 1);            // the producer's arrival, plus the stage's bytes
-      mbar_init(&empty[s], CONSUMERS);   // one arrival per consumer warpgroup
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
 
   if (group == CONSUMERS) {
     // ---- the producer: one thread walks the reduction, tap by tap, 64 channels a step ----
@@ -175,21 +252,12 @@ const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
       // zeros outside the image: the padding, and the rows past the batch's last pixel.
       const int n0 = static_cast<int>(tile_m / (P * Q)), pq = static_cast<int>(tile_m % (P * Q));
       const int h0 = pq / Q * SH - PH, w0 = pq % Q * SW - PW;
-      int stage = 0;
-      unsigned parity = 0;
-      for (int step = 0; step < STEPS; ++step) {
+      produce(ring, STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
         const int tap = step / C_STEPS, c0 = step % C_STEPS * BK;
-        mbar_wait(&empty[stage], parity ^ 1);  // the first pass over the ring finds every stage free
-        mbar_expect_bytes(&full[stage], STAGE_BYTES);
-        unsigned char* a = ring + stage * STAGE_BYTES;
-        tma_load_im2col(a, &x_map, &full[stage], c0, w0, h0, n0, static_cast<unsigned short>(tap % S * DW),
+        tma_load_im2col(a, &x_map, bar, c0, w0, h0, n0, static_cast<unsigned short>(tap % S * DW),
                         static_cast<unsigned short>(tap / S * DH));
-        tma_load_2d(a + A_BYTES, &w_map, &full[stage], tap * C + c0, tile_n);  // w as [K][R*S*C]
-        if (++stage == RING) {
-          stage = 0;
-          parity ^= 1;
-        }
-      }
+        tma_load_2d(a + A_BYTES, &w_map, bar, tap * C + c0, tile_n);  // w as [K][R*S*C]
+      });
     }
   } else {
     // ---- the consumers: warpgroup `group` multiplies rows 64*group.. of the tile ----
@@ -199,30 +267,16 @@ const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
     for (int j = 0; j < FN; ++j)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    int stage = 0;
-    unsigned parity = 0;
-    for (int step = 0; step < STEPS; ++step) {
-      mbar_wait(&full[stage], parity);
-      const unsigned char* a = ring + stage * STAGE_BYTES + group * 64 * 128;  // 64 rows of 128 bytes
-      const unsigned char* b = ring + stage * STAGE_BYTES + A_BYTES;
-      wgmma_fence();
+    consume(ring, STEPS, [&](const unsigned char* stage) {
+      const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
+      const unsigned char* b = stage + A_BYTES;
 #pragma unroll
       for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_desc(b, kk * 32));
-      wgmma_commit();
-      // One batch stays in flight while the next stage is awaited; the one before it has
-      // finished reading its stage, which goes back to the producer.
-      wgmma_wait<1>();
-      if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(stage + RING - 1) % RING]);
-      if (++stage == RING) {
-        stage = 0;
-        parity ^= 1;
-      }
-    }
-    wgmma_wait<0>();
+    });
     consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
                                       // (the producer's copies have all landed: every stage was awaited)
 
-    drain(acc, ring, [&](int row, int col, float (&v)[EPT]) {
+    drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
       const long long m = tile_m + row;
       const int n = tile_n + col;
       if (m >= m_total) return;

@@ -1,14 +1,15 @@
-"""Probe: the TMA main loop (TmaWgmma) on every fprop layer it can run, beside convgen's
-current plan (tuned or default) and cuDNN, in one process on the same bytes.
+"""Probe: the TMA main loop (TmaWgmma) on every layer of one pass it can run, beside
+convgen's current plan (tuned or default) and cuDNN, in one process on the same bytes.
 
-For each layer of the chosen suites whose C is a multiple of 64 (planner.tma_eligible), it
-times cuDNN (PyTorch, channels_last fp16, cudnn.benchmark, no bias), convgen's current
-plan, and each TMA candidate (convgen.candidates), with `convgen bench`'s method: CUDA
+For each layer of the chosen suites that the loop can run (planner.tma_eligible), it times
+cuDNN (PyTorch, channels_last fp16, cudnn.benchmark; fprop without bias, dgrad dx alone,
+wgrad dW alone),
+convgen's current plan, and each TMA candidate (convgen.candidates), with `convgen bench`'s method: CUDA
 events around each call, a spin kernel ahead so no host gap is timed, the L2 flushed
 before every rep, reps interleaved.  Every output is checked against cuDNN's first.  The
 candidates' kernels are compiled in parallel first (one NVRTC process per kernel).
 
-    python3 benchmarks/probes/tma_fprop.py --suites resnet50 large --reps 10 --out tma.json
+    python3 benchmarks/probes/tma_probe.py --pass dgrad --suites resnet50 large --reps 10 --out tma.json
 
 This is a probe for choosing the planner's rule, not the same-work bench: it reports GPU
 time only.  The bench (`convgen bench`) gives the three figures per row.
@@ -50,7 +51,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--out", default=None)
     ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--pass", dest="pass_", choices=("fprop", "dgrad", "wgrad"), default="fprop")
     args = ap.parse_args()
+    ps = Pass.parse(args.pass_)
     target = detect_target()
     gpu = _gpu_name(cp.cuda.Device().id)
     torch.backends.cudnn.benchmark = True
@@ -58,16 +61,16 @@ def main() -> int:
     for suite in args.suites:
         for layer in SUITES[suite]:
             p = layer.problem
-            if tma_eligible(p.geometry, Pass.FPROP, target) is None:
-                layers.append((suite, layer, [c for c in candidates(p, Pass.FPROP, target) if c.tma]))
+            if tma_eligible(p.geometry, ps, target) is None:
+                layers.append((suite, layer, [c for c in candidates(p, ps, target) if c.tma]))
     print(f"{len(layers)} layers; GPU {gpu}", flush=True)
 
     t0 = time.perf_counter()
     sources = []
     for _, layer, plans in layers:
-        cur = tuned_plan(gpu, layer.problem.geometry, Pass.FPROP, "float16", target.arch)
+        cur = tuned_plan(gpu, layer.problem.geometry, ps, "float16", target.arch, layer.problem.n)
         for plan in [cur] + plans:
-            src = emit(make_spec(layer.problem, Pass.FPROP, target=target, plan_=plan))
+            src = emit(make_spec(layer.problem, ps, target=target, plan_=plan))
             sources.append((src.source, src.compile_arch))
     for i in range(0, len(sources), args.jobs):
         for why in _compile_all(sources[i:i + args.jobs], time.perf_counter() + 600):
@@ -86,29 +89,44 @@ def main() -> int:
             g.manual_seed(1)
             x = torch.randn(p.x_shape, generator=g, device="cuda").half()
             w = (torch.randn(p.w_shape, generator=g, device="cuda") / (p.r * p.s * p.c) ** 0.5).half()
-            xt, wt = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2)
-            cx, cw = cp.from_dlpack(x), cp.from_dlpack(w)
+            dy = torch.randn(p.y_shape, generator=g, device="cuda").half()
+            xt, wt, dyt = x.permute(0, 3, 1, 2), w.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)
             geo = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
-            ref = cp.from_dlpack(F.conv2d(xt, wt, None, **geo).permute(0, 2, 3, 1).contiguous())
-            ops = [("cudnn", lambda: F.conv2d(xt, wt, None, **geo))]
+            cw = cp.from_dlpack(w)
+            if ps is Pass.FPROP:
+                ca, out_shape = cp.from_dlpack(x), p.y_shape
+                ops = [("cudnn", lambda: F.conv2d(xt, wt, None, **geo))]
+                ref = cp.from_dlpack(ops[0][1]().permute(0, 2, 3, 1).contiguous())
+            else:  # dx alone, or dW alone, as the same-work bench computes them
+                aten = torch.ops.aten
+                dx_only = ps is Pass.DGRAD
+                ops = [("cudnn", lambda: aten.convolution_backward(dyt, xt, wt, None, list(p.stride), list(p.padding),
+                                                                   list(p.dilation), False, [0, 0], 1,
+                                                                   [dx_only, not dx_only, False]))]
+                ref = cp.from_dlpack(ops[0][1]()[0 if dx_only else 1].permute(0, 2, 3, 1).contiguous())
+                if dx_only:
+                    ca, cw, out_shape = cp.from_dlpack(dy), cp.from_dlpack(w), p.x_shape
+                else:  # convgen's wgrad takes (x, dy)
+                    ca, cw, out_shape = cp.from_dlpack(x), cp.from_dlpack(dy), p.w_shape
             errs = {}
             for name, plan in [("current", None)] + [(c.brief(), c) for c in plans]:
                 try:
-                    op = convgen.prepare("fprop", p.x_shape, p.w_shape, plan=plan, **geo)
-                    y = cp.full(p.y_shape, cp.nan, dtype=cp.float16)
-                    op(cx, cw, out=y)
+                    op = convgen.prepare(ps.value, p.x_shape, p.w_shape, plan=plan, **geo)
+                    y = cp.full(out_shape, cp.nan, dtype=cp.float16)
+                    op(ca, cw, out=y)
                     errs[name] = _rel(y, ref)
                 except Exception as exc:  # noqa: BLE001 - a probe reports and goes on
                     print(f"{suite}/{layer.name} {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
                     continue
-                ops.append((name, lambda op=op, y=y: op(cx, cw, out=y)))
+                ops.append((name, lambda op=op, y=y: op(ca, cw, out=y)))
             for _, fn in ops:
                 fn()
             times = {k: statistics.median(v) for k, v in time_interleaved(dev, ops, args.reps).items()}
-            tflop = 2 * p.gemm(Pass.FPROP).m * p.gemm(Pass.FPROP).n * p.gemm(Pass.FPROP).k / 1e12
+            gm = p.gemm(ps)
+            tflop = 2 * gm.m * gm.n * gm.k / 1e12
             tma = {k: v for k, v in times.items() if k not in ("cudnn", "current")}
             best = min(tma, key=tma.get) if tma else None
-            row = dict(suite=suite, layer=layer.name, shape=p.describe(), gflop=tflop * 1e3, us=times, err=errs,
+            row = dict(pass_=ps.value, suite=suite, layer=layer.name, shape=p.describe(), gflop=tflop * 1e3, us=times, err=errs,
                        best_tma=best)
             rows.append(row)
             cur = times.get("current")
