@@ -222,7 +222,10 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring; barriers follow it
         pipeline = max(pipeline, plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4)
-        return TMA_ALIGN_SLACK + pipeline + ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
+        barriers = ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
+        if pass_ is Pass.WGRAD:  # and db's reader-done barrier, padded to 16 bytes
+            barriers += TMA_BARRIER_BYTES
+        return TMA_ALIGN_SLACK + pipeline + barriers
     # The drain's per-warp strips (slice 0's warps drain), and with sliced K the sums the
     # other slices park for slice 0 (mainloop), which use the same freed stages first.
     epilogue = plan.warps_m * plan.warps_n * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4

@@ -39,15 +39,15 @@ constexpr int A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2, STAGE_BYTES = A_BYTE
 constexpr int FM = 1, FN = BN / 16, WG_ROWS = 64;
 constexpr int DRAIN_G = 4;                      // fragments drained side by side
 constexpr int EPI_LD = 16 * DRAIN_G + 8;            // per-warp fp32 epilogue scratch row
-constexpr int SMEM_BYTES = 197728;                    // what the launcher allocates
+constexpr int SMEM_BYTES = 197744;                    // what the launcher allocates
 constexpr int GEMM_N = 1152;                           // R*S*C
 // setmaxnreg: with two consumer warpgroups the block's 384 threads start at 168 registers
 // each; the producer gives back all but 40 and the consumers take them (2 x 128 x 232 +
 // 128 x 40 = 64512 of the SM's 65536).  One consumer group has 255 registers from the start.
 constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(BM == 64 * CONSUMERS && CONSUMERS <= 2 && RING <= STAGES, "64 rows a consumer warpgroup");
-static_assert(1024 + RING * (STAGE_BYTES + 16) <= SMEM_BYTES, "the ring and its barriers overflow shared memory");
-static_assert(1024 + RING * 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the epilogue's scratch overflows shared memory");
+static_assert(1024 + RING * (STAGE_BYTES + 16) + 16 <= SMEM_BYTES, "the ring and its barriers overflow shared memory");
+static_assert(1024 + RING * 16 + 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the epilogue's scratch overflows shared memory");
 constexpr int RSC = R * S * C;
 constexpr int BOX_BYTES = 64 * BK * 2;  // 64 pixels x 64 filters (A) or channels (B)
 static_assert(C % 64 == 0 && BN % 64 == 0, "a B box is 64 channels of one filter tap");
@@ -148,6 +148,7 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 struct Ring {
   unsigned long long* full;
   unsigned long long* empty;
+  unsigned long long* reader_done;  // completes when the reader has read its last stage
   unsigned char* stages;  // on a 1024-byte boundary: the 128-byte swizzle's atom
 
   __device__ __forceinline__ unsigned char* stage(int s) const { return stages + s * STAGE_BYTES; }
@@ -160,12 +161,15 @@ __device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned read
   Ring ring;
   ring.full = reinterpret_cast<unsigned long long*>(smem_raw);
   ring.empty = ring.full + RING;
-  ring.stages = smem_raw + RING * 16 + (1024 - (smem_u32(smem_raw) + RING * 16) % 1024) % 1024;
+  ring.reader_done = ring.empty + RING;
+  constexpr int BARRIER_BYTES = RING * 16 + 16;
+  ring.stages = smem_raw + BARRIER_BYTES + (1024 - (smem_u32(smem_raw) + BARRIER_BYTES) % 1024) % 1024;
   if (threadIdx.x == 0) {
     for (int s = 0; s < RING; ++s) {
       mbar_init(&ring.full[s], 1);            // the producer's arrival, plus the stage's bytes
       mbar_init(&ring.empty[s], readers);
     }
+    mbar_init(ring.reader_done, 1);
     mbar_init_fence();
   }
   __syncthreads();
@@ -213,7 +217,8 @@ __device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
 
 // A reader beside the consumers (whole warps, `threads` threads, one of them the `leader`):
 // for each K-step, waits for its stage, calls `read(stage)`, and releases the stage with
-// one arrival once every one of its threads has read.
+// one arrival once every one of its threads has read; at the end it completes reader_done,
+// which the consumers await before the drain reuses the stages.
 template <class Read>
 __device__ __forceinline__ void read_ring(const Ring& ring, int steps, int threads, bool leader, Read read) {
   int stage = 0;
@@ -228,6 +233,7 @@ __device__ __forceinline__ void read_ring(const Ring& ring, int steps, int threa
       parity ^= 1;
     }
   }
+  if (leader) mbar_arrive(ring.reader_done);  // every thread has read every stage (the bar.sync above)
 }
 
 // The pixel steps of slice blockIdx.z: [first, first + count) of ceil(pixels / BK).
@@ -291,7 +297,6 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
             sum[d] += __half2float(*reinterpret_cast<const __half*>(box + row * 128 + ((chunk ^ (row % 8)) * 16) + within));
         }
       });
-      consumers_sync(CONSUMERS * 128 + DB_THREADS);  // the drain may reuse the ring once these warps have read it
 #pragma unroll
       for (int d = 0; d < DB_PER; ++d) {
         const int m = tile_m + t + d * DB_THREADS;
@@ -314,8 +319,8 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
       for (int kk = 0; kk < BK / 16; ++kk)  // 16 pixels: two of each box's 8-row atoms
         wgmma_m64(acc[0], sw128_mn_desc(a + kk * 2048, BOX_BYTES), sw128_mn_desc(b + kk * 2048, BOX_BYTES));
     });
-    // No MMA, and no db warp, reads the ring any more: it becomes the drain's scratch.
-    consumers_sync(CONSUMERS * 128 + (db_block ? 96 : 0));
+    if (db_block) mbar_wait(ring.reader_done, 0);  // nor do the db warps
+    consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
 
     drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
       const int m = tile_m + row;

@@ -159,7 +159,8 @@ __device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned read
   Ring ring;
   ring.full = reinterpret_cast<unsigned long long*>(smem_raw);
   ring.empty = ring.full + RING;
-  ring.stages = smem_raw + RING * 16 + (1024 - (smem_u32(smem_raw) + RING * 16) % 1024) % 1024;
+  constexpr int BARRIER_BYTES = RING * 16;
+  ring.stages = smem_raw + BARRIER_BYTES + (1024 - (smem_u32(smem_raw) + BARRIER_BYTES) % 1024) % 1024;
   if (threadIdx.x == 0) {
     for (int s = 0; s < RING; ++s) {
       mbar_init(&ring.full[s], 1);            // the producer's arrival, plus the stage's bytes
@@ -208,25 +209,6 @@ __device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
     }
   }
   wgmma_wait<0>();
-}
-
-// A reader beside the consumers (whole warps, `threads` threads, one of them the `leader`):
-// for each K-step, waits for its stage, calls `read(stage)`, and releases the stage with
-// one arrival once every one of its threads has read.
-template <class Read>
-__device__ __forceinline__ void read_ring(const Ring& ring, int steps, int threads, bool leader, Read read) {
-  int stage = 0;
-  unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.full[stage], parity);
-    read(static_cast<const unsigned char*>(ring.stage(stage)));
-    asm volatile("bar.sync 2, %0;\n" ::"r"(threads) : "memory");  // the reader's threads only
-    if (leader) mbar_arrive(&ring.empty[stage]);
-    if (++stage == RING) {
-      stage = 0;
-      parity ^= 1;
-    }
-  }
 }
 }  // namespace
 
