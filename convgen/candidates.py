@@ -14,8 +14,8 @@ import math
 
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma
-from .planner import (check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan, tma_eligible,
-                      tma_splits, tma_tile_cost, tma_tiles)
+from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
+from .tma_rules import tma_eligible, tma_splits, tma_tile_cost, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp

@@ -23,6 +23,7 @@ from .ir import (
 )
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
+from .tma_rules import TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_splits, tma_tile_cost, tma_tiles  # noqa: F401
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -466,52 +467,6 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
         raise ValueError(f"Wgmma: the wgmma main loop {why}")
 
 
-# The TMA main loop's tiles (block_m, block_n, stages) and the TFLOP/s each sustained on the
-# H200 over many waves (VGG-16 conv4_2 at batch 64: 36 K-steps, 1,176 to 4,704 tiles;
-# benchmarks/results/2026-12-01_h200_tma-probe_*.json).  The stages fill an H200 block's
-# 227 KB.  The default takes the tile whose waves cost least: ceil(tiles / SMs) x (tile
-# FLOPs / its rate), so a layer with few tiles trades the 128x256 tile's rate for waves.
-TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
-    (128, 256, 4, 704.0), (64, 256, 5, 647.0), (128, 128, 6, 625.0), (64, 128, 4, 525.0), (64, 64, 6, 349.0),
-)  # (128x64 on 8 stages was measured too: slower than 64x64 on every layer with N = 64)
-# Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
-TMA_MIN_STEPS = 8
-
-
-# wgrad's split-K slices each write an fp32 partial of dW that the reduction reads back:
-# their traffic, at the H200's measured bandwidth, is part of a split's cost.
-HBM_BYTES_PER_US = 4.2e6
-MAX_TMA_SPLIT = 64
-
-
-def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,
-                  split: int = 1) -> tuple[int, float]:
-    """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
-    reducing its share of K at the tile's measured rate (an SM's part of it), plus a split's
-    workspace traffic."""
-    gemm = problem.gemm(pass_)
-    blocks = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * split
-    steps = math.ceil(math.ceil(gemm.k / TMA_BLOCK_K) / split)
-    block_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
-    traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
-    return blocks, math.ceil(blocks / target.sm_count) * block_us + traffic
-
-
-def tma_tiles(n: int) -> tuple[tuple[int, int, int, float], ...]:
-    """The TMA tiles worth running on a GEMM N of ``n``: none much wider than N, whose
-    extra columns would only multiply padding."""
-    return tuple(t for t in TMA_TILES if t[1] <= max(_fit(n, 256), 64))
-
-
-def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:
-    """The split-K counts a TMA plan may take: 1 for fprop and dgrad (a block reduces its
-    tile's whole K), powers of two and a few between for wgrad's long pixel reduction."""
-    if pass_ is not Pass.WGRAD:
-        return (1,)
-    steps = math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)
-    return tuple(s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= min(steps, MAX_TMA_SPLIT))
-
-
 def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int) -> Plan:
     gemm = problem.gemm(pass_)
     costed = [(tma_tile_cost(problem, pass_, target, bm, bn, rate, split), bm, bn, stages, rate, split)
@@ -543,43 +498,6 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
         f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",
     ]
     return _replace(chosen, reasons=tuple(reasons))
-
-
-def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:
-    """Why the TMA main loop cannot run this layer (None when it can).  The limits are the
-    copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
-    (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
-    16-byte units.  fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows,
-    and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes; dgrad
-    reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, but
-    walks dy one pixel per dx pixel (stride 1)."""
-    if not (target.info.tma and target.info.wgmma):
-        return f"needs the tensor memory accelerator and warpgroup MMAs (sm_90a), which {target.arch} does not have"
-    if in_dtype != "float16":
-        return "copies fp16 inputs as they are (the copy engine cannot cast)"
-    g = geometry
-    (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
-    if pass_ is not Pass.DGRAD:
-        if g.c % 64:
-            return f"stages 64 channels of one tap per box: C={g.c} is not a multiple of 64"
-        if pass_ is Pass.WGRAD and g.k % 8:
-            return f"copies dy's rows as whole 16-byte runs: K={g.k} is not a multiple of 8"
-        if max(sh, sw) > 8:
-            return f"walks the image at most 8 pixels per step: stride {g.stride} is larger"
-        # the bounding box's corners: -padding and padding - reach
-        corners = ((ph, (g.r - 1) * dh, "H"), (pw, (g.s - 1) * dw, "W"))
-    else:
-        if (sh, sw) != (1, 1):
-            return f"computes stride-1 dgrad only (strided dgrad keeps its residue classes): stride {g.stride}"
-        if g.k % 8 or g.c % 8:
-            return f"copies whole 16-byte runs: K={g.k} and C={g.c} must be multiples of 8"
-        # the flipped filter's padding (reach - padding) takes the padding's place
-        corners = (((g.r - 1) * dh - ph, (g.r - 1) * dh, "H"), ((g.s - 1) * dw - pw, (g.s - 1) * dw, "W"))
-    for pad, reach, axis in corners:
-        if not -127 <= pad <= 128 or not -128 <= pad - reach <= 127:
-            return (f"needs the bounding box's corners within [-128, 127] of the image's edges: along {axis}, "
-                    f"padding {pad} and filter reach {reach} are too far")
-    return None
 
 
 # StagedHalo keeps its whole input halo in shared memory next to the pipeline.

@@ -1,0 +1,109 @@
+"""The TMA main loop's rules, apart from the rest of the planner: where Hopper's copy
+engine can run a layer, the tiles it runs with and the rate each sustained on the H200, and
+the cost model the planner and the tuner's candidates choose a tile (and wgrad's split) by.
+
+Kept in one place so that a new measurement changes one table, and so that what the loop
+can run (:func:`tma_eligible`) is read by the planner, the plan checker and the candidates
+alike.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
+from .mainloop import FRAG, TMA_BLOCK_K
+
+
+def _fit(extent: int, cap: int) -> int:
+    """Smallest power-of-two tile >= extent (at least one fragment), capped."""
+    t = FRAG
+    while t < extent and t < cap:
+        t *= 2
+    return t
+
+
+# The TMA main loop's tiles (block_m, block_n, stages) and the TFLOP/s each sustained on the
+# H200 over many waves (VGG-16 conv4_2 at batch 64: 36 K-steps, 1,176 to 4,704 tiles;
+# benchmarks/results/2026-12-01_h200_tma-probe_*.json).  The stages fill an H200 block's
+# 227 KB.  The default takes the tile (and for wgrad the split) whose predicted time is
+# least (tma_tile_cost), so a layer with few tiles trades the 128x256 tile's rate for waves.
+# dgrad and wgrad use fprop's rates: their probes (2026-12-02_h200_tma-{dgrad,wgrad}-probe_*)
+# put the planner's choice within 5% of the best TMA tile on 46 of the 48 layers where it
+# takes the loop (resnet50's l2-3x3-down wgrad 6% and l4-1x1 wgrad 21% slower).
+TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
+    (128, 256, 4, 704.0), (64, 256, 5, 647.0), (128, 128, 6, 625.0), (64, 128, 4, 525.0), (64, 64, 6, 349.0),
+)  # (128x64 on 8 stages was measured too: slower than 64x64 on every layer with N = 64)
+# Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
+TMA_MIN_STEPS = 8
+
+
+# wgrad's split-K slices each write an fp32 partial of dW that the reduction reads back:
+# their traffic, at the H200's measured bandwidth, is part of a split's cost.
+HBM_BYTES_PER_US = 4.2e6
+MAX_TMA_SPLIT = 64
+
+
+def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,
+                  split: int = 1) -> tuple[int, float]:
+    """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
+    reducing its share of K at the tile's measured rate (an SM's part of it), plus a split's
+    workspace traffic."""
+    gemm = problem.gemm(pass_)
+    blocks = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * split
+    steps = math.ceil(math.ceil(gemm.k / TMA_BLOCK_K) / split)
+    block_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
+    traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
+    return blocks, math.ceil(blocks / target.sm_count) * block_us + traffic
+
+
+def tma_tiles(n: int) -> tuple[tuple[int, int, int, float], ...]:
+    """The TMA tiles worth running on a GEMM N of ``n``: none much wider than N, whose
+    extra columns would only multiply padding."""
+    return tuple(t for t in TMA_TILES if t[1] <= max(_fit(n, 256), 64))
+
+
+def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:
+    """The split-K counts a TMA plan may take: 1 for fprop and dgrad (a block reduces its
+    tile's whole K), powers of two and a few between for wgrad's long pixel reduction."""
+    if pass_ is not Pass.WGRAD:
+        return (1,)
+    steps = math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)
+    return tuple(s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= min(steps, MAX_TMA_SPLIT))
+
+
+def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:
+    """Why the TMA main loop cannot run this layer (None when it can).  The limits are the
+    copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
+    (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
+    16-byte units.  fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows,
+    and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes; dgrad
+    reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, but
+    walks dy one pixel per dx pixel (stride 1)."""
+    if not (target.info.tma and target.info.wgmma):
+        return f"needs the tensor memory accelerator and warpgroup MMAs (sm_90a), which {target.arch} does not have"
+    if in_dtype != "float16":
+        return "copies fp16 inputs as they are (the copy engine cannot cast)"
+    g = geometry
+    (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
+    if pass_ is not Pass.DGRAD:
+        if g.c % 64:
+            return f"stages 64 channels of one tap per box: C={g.c} is not a multiple of 64"
+        if pass_ is Pass.WGRAD and g.k % 8:
+            return f"copies dy's rows as whole 16-byte runs: K={g.k} is not a multiple of 8"
+        if max(sh, sw) > 8:
+            return f"walks the image at most 8 pixels per step: stride {g.stride} is larger"
+        # the bounding box's corners: -padding and padding - reach
+        corners = ((ph, (g.r - 1) * dh, "H"), (pw, (g.s - 1) * dw, "W"))
+    else:
+        if (sh, sw) != (1, 1):
+            return f"computes stride-1 dgrad only (strided dgrad keeps its residue classes): stride {g.stride}"
+        if g.k % 8 or g.c % 8:
+            return f"copies whole 16-byte runs: K={g.k} and C={g.c} must be multiples of 8"
+        # the flipped filter's padding (reach - padding) takes the padding's place
+        corners = (((g.r - 1) * dh - ph, (g.r - 1) * dh, "H"), ((g.s - 1) * dw - pw, (g.s - 1) * dw, "W"))
+    for pad, reach, axis in corners:
+        if not -127 <= pad <= 128 or not -128 <= pad - reach <= 127:
+            return (f"needs the bounding box's corners within [-128, 127] of the image's edges: along {axis}, "
+                    f"padding {pad} and filter reach {reach} are too far")
+    return None
