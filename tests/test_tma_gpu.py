@@ -187,18 +187,25 @@ def test_tma_dgrad_maps_follow_the_buffers():
 
 
 @st.composite
-def tma_problems(draw, k_step: int = 1):
+def tma_problems(draw, c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(1, 160), max_stride: int = 3):
+    """Layers the TMA loop runs: fprop's and wgrad's C in whole 64-channel boxes (the
+    default), dgrad's C and K in 16-byte runs at stride 1 (tma_dgrad_problems)."""
     n = draw(st.integers(1, 6))
     r, s = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    stride = (draw(st.integers(1, max_stride)), draw(st.integers(1, max_stride)))
     pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
     dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     reach_h, reach_w = (r - 1) * dil[0] + 1, (s - 1) * dil[1] + 1
     h = draw(st.integers(max(1, reach_h - 2 * pad[0]), 20))
     w = draw(st.integers(max(1, reach_w - 2 * pad[1]), 20))
-    c = 64 * draw(st.integers(1, 3))
-    k = k_step * draw(st.integers(1, 160 // k_step))
-    return ConvProblem(h, w, c, k, r, s, stride, pad, dil, n=n)
+    return ConvProblem(h, w, draw(c), draw(k), r, s, stride, pad, dil, n=n)
+
+
+EIGHTS = st.integers(1, 24).map(lambda i: 8 * i)  # 8..192 in 16-byte runs
+
+
+def tma_dgrad_problems():
+    return tma_problems(c=EIGHTS, k=EIGHTS, max_stride=1)
 
 
 @given(problem=tma_problems(), plan=st.sampled_from(TMA_PLANS), seed=st.integers(0, 2**32 - 1))
@@ -207,21 +214,7 @@ def test_fuzz_tma(problem, plan, seed):
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
 
 
-@st.composite
-def tma_dgrad_problems(draw):
-    n = draw(st.integers(1, 6))
-    r, s = draw(st.integers(1, 5)), draw(st.integers(1, 5))
-    pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
-    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
-    reach_h, reach_w = (r - 1) * dil[0] + 1, (s - 1) * dil[1] + 1
-    h = draw(st.integers(max(1, reach_h - 2 * pad[0]), 20))
-    w = draw(st.integers(max(1, reach_w - 2 * pad[1]), 20))
-    c = 8 * draw(st.integers(1, 24))
-    k = 8 * draw(st.integers(1, 24))
-    return ConvProblem(h, w, c, k, r, s, 1, pad, dil, n=n)
-
-
-@given(problem=tma_problems(k_step=8), plan=st.sampled_from(WGRAD_PLANS), bias=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@given(problem=tma_problems(k=st.integers(1, 20).map(lambda i: 8 * i)), plan=st.sampled_from(WGRAD_PLANS), bias=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_wgrad(problem, plan, bias, seed):
     res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
     check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
