@@ -1,9 +1,9 @@
 """Tensor maps: the descriptors that Hopper's copy engine (TMA) reads, encoded on the host.
 
-A :class:`~convgen.mainloop.TmaWgmma` kernel takes two ``CUtensorMap`` values by value: one
-for the activations (fprop's x, dgrad's dy), in the copy engine's im2col mode (so it gathers
-the filter taps and reads zeros in the padding), and one for the weights as plain tiles.  A map holds its
-tensor's base address, so it is encoded for each pair of base addresses a call brings;
+A :class:`~convgen.mainloop.TmaWgmma` kernel takes two ``CUtensorMap`` values by value: the
+gathered activations (fprop's and wgrad's x, dgrad's dy) in the copy engine's im2col mode,
+so it gathers the filter taps and reads zeros in the padding, and the other operand (w, or
+wgrad's dy) as plain tiles.  A map holds its tensor's base address, so it is encoded for each pair of base addresses a call brings;
 frameworks reuse their buffers, so :class:`TmaMaps` keeps the maps it has made, keyed by
 address, and a repeat call costs two dictionary reads.
 
@@ -86,9 +86,9 @@ def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str) -> 
 
 
 def im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
-    """fprop's and wgrad's x: a box is ``block_m`` output pixels x 64 channels of one filter tap.  Its
-    bounding box is where tap (0, 0) reaches over the output grid: from -padding at the top
-    left to padding - (filter reach) past the bottom right, walked with the conv's stride."""
+    """fprop's and wgrad's x: a box is ``block_m`` output pixels x 64 channels of one filter
+    tap.  Its bounding box is where tap (0, 0) reaches over the output grid: from -padding at
+    the top left to padding - (filter reach) past the bottom right, walked with the stride."""
     p = problem
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     return _im2col(ptr, (p.c, p.w, p.h, p.n), (-pw, -ph), (pw - (p.s - 1) * dw, ph - (p.r - 1) * dh), (sw, sh),
