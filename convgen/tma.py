@@ -3,9 +3,10 @@
 A :class:`~convgen.mainloop.TmaWgmma` kernel takes two ``CUtensorMap`` values by value: the
 gathered activations (fprop's and wgrad's x, dgrad's dy) in the copy engine's im2col mode,
 so it gathers the filter taps and reads zeros in the padding, and the other operand (w, or
-wgrad's dy) as plain tiles.  A map holds its tensor's base address, so it is encoded for each pair of base addresses a call brings;
-frameworks reuse their buffers, so :class:`TmaMaps` keeps the maps it has made, keyed by
-address, and a repeat call costs two dictionary reads.
+wgrad's dy) as plain tiles.  A map holds its tensor's base address, so it is encoded for
+each pair of base addresses a call brings; frameworks reuse their buffers, so
+:class:`TmaMaps` keeps the maps it has made, keyed by address, and a repeat call costs two
+dictionary reads.
 
 The encoders are the CUDA driver's ``cuTensorMapEncodeIm2col`` and
 ``cuTensorMapEncodeTiled``, called through NVIDIA's ``cuda-bindings`` (the ``cuda12`` and
