@@ -501,7 +501,7 @@ def test_every_shipped_tuned_plan_round_trips():
     and without the layer they were tuned for."""
     db = json.loads((ROOT / "convgen" / "tuning" / "nvidia-h200.json").read_text())
     entries = [e for gpu in db["gpus"].values() for e in gpu.values()]
-    assert len(entries) == 69
+    assert len(entries) == 58  # 69 until resnet50's dgrad/wgrad entries the TMA default matches were dropped
     kinds = set()
     for e in entries:
         problem = ConvProblem(**e["shape"])
@@ -509,7 +509,8 @@ def test_every_shipped_tuned_plan_round_trips():
             assert plan.as_dict() == e["plan"]
             assert json.dumps(plan.as_dict(), sort_keys=True) == json.dumps(e["plan"], sort_keys=True)
         kinds.add(type(Plan.from_dict(e["plan"], problem, e["pass"]).loop).__name__)
-    assert kinds == {"Im2col", "HaloTile", "HaloLdsm", "FlatHalo", "StagedHalo", "TmaWgmma"}
+    # (its FlatHalo entries went with resnet50's dropped ones; test_plan_dicts_keep_their_format round-trips the kind)
+    assert kinds == {"Im2col", "HaloTile", "HaloLdsm", "StagedHalo", "TmaWgmma"}
 
 
 def test_the_emitters_view_of_each_kind():
