@@ -8,7 +8,7 @@ with two caches in front of NVRTC:
 
 * an in-memory cache (binaries, and modules already loaded on each device), so
   a training loop that asks for the same kernel every step pays a dict lookup;
-* an on-disk cache (modelled on Triton's), so a new process does not pay the
+* an on-disk cache (modelled on Triton's; convgen/kernel_store.py), so a new process does not pay the
   NVRTC time again.  Entries are keyed by a sha256 over everything that can
   change the binary (see :func:`cache_key`) and carry a header (the key's hash,
   the arch, the payload's length and sha256) that is checked on every read, so a
@@ -23,7 +23,7 @@ Design choices, and why:
 * **Headers are looked up by hand.**  NVRTC has most CUDA headers built in, but
   not ``<mma.h>`` (WMMA), which includes ``crt/mma.h``.  With a pip-installed
   CUDA (no toolkit), CuPy finds no CUDA path and passes no ``-I``; see
-  :func:`cuda_include_dirs`.
+  :func:`~convgen.cuda_headers.cuda_include_dirs` (convgen/cuda_headers.py).
 * **Writes are atomic, with no locks.**  Each writer writes its own temp file in
   the cache directory, fsyncs it and ``os.replace``-s it into place.  Two
   processes compiling the same kernel both write identical bytes and the last
@@ -68,19 +68,17 @@ What CuPy (checked against cupy-cuda13x 14.2) offers, and what is used here:
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import struct
-import sys
 import tempfile
 import threading
-import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from . import config
-from .fsio import atomic_write
+from . import config, kernel_store
+from .cuda_headers import cuda_include_dirs, hip_include_dirs
+from .kernel_store import FORMAT_TAG, _entry_path, _read_entry, _write_entry, cache_dir  # noqa: F401 (FORMAT_TAG, cache_dir: public here too)
 
 if TYPE_CHECKING:  # pragma: no cover - type hints only; CuPy is imported lazily
     import cupy
@@ -107,20 +105,10 @@ __all__ = [
     "FORMAT_TAG",
 ]
 
-#: Bumped whenever the entry layout or the key recipe changes: old entries then
-#: simply miss (their key differs) and are never misread.
-FORMAT_TAG = 3  # 3: the header holds the key's hash; 2: binaries are whole ELF files (see _whole_elf)
-_MAGIC = b"CVGNBIN\0"
-# magic, format tag, arch length, sha256 of the entry's key, payload sha256, payload length;
-# then arch bytes, payload.
-_HEADER = struct.Struct("<8sIH32s32sQ")
 _CUDA_STD = "-std=c++17"
 # NVRTC's #177-D, "declared but never referenced": the prelude defines helpers (and Map
 # members) that a given kernel may not use.  Suppressed so that any warning left is news.
 _CUDA_DIAG = "--diag-suppress=177"
-# A writer's temp file older than this is from a process that died mid-write: removed on the
-# next write into the folder.  (A live write takes milliseconds.)
-_STALE_TEMP_SECONDS = 300
 
 
 # --------------------------------------------------------------------------- errors
@@ -237,162 +225,6 @@ def _fixed_flags(arch: str, hip: bool) -> list[str]:
     return [_arch_flag(arch, hip), _CUDA_STD] + ([] if hip else [_CUDA_DIAG])
 
 
-# --------------------------------------------------------------------------- headers
-
-
-def _site_dirs() -> list[Path]:
-    seen: list[Path] = []
-    for entry in sys.path:
-        p = Path(entry or ".")
-        if p not in seen and p.is_dir():
-            seen.append(p)
-    return seen
-
-
-def _has_mma(inc: Path) -> bool:
-    return (inc / "crt" / "mma.h").is_file()
-
-
-def _with_cccl(inc: Path) -> list[str]:
-    # CUDA 13 toolkits keep libcu++/CUB under include/cccl; nvcc adds it by itself, NVRTC does not.
-    cccl = inc / "cccl"
-    return [str(inc)] + ([str(cccl)] if cccl.is_dir() else [])
-
-
-def _wheel_groups() -> list[list[Path]]:
-    """Include dirs of pip-installed CUDA wheels, grouped by layout.
-
-    CUDA 13 wheels (nvidia-cuda-runtime, -nvrtc, -crt 13.x) share one folder,
-    ``site-packages/nvidia/cu13/include``; CUDA 12 wheels each have their own,
-    ``nvidia/cuda_runtime/include``, ``nvidia/cuda_nvcc/include`` (which holds
-    ``crt/``), ...  The groups are never mixed; the one matching NVRTC's major
-    version is tried first.
-    """
-    by_major: dict[str, list[Path]] = {}
-    legacy: list[Path] = []
-    for site in _site_dirs():
-        root = site / "nvidia"
-        if not root.is_dir():
-            continue
-        for inc in sorted(root.glob("*/include")):
-            name = inc.parent.name
-            if re.fullmatch(r"cu\d+", name):
-                by_major.setdefault(name[2:], []).append(inc)
-            elif name.startswith("cuda_"):
-                legacy.append(inc)
-    major = str(_nvrtc_major() or "")
-    groups: list[list[Path]] = []
-    if major in by_major:
-        groups.append(by_major.pop(major))
-    if legacy and major == "12":
-        groups.append(legacy)
-        legacy = []
-    groups.extend(by_major[k] for k in sorted(by_major, reverse=True))
-    if legacy:
-        groups.append(legacy)
-    return groups
-
-
-_HEADER_FIX = (
-    "Fix one of: pip install 'convgen[cuda13]' (wheel nvidia-cuda-crt provides crt/mma.h "
-    "for CUDA 13) or 'convgen[cuda12]' (nvidia-cuda-nvcc-cu12 for CUDA 12); set CUDA_HOME "
-    "or CUDA_PATH to a CUDA toolkit; or set CONVGEN_CUDA_INCLUDE to the include folder(s) "
-    f"('{os.pathsep}'-separated)."
-)
-
-
-def _header_major(dirs: Sequence[Path | str]) -> int | None:
-    """The CUDA major version of a header set, from cuda.h's ``CUDA_VERSION`` (13050 -> 13)."""
-    for d in dirs:
-        try:
-            text = (Path(d) / "cuda.h").read_text(errors="replace")
-        except OSError:
-            continue
-        m = re.search(r"^\s*#\s*define\s+CUDA_VERSION\s+(\d+)", text, re.M)
-        if m:
-            return int(m.group(1)) // 1000
-    return None
-
-
-def _nvrtc_major() -> int | None:
-    try:
-        return nvrtc_version()[0]
-    except Exception:  # no CuPy / no NVRTC: headers are still reported
-        return None
-
-
-def cuda_include_dirs() -> list[str]:
-    """The ``-I`` folders NVRTC needs for ``#include <mma.h>``: headers of NVRTC's own CUDA major.
-
-    ``CONVGEN_CUDA_INCLUDE`` (``os.pathsep`` list) is taken as given.  Otherwise the
-    sources, in order, are the toolkits at ``CUDA_HOME``, ``CUDA_PATH``,
-    ``/usr/local/cuda``, then the pip wheels in ``site-packages/nvidia/*/include``;
-    of those that have ``crt/mma.h``, the first whose CUDA major (cuda.h's
-    ``CUDA_VERSION``) is the loaded NVRTC's wins, so a CUDA 12 toolkit in
-    /usr/local/cuda does not shadow the CUDA 13 wheels NVRTC 13 came with.  A source
-    of unknown major counts as a match; with no match, the first source is used.
-    Only one source is used, so headers of two CUDA versions are never mixed.  Only
-    existing folders are returned.  Raises :class:`HeaderNotFoundError`, listing
-    every place looked at and the fix, when no source has ``crt/mma.h``.
-    """
-    tried: list[str] = []
-    explicit = config.CUDA_INCLUDE.get()
-    if explicit:
-        dirs = [Path(d) for d in explicit.split(os.pathsep) if d]
-        existing = [d for d in dirs if d.is_dir()]
-        if any(_has_mma(d) for d in existing):
-            return [str(d) for d in existing]
-        raise HeaderNotFoundError(
-            f"CONVGEN_CUDA_INCLUDE={explicit!r} has no crt/mma.h (needed by #include <mma.h>). "
-            + _HEADER_FIX
-        )
-    found: list[list[str]] = []
-    roots = [(var, os.environ.get(var)) for var in ("CUDA_HOME", "CUDA_PATH")]
-    roots.append(("default", "/usr/local/cuda"))
-    for label, root in roots:
-        if not root:
-            tried.append(f"{label}: unset")
-            continue
-        incs = [Path(root) / "include", *sorted(Path(root).glob("targets/*/include"))]
-        inc = next((i for i in incs if _has_mma(i)), None)
-        if inc is not None:
-            found.append(_with_cccl(inc))
-        else:
-            tried.append(f"{label}={root}: no include/crt/mma.h")
-    for group in _wheel_groups():
-        if any(_has_mma(d) for d in group):
-            found.append([str(d) for d in group])
-        else:
-            tried.append("wheels " + ", ".join(map(str, group)) + ": no crt/mma.h")
-    if found:
-        major = _nvrtc_major()
-        return next((dirs for dirs in found if _header_major(dirs) in (major, None)), found[0])
-    if not any("wheels" in t for t in tried):
-        tried.append("pip wheels: no site-packages/nvidia/*/include")
-    raise HeaderNotFoundError(
-        "CUDA headers not found: NVRTC needs crt/mma.h for #include <mma.h>. Looked at: "
-        + "; ".join(tried) + ". " + _HEADER_FIX,
-        log="\n".join(tried),
-    )
-
-
-def hip_include_dirs() -> list[str]:
-    """ROCm's include folder (from ROCM_PATH, HIP_PATH, or /opt/rocm) for hiprtc."""
-    tried = []
-    for var, root in (
-        ("ROCM_PATH", os.environ.get("ROCM_PATH")),
-        ("HIP_PATH", os.environ.get("HIP_PATH")),
-        ("default", "/opt/rocm"),
-    ):
-        if root and (Path(root) / "include" / "hip" / "hip_runtime.h").is_file():
-            return [str(Path(root) / "include")]
-        tried.append(f"{var}={root or '(unset)'}")
-    raise HeaderNotFoundError(
-        "ROCm headers not found (include/hip/hip_runtime.h). Looked at: " + ", ".join(tried)
-        + ". Set ROCM_PATH or HIP_PATH to the ROCm install."
-    )
-
-
 # --------------------------------------------------------------------------- compile
 
 
@@ -496,24 +328,7 @@ def _warnings_are_errors() -> bool:
     return config.WERROR.enabled()
 
 
-# --------------------------------------------------------------------------- disk cache
-
-
-def cache_dir() -> Path:
-    """``CONVGEN_CACHE_DIR``, else the user cache folder + ``convgen``.
-
-    The user cache folder is ``$XDG_CACHE_HOME`` when set to an absolute path,
-    else ``~/.cache`` (``%LOCALAPPDATA%`` on Windows) -- the XDG rule, done by
-    hand so platformdirs is not a dependency.
-    """
-    explicit = config.CACHE_DIR.path()
-    if explicit is not None:
-        return explicit
-    if os.name == "nt" and os.environ.get("LOCALAPPDATA"):  # pragma: no cover
-        return Path(os.environ["LOCALAPPDATA"]) / "convgen" / "cache"
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "convgen"
+# --------------------------------------------------------------------------- caches (the disk store: convgen/kernel_store.py)
 
 
 def cache_key(source: str, *, arch: str, options: Sequence[str] = ()) -> str:
@@ -530,7 +345,7 @@ def cache_key(source: str, *, arch: str, options: Sequence[str] = ()) -> str:
 
     hip = _is_hip()
     fields = [
-        f"format={FORMAT_TAG}",
+        f"format={kernel_store.FORMAT_TAG}",
         "hip" if hip else "cuda",
         arch,
         "\0".join(_fixed_flags(arch, hip) + list(options)),
@@ -544,102 +359,6 @@ def cache_key(source: str, *, arch: str, options: Sequence[str] = ()) -> str:
         b = f.encode()
         h.update(len(b).to_bytes(8, "little") + b)
     return h.hexdigest()
-
-
-def _entry_path(key: str) -> Path:
-    return cache_dir() / "kernels" / f"{key}.bin"
-
-
-def _key_digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode()).digest()
-
-
-def _pack(arch: str, payload: bytes, key: str) -> bytes:
-    a = arch.encode()
-    digest = hashlib.sha256(payload).digest()
-    return _HEADER.pack(_MAGIC, FORMAT_TAG, len(a), _key_digest(key), digest, len(payload)) + a + payload
-
-
-def _unpack(data: bytes, arch: str, key: str) -> bytes | None:
-    """The payload, or None when anything (magic, format, key, arch, length, hash) is off.
-    The key's hash binds an entry to its name: a valid entry of another kernel, renamed or
-    copied to this key's file, is refused."""
-    if len(data) < _HEADER.size:
-        return None
-    magic, fmt, alen, key_digest, digest, n = _HEADER.unpack_from(data)
-    if magic != _MAGIC or fmt != FORMAT_TAG or key_digest != _key_digest(key):
-        return None
-    start = _HEADER.size + alen
-    if data[_HEADER.size:start] != arch.encode() or len(data) != start + n:
-        return None
-    payload = data[start:]
-    if hashlib.sha256(payload).digest() != digest:
-        return None
-    return payload
-
-
-# Folders found unwritable in this process (skipped from then on), and whether the
-# one warning has been given.
-_unwritable: set[Path] = set()
-_warned_unwritable = False
-
-
-def _disk_failed(folder: Path, exc: OSError) -> None:
-    global _warned_unwritable
-    _unwritable.add(folder)
-    if not _warned_unwritable:
-        _warned_unwritable = True
-        warnings.warn(
-            f"convgen: kernel cache folder {folder} is not usable ({exc}); compiled kernels "
-            "are kept in memory only for this process. Set CONVGEN_CACHE_DIR to a writable "
-            "folder to cache them on disk.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-
-
-def _read_entry(path: Path, arch: str) -> bytes | None:
-    """The payload of the entry at `path` (named by its key, see :func:`_entry_path`), or None;
-    an entry that fails any check is deleted."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError:  # not a folder, no permission, I/O error: a miss
-        return None
-    payload = _unpack(data, arch, path.stem)
-    if payload is None:  # corrupt, truncated, another key or another arch: never load it
-        try:
-            path.unlink()
-        except OSError:
-            pass
-    return payload
-
-
-def _write_entry(path: Path, arch: str, payload: bytes) -> None:
-    """Publish an entry bound to its key (the file's stem), clearing writers' stale temps first."""
-    try:
-        _remove_stale_temps(path.parent)
-        atomic_write(path, _pack(arch, payload, path.stem))
-    except OSError as exc:
-        _disk_failed(cache_dir(), exc)
-
-
-def _remove_stale_temps(folder: Path) -> None:
-    """Delete writers' temp files (``.NAME.PID.XXXX.tmp``) older than _STALE_TEMP_SECONDS: left
-    by a process killed mid-write.  A live writer's file is younger, and is never touched."""
-    cutoff = time.time() - _STALE_TEMP_SECONDS
-    try:
-        with os.scandir(folder) as it:
-            for entry in it:
-                if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-                    try:
-                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                            os.unlink(entry.path)
-                    except OSError:  # gone already (another writer cleaned it), or not ours to remove
-                        pass
-    except OSError:
-        pass
 
 
 _binaries: dict[tuple, bytes] = {}
@@ -659,7 +378,7 @@ def cached_binary(
             return hit
     binary: bytes | None = None
     folder = cache_dir()
-    use_disk = folder not in _unwritable
+    use_disk = folder not in kernel_store.unwritable_folders()
     path = _entry_path(cache_key(source, arch=arch, options=options)) if use_disk else None
     if path is not None:
         binary = _read_entry(path, arch)

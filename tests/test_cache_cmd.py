@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-import convgen.compile as cc
+import convgen.kernel_store as ks
 from convgen import cli
 
 
@@ -24,8 +24,8 @@ def cache(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(root))
     kernels = root / "kernels"
-    cc._write_entry(kernels / ("a" * 64 + ".bin"), "sm_90", b"x" * 1000)
-    cc._write_entry(kernels / ("b" * 64 + ".bin"), "sm_80", b"y" * 500)
+    ks._write_entry(kernels / ("a" * 64 + ".bin"), "sm_90", b"x" * 1000)
+    ks._write_entry(kernels / ("b" * 64 + ".bin"), "sm_80", b"y" * 500)
     (kernels / ("c" * 64 + ".bin")).write_bytes(b"CVGNBIN\0" + (2).to_bytes(4, "little") + b"old entry")
     (kernels / ".dead.bin.1.x.tmp").write_bytes(b"half")
     (root / "failed").mkdir()

@@ -17,6 +17,8 @@ import pytest
 
 import convgen
 import convgen.compile as cc
+import convgen.cuda_headers as ch
+import convgen.kernel_store as ks
 from convgen import resources
 
 WMMA_SRC = r"""
@@ -62,8 +64,8 @@ extern "C" __global__ void wraps(int* y) { const int big = 2147483648; y[threadI
 def _isolated(tmp_path, monkeypatch):
     """Own cache dir, fresh in-process state, and the one-warning flag reset."""
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(cc, "_warned_unwritable", False)
-    monkeypatch.setattr(cc, "_unwritable", set())
+    monkeypatch.setattr(ks, "_warned_unwritable", False)
+    monkeypatch.setattr(ks, "_unwritable", set())
     cc.clear_memory_cache()
     yield
     cc.clear_memory_cache()
@@ -161,7 +163,7 @@ def test_headers_are_of_nvrtcs_cuda_major():
     """NVRTC compiles with headers of its own CUDA major (mixing majors changes or breaks the
     kernels), whichever toolkits and wheels the machine has."""
     major, _ = cc.nvrtc_version()
-    assert cc._header_major(cc.cuda_include_dirs()) in (None, major)
+    assert ch._header_major(cc.cuda_include_dirs()) in (None, major)
 
 
 def test_include_dirs_have_mma():
@@ -204,9 +206,9 @@ def test_no_header_source_anywhere(monkeypatch, tmp_path):
     monkeypatch.delenv("CONVGEN_CUDA_INCLUDE", raising=False)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nope"))
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    real_has = cc._has_mma
-    monkeypatch.setattr(cc, "_has_mma", lambda p: False if "/usr/local/cuda" in str(p) else real_has(p))
-    monkeypatch.setattr(cc, "_wheel_groups", lambda: [])
+    real_has = ch._has_mma
+    monkeypatch.setattr(ch, "_has_mma", lambda p: False if "/usr/local/cuda" in str(p) else real_has(p))
+    monkeypatch.setattr(ch, "_wheel_groups", lambda: [])
     with pytest.raises(cc.HeaderNotFoundError, match=r"nvidia-cuda-crt.*CUDA_PATH"):
         cc.cuda_include_dirs()
 
@@ -243,9 +245,9 @@ def test_include_lookup_prefers_nvrtcs_cuda_major(monkeypatch, tmp_path):
     monkeypatch.delenv("CONVGEN_CUDA_INCLUDE", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(cc, "nvrtc_version", lambda: (13, 5))
-    monkeypatch.setattr(cc, "_wheel_groups", lambda: [[wheel]])
-    real_has = cc._has_mma  # this machine's own /usr/local/cuda stays out of it
-    monkeypatch.setattr(cc, "_has_mma", lambda p: False if "/usr/local/cuda" in str(p) else real_has(p))
+    monkeypatch.setattr(ch, "_wheel_groups", lambda: [[wheel]])
+    real_has = ch._has_mma  # this machine's own /usr/local/cuda stays out of it
+    monkeypatch.setattr(ch, "_has_mma", lambda p: False if "/usr/local/cuda" in str(p) else real_has(p))
     monkeypatch.setenv("CUDA_HOME", str(old.parent))
     assert cc.cuda_include_dirs() == [str(wheel)]
     monkeypatch.setenv("CUDA_PATH", str(new.parent))
@@ -258,7 +260,7 @@ def test_include_lookup_prefers_nvrtcs_cuda_major(monkeypatch, tmp_path):
 
 def test_header_major_reads_cuda_version():
     inc = cc.cuda_include_dirs()
-    assert cc._header_major(inc) == cc.nvrtc_version()[0]  # this install's headers are NVRTC's major
+    assert ch._header_major(inc) == cc.nvrtc_version()[0]  # this install's headers are NVRTC's major
 
 
 def test_compiler_warning_is_an_error_under_werror(monkeypatch, tmp_path):
@@ -364,7 +366,7 @@ def test_key_changes_with_every_input(monkeypatch):
         m.setattr(cc, "nvrtc_version", lambda: (99, 9))
         variants["nvrtc"] = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
     with monkeypatch.context() as m:
-        m.setattr(cc, "FORMAT_TAG", cc.FORMAT_TAG + 1)
+        m.setattr(ks, "FORMAT_TAG", ks.FORMAT_TAG + 1)
         variants["format"] = cc.cache_key(WMMA_SRC, arch="sm_90", options=["-DX=1"])
     assert all(v != base for v in variants.values()), variants
     assert len(set(variants.values())) == len(variants)
@@ -391,18 +393,18 @@ def _corrupt_header_only(data: bytes) -> bytes:
 
 def _other_arch(data: bytes) -> bytes:
     key = cc.cache_key(WMMA_SRC, arch="sm_90")
-    return cc._pack("sm_80", cc._unpack(data, "sm_90", key), key)
+    return ks._pack("sm_80", ks._unpack(data, "sm_90", key), key)
 
 
 def _other_kernel(data: bytes) -> bytes:
     """A valid entry of another kernel (same arch), as if copied over this key's file."""
     other = cc.cache_key(SMEM_SRC, arch="sm_90")
-    return cc._pack("sm_90", _REAL_COMPILE(SMEM_SRC, arch="sm_90"), other)
+    return ks._pack("sm_90", _REAL_COMPILE(SMEM_SRC, arch="sm_90"), other)
 
 
 def _old_format(data: bytes) -> bytes:
     """A format-2 entry (no key in the header) of this very binary."""
-    payload = cc._unpack(data, "sm_90", cc.cache_key(WMMA_SRC, arch="sm_90"))
+    payload = ks._unpack(data, "sm_90", cc.cache_key(WMMA_SRC, arch="sm_90"))
     a = b"sm_90"
     import hashlib
     import struct
@@ -424,7 +426,7 @@ def test_bad_entry_is_discarded_and_rebuilt(damage, count_compiles, tmp_path):
     original = entry.read_bytes()
     entry.write_bytes(damage(original))
     cc.clear_memory_cache()
-    assert cc._read_entry(entry, "sm_90") is None
+    assert ks._read_entry(entry, "sm_90") is None
     assert not entry.exists()  # deleted, not left to be misread again
     entry.write_bytes(damage(original))
     assert cc.cached_binary(WMMA_SRC, arch="sm_90") == good
@@ -433,20 +435,20 @@ def test_bad_entry_is_discarded_and_rebuilt(damage, count_compiles, tmp_path):
 
 
 def test_entry_checks_arch_and_key():
-    packed = cc._pack("sm_90", b"payload", "k1")
-    assert cc._unpack(packed, "sm_90", "k1") == b"payload"
-    assert cc._unpack(packed, "sm_9", "k1") is None
-    assert cc._unpack(packed, "sm_80", "k1") is None
-    assert cc._unpack(packed + b"x", "sm_90", "k1") is None
-    assert cc._unpack(packed, "sm_90", "k2") is None
+    packed = ks._pack("sm_90", b"payload", "k1")
+    assert ks._unpack(packed, "sm_90", "k1") == b"payload"
+    assert ks._unpack(packed, "sm_9", "k1") is None
+    assert ks._unpack(packed, "sm_80", "k1") is None
+    assert ks._unpack(packed + b"x", "sm_90", "k1") is None
+    assert ks._unpack(packed, "sm_90", "k2") is None
 
 
 def test_entry_renamed_to_another_key_is_refused(tmp_path):
     """The header binds an entry to the key its file is named after."""
     folder = tmp_path / "cache" / "kernels"
-    cc._write_entry(folder / "aaaa.bin", "sm_90", b"payload of aaaa")
+    ks._write_entry(folder / "aaaa.bin", "sm_90", b"payload of aaaa")
     (folder / "aaaa.bin").rename(folder / "bbbb.bin")
-    assert cc._read_entry(folder / "bbbb.bin", "sm_90") is None
+    assert ks._read_entry(folder / "bbbb.bin", "sm_90") is None
     assert not (folder / "bbbb.bin").exists()
 
 
@@ -509,7 +511,7 @@ def test_concurrent_writers(tmp_path):
         assert p.exitcode == 0
     assert len(set(results)) == 1 and results[0][:4] == ELF
     [entry] = entries(cache)
-    assert cc._read_entry(entry, "sm_90") == results[0]
+    assert ks._read_entry(entry, "sm_90") == results[0]
     leftovers = [p for p in cache.rglob("*") if p.is_file() and p.suffix != ".bin"]
     assert leftovers == []
     assert [p.name for p in (cache / "kernels").iterdir()] == [entry.name]
@@ -523,9 +525,9 @@ def test_stale_temp_files_are_removed_on_the_next_write(tmp_path):
     stale, live = folder / ".dead.bin.123.abcd.tmp", folder / ".busy.bin.456.efgh.tmp"
     stale.write_bytes(b"half an entry")
     live.write_bytes(b"being written")
-    old = time.time() - cc._STALE_TEMP_SECONDS - 60
+    old = time.time() - ks._STALE_TEMP_SECONDS - 60
     os.utime(stale, (old, old))
-    cc._write_entry(folder / "k.bin", "sm_90", b"payload")
+    ks._write_entry(folder / "k.bin", "sm_90", b"payload")
     assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, "k.bin"])
 
 
@@ -534,8 +536,8 @@ def test_write_is_atomic_and_leaves_no_temp(tmp_path):
 
     path = tmp_path / "cache" / "kernels" / "k.bin"
     for i in range(20):
-        atomic_write(path, cc._pack("sm_90", bytes([i]) * 1000, path.stem))
-        assert cc._read_entry(path, "sm_90") == bytes([i]) * 1000
+        atomic_write(path, ks._pack("sm_90", bytes([i]) * 1000, path.stem))
+        assert ks._read_entry(path, "sm_90") == bytes([i]) * 1000
     assert [p.name for p in path.parent.iterdir()] == ["k.bin"]
 
 

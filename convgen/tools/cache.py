@@ -1,7 +1,7 @@
 """`convgen cache info` and `convgen cache clear`: what the on-disk cache holds, and emptying it.
 
 The cache folder (``config.CACHE_DIR``, else the user cache folder + ``convgen``) holds the
-compiled kernels (``kernels/<key>.bin``, see convgen/compile.py), the sources of compiles
+compiled kernels (``kernels/<key>.bin``, see convgen/kernel_store.py), the sources of compiles
 that failed (``failed/``), and the tuning database ``convgen tune`` writes
 (``tuning.json``).  ``clear`` deletes only those, never the folder itself: a
 The cache setting may point at a folder that holds other files.  Tuning results take GPU
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .. import config, tuning_db
-from ..compile import FORMAT_TAG, _MAGIC, cache_dir
+from ..kernel_store import FORMAT_TAG, _MAGIC, cache_dir
 
 _TUNING_FILES = ("tuning.json",)
 
