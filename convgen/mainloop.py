@@ -149,9 +149,9 @@ TMA_BLOCK_K = 64  # one 128-byte swizzle row of fp16 per pixel (or weight row) a
 class TmaWgmma(MainLoop):
     """Hopper's own main loop (sm_90a), as CUTLASS's warp-specialised collectives are built.
     The tensor memory accelerator copies both operands into a ring of ``plan.stages``
-    128-byte-swizzled stages (the activations in its im2col mode, so the copy engine does the
-    gather and the padding; the weights as tiles); one producer warp issues the copies and
-    hands each stage over through an mbarrier; ``warps_m / 4`` consumer warpgroups each
+    128-byte-swizzled stages (the gathered activations in its im2col mode, so the copy engine
+    does the gather and the padding; the other operand as tiles); one producer warp issues
+    the copies and hands each stage over through an mbarrier; ``warps_m / 4`` consumer warpgroups each
     multiply 64 rows of the tile with asynchronous wgmma, keeping one step in flight while
     they wait for the next.  ``block_k`` is 64: one swizzle row of fp16.  fprop and dgrad
     reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``)."""
