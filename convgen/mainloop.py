@@ -151,9 +151,9 @@ class TmaWgmma(MainLoop):
     The tensor memory accelerator copies both operands into a ring of ``plan.stages``
     128-byte-swizzled stages (the gathered activations in its im2col mode, so the copy engine
     does the gather and the padding; the other operand as tiles); one producer warp issues
-    the copies and hands each stage over through an mbarrier; ``warps_m / 4`` consumer warpgroups each
-    multiply 64 rows of the tile with asynchronous wgmma, keeping one step in flight while
-    they wait for the next.  ``block_k`` is 64: one swizzle row of fp16.  fprop and dgrad
+    the copies and hands each stage over through an mbarrier; ``warps_m / 4`` consumer
+    warpgroups each multiply 64 rows of the tile with asynchronous wgmma, keeping one step in
+    flight while they wait for the next.  ``block_k`` is 64: one swizzle row of fp16.  fprop and dgrad
     reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``)."""
 
     producer_warps: ClassVar[int] = 4  # a whole warpgroup, so setmaxnreg can move its registers
