@@ -179,3 +179,16 @@ def test_nvrtc_compiles_tma_kernels(layer, plan, epi):
     src = emit(make_spec(layer, Pass.FPROP, target=SM90, plan_=plan, epilogue=epi))
     binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
     assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
+
+
+def test_wgrad_db_readers_hand_the_ring_back_through_an_mbarrier():
+    """The db warps read every stage beside the consumers; the drain may reuse the ring only
+    once they are done.  They say so on an mbarrier the consumers await (joining the
+    consumers' named barrier from another code location is what synccheck flagged), and a
+    wgrad without db has no reader at all."""
+    plan = Plan(128, 64, 64, 8, 1, 3, 8, 8, split_k=3, loop=TmaWgmma())
+    with_db = emit(make_spec(LAYER, Pass.WGRAD, target=SM90, plan_=plan, epilogue=Epilogue(bias=True))).source
+    assert "mbar_wait(ring.reader_done, 0)" in with_db and "mbar_arrive(ring.reader_done)" in with_db
+    assert "consumers_sync(CONSUMERS * 128);" in with_db and "CONSUMERS * 128 +" not in with_db
+    without = emit(make_spec(LAYER, Pass.WGRAD, target=SM90, plan_=plan)).source
+    assert "read_ring" not in without and "reader_done" not in without
