@@ -293,4 +293,4 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     timed = sum(1 for r in rows if math.isfinite(r.us))
     log.info("tuned %s in %.1f s: %s, %.1f us (default %.1f us; %d of %d candidates timed)", what,
              time.perf_counter() - t0, best.plan.brief(), best.us, default.us, timed, len(rows))
-    return tuning_db.lookup(gpu_name, problem.geometry, pass_, in_dtype, target.arch, problem.n)
+    return tuning_db.lookup(gpu_name, problem.geometry, pass_, in_dtype, target.arch)

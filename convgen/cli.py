@@ -35,10 +35,10 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"convgen: error: {where}{message} (see `{self.prog} --help`)\n")
 
 
-def _shipped_plans(gpu: str, arch: str) -> dict[tuple[object, Pass, str, int], Plan]:
+def _shipped_plans(gpu: str, arch: str) -> dict[tuple[object, Pass, str], Plan]:
     """The plans the tuning database shipped for `gpu` (convgen/tuning/<gpu>.json) holds
-    for `arch`, by (geometry, pass, input dtype, batch): what convgen.conv2d runs on that GPU
-    when the user has tuned nothing (an entry applies at the batch it was tuned at).  Read here, not through the tuner's lookup, so that a user's
+    for `arch`, by (geometry, pass, input dtype): what convgen.conv2d runs on that GPU when
+    the user has tuned nothing.  Read here, not through the tuner's lookup, so that a user's
     own database never changes what `convgen emit --tuned` writes."""
     path = tuning_db.SHIPPED_DIR / f"{tuning_db.gpu_slug(gpu)}.json"
     if not path.is_file():
@@ -50,7 +50,7 @@ def _shipped_plans(gpu: str, arch: str) -> dict[tuple[object, Pass, str, int], P
         for dtype in ("float16", "float32"):
             geometry = ConvProblem.create(**entry["shape"]).geometry
             if tuning_db.tune_key(geometry, Pass(entry["pass"]), dtype, arch) == key:
-                plans[(geometry, Pass(entry["pass"]), dtype, entry["shape"]["n"])] = Plan.from_dict(
+                plans[(geometry, Pass(entry["pass"]), dtype)] = Plan.from_dict(
                     entry["plan"], geometry, Pass(entry["pass"]),
                     reasons=(f"tuned on {gpu}: {entry['us']:.1f} us vs {entry['default_us']:.1f} us planned",))
     return plans
@@ -65,7 +65,7 @@ def _specs(args: argparse.Namespace) -> Iterable[tuple[Layer, Pass, "object"]]:
         for pass_ in passes(args):
             plan_ = None
             if tuned is not None:
-                plan_ = tuned.get((layer.problem.geometry, pass_, args.in_dtype, layer.problem.n))
+                plan_ = tuned.get((layer.problem.geometry, pass_, args.in_dtype))
                 if plan_ is None:
                     continue  # `--tuned`: only the kernels the database runs
             yield layer, pass_, make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),

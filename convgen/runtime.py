@@ -155,9 +155,9 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             plan: Optional[Plan], scalar: bool) -> _Kernel:
     """The compiled kernel for this shape on this device.  The batch size is not in the key:
     the first call's batch sizes the plan (split-K), and every later batch reuses it.
-    Without a hand plan, a plan tuned for this GPU, shape and first batch wins over the
-    planner's (``convgen tune``; set CONVGEN_TUNED=0 to plan only), and with autotune on, a
-    shape no database covers is tuned here first (convgen/autotune.py)."""
+    Without a hand plan, a tuned plan for this GPU and shape wins over the planner's
+    (``convgen tune``; set CONVGEN_TUNED=0 to plan only), and with autotune on, a shape
+    no database covers is tuned here first (convgen/autotune.py)."""
     key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
     k = _cache.get(key)
     if k is not None:
@@ -173,7 +173,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             if plan is None and not scalar:
                 from .tuning_db import tuned_plan
 
-                plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch, problem.n)
+                plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
                 if plan is None:
                     from . import autotune
 

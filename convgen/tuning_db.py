@@ -86,29 +86,27 @@ def shipped_gpus() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
 
 
-def tuned_plan(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str,
-               batch: Optional[int] = None) -> Optional[Plan]:
+def tuned_plan(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
     """The plan ``convgen.conv2d`` and friends run when not given one: the tuned plan for
     this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's.  `convgen bench`
     records its rows' plans through here, so a row names the plan that was timed."""
     if not config.TUNED.enabled():
         return None
-    return lookup(gpu_name, geometry, pass_, in_dtype, arch, batch)
+    return lookup(gpu_name, geometry, pass_, in_dtype, arch)
 
 
-def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str,
-           batch: Optional[int] = None) -> Optional[Plan]:
+def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
     """The tuned plan for this shape on this GPU: the user's database first, then the shipped one.
 
-    With ``batch``, only an entry tuned at that batch counts: a plan's tile count, waves
-    and split-K are measurements at the batch it was timed with (a ResNet-50 layer's split
-    tuned at batch 64 ran 3x slower than the planner's at batch 512), so at another batch
-    the planner's rule decides, or tuning on first use."""
+    An entry serves its geometry at any batch.  (Entries were once restricted to the batch
+    they were tuned at; on the H200 that cost ResNet-18's conv1 its ResNet-50 entries, tuned
+    at half its batch, which ran its fprop 1.35x and its wgrad 1.8x faster than the planner's
+    plans; benchmarks/NOTES.md, 2026-12-02.)"""
     slug = gpu_slug(gpu_name)
     key = tune_key(geometry, pass_, in_dtype, arch)
     for path in (user_db_path(), shipped_db_path(gpu_name)):
         entry = _cached(path).get("gpus", {}).get(slug, {}).get(key)
-        if entry and (batch is None or entry.get("shape", {}).get("n") == batch):
+        if entry:
             # The layer and pass tell Plan.from_dict which halo kind an old-style dict means.
             return Plan.from_dict({k: v for k, v in entry["plan"].items() if k in PLAN_KEYS}, geometry, pass_,
                                   reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs "

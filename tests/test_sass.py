@@ -34,10 +34,10 @@ SHIPPED = [(suite, layer, pass_) for suite in ("cifar-resnet", "cifar-vgg", "res
 
 def _shipped_spec(layer, pass_):
     """The kernel convgen.conv2d & co. run on an H200 for this layer: the shipped tuned plan
-    (the planner's where the database has none at this batch) and the runtime's default
+    (the planner's where the database has none) and the runtime's default
     epilogue (bias in fprop, db in wgrad)."""
     target = Target("sm_90")
-    tuned = tuning_db.lookup(H200, layer.problem.geometry, pass_, "float16", target.arch, layer.problem.n)
+    tuned = tuning_db.lookup(H200, layer.problem.geometry, pass_, "float16", target.arch)
     return make_spec(layer.problem, pass_, target=target, epilogue=Epilogue(bias=pass_ is not Pass.DGRAD), plan_=tuned)
 
 

@@ -68,7 +68,7 @@ def main() -> int:
     t0 = time.perf_counter()
     sources = []
     for _, layer, plans in layers:
-        cur = tuned_plan(gpu, layer.problem.geometry, ps, "float16", target.arch, layer.problem.n)
+        cur = tuned_plan(gpu, layer.problem.geometry, ps, "float16", target.arch)
         for plan in [cur] + plans:
             src = emit(make_spec(layer.problem, ps, target=target, plan_=plan))
             sources.append((src.source, src.compile_arch))

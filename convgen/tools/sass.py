@@ -142,7 +142,7 @@ def cmd_sass(args: argparse.Namespace) -> int:
     print(f"{'layer':12s} {'pass':5s} {'plan':33s} {'regs':>4s} {'stack':>5s} {'instrs':>6s} {'HMMA':>5s} "
           f"{'cp.async':>8s} {'/16B':>5s} {'LDG':>4s} {'STG':>4s} {'/16B':>5s} {'LDSM':>4s} {'LDL+STL':>7s}")
     for layer, pass_ in work:
-        tuned = (tuning_db.lookup(args.tuned, layer.problem.geometry, pass_, args.in_dtype, tgt.arch, layer.problem.n)
+        tuned = (tuning_db.lookup(args.tuned, layer.problem.geometry, pass_, args.in_dtype, tgt.arch)
                  if args.tuned else None)
         spec = make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),
                          in_dtype=args.in_dtype, plan_=tuned)

@@ -234,7 +234,7 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
             from ...tuning_db import tuned_plan
 
             # The plan convgen.conv2d will run: the tuned one for this GPU when there is one.
-            tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch, prob.n) if gpu_name else None
+            tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
             spec = make_spec(prob, item.pass_, target=target, epilogue=epilogue_for(item.pass_, item.variant),
                              in_dtype="float16", plan_=tuned)
             row["convgen"]["key"] = spec.key
