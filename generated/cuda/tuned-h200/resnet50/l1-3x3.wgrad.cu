@@ -236,12 +236,13 @@ __device__ __forceinline__ void read_ring(const Ring& ring, int steps, int threa
   if (leader) mbar_arrive(ring.reader_done);  // every thread has read every stage (the bar.sync above)
 }
 
-// The pixel steps of slice blockIdx.z: [first, first + count) of ceil(pixels / BK).
-__device__ __forceinline__ void slice_steps(long long pixels, int& first, int& count) {
-  const int steps = static_cast<int>((pixels + BK - 1) / BK);
+// This block's share of the reduction: k-steps are dealt out in equal contiguous
+// runs over gridDim.z split-K slices (a slice may be empty; it then writes zeros).
+__device__ __forceinline__ void k_range(long long k_total, int& kt0, int& nk) {
+  const int steps = static_cast<int>((k_total + BK - 1) / BK);
   const int per = (steps + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
-  first = static_cast<int>(blockIdx.z) * per;
-  count = max(0, min(steps, first + per) - first);
+  kt0 = static_cast<int>(blockIdx.z) * per;
+  nk = max(0, min(steps, kt0 + per) - kt0);
 }
 }  // namespace
 
@@ -255,7 +256,7 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
   const bool db_block = blockIdx.y == 0;  // its producer warpgroup's warps 1..3 read every stage too
   const Ring ring = ring_init(smem_raw, CONSUMERS + (db_block ? 1 : 0));
   int first, steps;
-  slice_steps(static_cast<long long>(batch) * (P * Q), first, steps);
+  k_range(static_cast<long long>(batch) * (P * Q), first, steps);  // this slice's steps of 64 pixels
 
   if (group == CONSUMERS) {
     if constexpr (CONSUMERS == 2) regs_release<PRODUCER_REGS>();
