@@ -15,7 +15,7 @@ import math
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma
 from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
-from .tma_rules import tma_eligible, tma_splits, tma_tile_cost, tma_tiles
+from .tma_rules import tma_eligible, tma_split, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -186,10 +186,7 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
     out: list[Plan] = []
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed
         try:
-            split = 1
-            if pass_ is Pass.WGRAD:  # each tile at the split the planner's cost model gives it
-                split = min(tma_splits(problem, pass_),
-                            key=lambda s: tma_tile_cost(problem, pass_, target, bm, bn, rate, s)[1])
+            split = tma_split(problem, pass_, target, bm, bn, rate)[0]  # the planner's split for this tile
             p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma(),
                      reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {bm // 64} consumer "
                               f"warpgroup(s), {stages} stages, split-K {split}",))

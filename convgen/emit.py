@@ -360,25 +360,15 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
 
 
 def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
-    p, epi = spec.pass_, ctx.epi
-    if p is Pass.FPROP and spec.plan.tma:  # the copy engine reads x and w through tensor maps (convgen/tma.py)
-        main = ("x_map", "w_map") + (("bias",) if epi.bias_add else ()) + ("y", "batch")
-        out = "y"
-    elif p is Pass.FPROP:
-        main = ("x", "w") + (("bias",) if epi.bias_add else ()) + ("y", "workspace", "batch")
-        out = "y"
-    elif p is Pass.DGRAD and spec.plan.tma:  # dy and w through tensor maps, as fprop's
-        main = ("dy_map", "w_map", "dx", "batch")
-        out = "dx"
-    elif p is Pass.DGRAD:
-        main = ("dy", "w", "dx", "workspace", "batch")
-        out = "dx"
-    elif spec.plan.tma:  # wgrad: x's im2col and dy's tiles through tensor maps
-        main = ("x_map", "dy_map", "dw") + (("db", "db_workspace") if epi.db else ()) + ("workspace", "batch")
-        out = "dw"
-    else:
-        main = ("x", "dy", "dw") + (("db", "db_workspace") if epi.db else ()) + ("workspace", "batch")
-        out = "dw"
+    p, epi, tma = spec.pass_, ctx.epi, spec.plan.tma
+    inputs = {Pass.FPROP: ("x", "w"), Pass.DGRAD: ("dy", "w"), Pass.WGRAD: ("x", "dy")}[p]
+    if tma:  # the copy engine reads both inputs through tensor maps (convgen/tma.py)
+        inputs = tuple(f"{name}_map" for name in inputs)
+    out = {Pass.FPROP: "y", Pass.DGRAD: "dx", Pass.WGRAD: "dw"}[p]
+    # A TMA fprop or dgrad reduces its whole K in one block: no split-K workspace.
+    workspace = () if tma and p is not Pass.WGRAD else ("workspace",)
+    main = (inputs + (("bias",) if epi.bias_add else ()) + (out,) + (("db", "db_workspace") if epi.db else ())
+            + workspace + ("batch",))
     if ctx.split is None:
         return main, None
     reduce = (

@@ -23,7 +23,7 @@ from .ir import (
 )
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
-from .tma_rules import TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_splits, tma_tile_cost, tma_tiles  # noqa: F401
+from .tma_rules import TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_tiles  # noqa: F401
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -469,9 +469,9 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
 
 def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int) -> Plan:
     gemm = problem.gemm(pass_)
-    costed = [(tma_tile_cost(problem, pass_, target, bm, bn, rate, split), bm, bn, stages, rate, split)
-              for bm, bn, stages, rate in tma_tiles(gemm.n) for split in tma_splits(problem, pass_)]
-    (blocks, us), bm, bn, stages, rate, split = min(costed, key=lambda c: c[0][1])
+    costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
+              for bm, bn, stages, rate in tma_tiles(gemm.n)]
+    (split, blocks, us), bm, bn, stages, rate = min(costed, key=lambda c: c[0][2])
     waves = math.ceil(blocks / target.sm_count)
     chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma())
     gather = {

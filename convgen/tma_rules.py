@@ -72,6 +72,15 @@ def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:
     return tuple(s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= min(steps, MAX_TMA_SPLIT))
 
 
+def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int,
+              rate: float) -> tuple[int, int, float]:
+    """(split-K, blocks, predicted microseconds) of a TMA tile at its cheapest split: what the
+    planner's default and the tuner's candidates both run a tile with."""
+    costs = ((split, *tma_tile_cost(problem, pass_, target, bm, bn, rate, split))
+             for split in tma_splits(problem, pass_))
+    return min(costs, key=lambda c: c[2])
+
+
 def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:
     """Why the TMA main loop cannot run this layer (None when it can).  The limits are the
     copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges

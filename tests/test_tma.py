@@ -136,7 +136,7 @@ def test_wgrad_splits_its_pixels_and_takes_maps_of_x_and_dy():
 def test_wgrad_cost_model_trades_waves_for_workspace():
     """More slices fill the SMs but write more partials: the modelled best split of a layer
     with 18 tiles is above 1, and a split past the SMs' one wave costs more than the best."""
-    from convgen.planner import tma_splits, tma_tile_cost
+    from convgen.tma_rules import tma_splits, tma_tile_cost
 
     costs = {s: tma_tile_cost(LAYER, Pass.WGRAD, SM90, 128, 256, 704.0, s)[1] for s in tma_splits(LAYER, Pass.WGRAD)}
     best = min(costs, key=costs.get)
