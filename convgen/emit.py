@@ -23,6 +23,7 @@ from .planner import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
     ring_stages, smem_bytes, staged_halo_halves,
 )
+from .residues import ResidueClass, residue_classes
 from .resources import templates_dir
 
 _C_TYPES = {"float16": "half_t", "float32": "float"}
@@ -242,6 +243,7 @@ class Context:
     gemm_n_axis: str
     smem_bytes: int
     wgmma_regs: int  # wgmma: accumulator registers per m64 step (BN / 2)
+    classes: tuple[ResidueClass, ...] = ()  # the TMA dgrad's stride residue classes, in launch order
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.mma not in MMAS:
@@ -356,6 +358,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         gemm_n_axis=gemm.n_axis,
         smem_bytes=smem_bytes(plan, p, be.warp_size, g),
         wgmma_regs=plan.block_n // 2,
+        classes=residue_classes(g) if p is Pass.DGRAD and kind == "tma" else (),
     )
 
 

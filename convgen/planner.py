@@ -23,7 +23,7 @@ from .ir import (
 )
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
-from .tma_rules import TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_tiles  # noqa: F401
+from .tma_rules import TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles  # noqa: F401
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -296,7 +296,8 @@ def plan(
 
     if not scalar:
         why = tma_eligible(problem.geometry, pass_, target, in_dtype)
-        steps = math.ceil(gemm.k / TMA_BLOCK_K)
+        # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
+        steps = tma_steps(problem, pass_) if why is None else 0
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
         if why is None and (pass_ is Pass.WGRAD or steps >= TMA_MIN_STEPS and gemm.n >= 64):
@@ -476,12 +477,16 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
     chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma())
     gather = {
         Pass.FPROP: "x's im2col: the copy engine gathers the taps and the padding",
-        Pass.DGRAD: "dy's im2col under the flipped filter (stride 1), w read as stored (N-major B, wgmma transposes it)",
+        Pass.DGRAD: ("dy's im2col under the flipped filter, w read as stored (N-major B, wgmma transposes it)"
+                     if problem.stride == (1, 1) else
+                     f"{problem.stride[0] * problem.stride[1]} stride residue classes of dx's pixels, each dy's im2col "
+                     "under its flipped sub-filter (one map per class, longest first), w read as stored (N-major B)"),
         Pass.WGRAD: "dy's tiles as A and x's im2col as B, both read transposed (M- and N-major)",
     }[pass_]
     traffic = ", plus the slices' workspace traffic" if pass_ is Pass.WGRAD else ""
     reasons += [
-        f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps; {gather}; a "
+        f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps"
+        f"{' in the heaviest class' if pass_ is Pass.DGRAD and problem.stride != (1, 1) else ''}; {gather}; a "
         "producer warpgroup feeds the consumers' asynchronous wgmma",
         f"block N {bn}: with block M {bm}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "") + ", the least "
         f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "

@@ -1,9 +1,9 @@
 """Tensor maps: the descriptors that Hopper's copy engine (TMA) reads, encoded on the host.
 
-A :class:`~convgen.mainloop.TmaWgmma` kernel takes two ``CUtensorMap`` values by value: the
-gathered activations (fprop's and wgrad's x, dgrad's dy) in the copy engine's im2col mode,
-so it gathers the filter taps and reads zeros in the padding, and the other operand (w, or
-wgrad's dy) as plain tiles.  A map holds its tensor's base address, so it is encoded for
+A :class:`~convgen.mainloop.TmaWgmma` kernel takes its ``CUtensorMap`` values by value: the
+gathered activations (fprop's and wgrad's x, dgrad's dy: one map per stride residue class)
+in the copy engine's im2col mode, so it gathers the filter taps and reads zeros in the
+padding, and the other operand (w, or wgrad's dy) as plain tiles.  A map holds its tensor's base address, so it is encoded for
 each pair of base addresses a call brings; frameworks reuse their buffers, so
 :class:`TmaMaps` keeps the maps it has made, keyed by address, and a repeat call costs two
 dictionary reads.
@@ -25,6 +25,7 @@ import numpy as np
 
 from .ir import ConvProblem, Pass
 from .mainloop import TMA_BLOCK_K
+from .residues import residue_classes
 
 _MAP = np.dtype((np.void, 128))
 _MAX_CACHED = 64  # maps kept per op and operand: a framework's buffers for one layer are a few
@@ -96,13 +97,23 @@ def im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
                    block_m, "x")
 
 
-def dgrad_im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
-    """dgrad's dy (stride 1): fprop's map of dy under the flipped filter, whose padding is
-    (filter reach) - padding, so its bounding box walks exactly the H x W dx pixels."""
+def dgrad_im2col_maps(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
+    """dgrad's dy: one map per stride residue class (convgen/residues.py), in launch order,
+    as one value (the kernel's ``DyMaps``).  Class (ch, cw)'s map is fprop's map of dy under
+    its flipped sub-filter, whose padding is the class's ``flip_h``, ``flip_w``: its bounding
+    box walks exactly the class's hc x wc pixels.  A class no tap reaches, or with no
+    pixels, is never read: its map is zeros."""
     p = problem
-    (ph, pw), (dh, dw) = p.padding, p.dilation
-    fph, fpw = (p.r - 1) * dh - ph, (p.s - 1) * dw - pw
-    return _im2col(ptr, (p.k, p.q, p.p, p.n), (-fpw, -fph), (-pw, -ph), (1, 1), block_m, "dy")
+    maps = []
+    for cls in residue_classes(p.geometry):
+        if not cls.taps or not cls.pixels_per_image:
+            maps.append(np.zeros(1, _MAP)[0])
+            continue
+        lower = (-cls.flip_w, -cls.flip_h)
+        upper = (cls.wc - p.q - cls.flip_w, cls.hc - p.p - cls.flip_h)
+        maps.append(_im2col(ptr, (p.k, p.q, p.p, p.n), lower, upper, (1, 1), block_m,
+                            f"dy (residue class {cls.ch}, {cls.cw})"))
+    return np.frombuffer(b"".join(m.tobytes() for m in maps), dtype=np.dtype((np.void, 128 * len(maps))))[0]
 
 
 def weight_map(ptr: int, problem: ConvProblem, block_n: int) -> np.void:
@@ -135,7 +146,7 @@ class TmaMaps:
             self._make_a = lambda ptr: im2col_map(ptr, problem, block_m)
             self._make_b = lambda ptr: weight_map(ptr, problem, block_n)
         elif pass_ is Pass.DGRAD:
-            self._make_a = lambda ptr: dgrad_im2col_map(ptr, problem, block_m)
+            self._make_a = lambda ptr: dgrad_im2col_maps(ptr, problem, block_m)
             self._make_b = lambda ptr: dgrad_weight_map(ptr, problem)
         else:  # wgrad: A is x (64 pixels of one tap a box), B is dy
             self._make_a = lambda ptr: im2col_map(ptr, problem, TMA_BLOCK_K)

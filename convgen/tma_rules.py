@@ -13,6 +13,7 @@ import math
 
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .mainloop import FRAG, TMA_BLOCK_K
+from .residues import residue_classes
 
 
 def _fit(extent: int, cap: int) -> int:
@@ -42,19 +43,41 @@ TMA_MIN_STEPS = 8
 # their traffic, at the H200's measured bandwidth, is part of a split's cost.
 HBM_BYTES_PER_US = 4.2e6
 MAX_TMA_SPLIT = 64
+# dgrad's kernel takes one 128-byte tensor map per stride residue class by value: 16 of
+# them (stride 4 x 4) stay well inside a kernel's 4 KB of parameters.
+MAX_DGRAD_CLASSES = 16
+
+
+def tma_steps(problem: ConvProblem, pass_: Pass) -> int:
+    """K-steps of 64 one block reduces before split-K: for dgrad its heaviest residue
+    class's taps times the filters' steps (all R*S taps with stride 1), else the GEMM's K."""
+    if pass_ is Pass.DGRAD:
+        return max(c.taps for c in residue_classes(problem.geometry)) * math.ceil(problem.k / TMA_BLOCK_K)
+    return math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)
 
 
 def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,
                   split: int = 1) -> tuple[int, float]:
     """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
     reducing its share of K at the tile's measured rate (an SM's part of it), plus a split's
-    workspace traffic."""
+    workspace traffic.  dgrad's residue classes are blocks of unequal length, launched
+    longest first: their waves are counted as the heaviest block's, filled with all the
+    classes' work."""
     gemm = problem.gemm(pass_)
-    blocks = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * split
+    step_us = 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
+    n_tiles = math.ceil(gemm.n / bn)
+    if pass_ is Pass.DGRAD:
+        k_steps = math.ceil(problem.k / TMA_BLOCK_K)
+        work = [(math.ceil(problem.n * c.pixels_per_image / bm) * n_tiles, c.taps * k_steps)
+                for c in residue_classes(problem.geometry) if c.pixels_per_image]
+        blocks = sum(b for b, _ in work)
+        longest = max(steps for _, steps in work)
+        block_steps = sum(b * steps for b, steps in work)
+        return blocks, math.ceil(block_steps / (target.sm_count * max(longest, 1))) * longest * step_us
+    blocks = math.ceil(gemm.m / bm) * n_tiles * split
     steps = math.ceil(math.ceil(gemm.k / TMA_BLOCK_K) / split)
-    block_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
     traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
-    return blocks, math.ceil(blocks / target.sm_count) * block_us + traffic
+    return blocks, math.ceil(blocks / target.sm_count) * steps * step_us + traffic
 
 
 def tma_tiles(n: int) -> tuple[tuple[int, int, int, float], ...]:
@@ -87,8 +110,8 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
     16-byte units.  fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows,
     and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes; dgrad
-    reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, but
-    walks dy one pixel per dx pixel (stride 1)."""
+    reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, and
+    walks dy one pixel per pixel of a stride residue class, through one map per class."""
     if not (target.info.tma and target.info.wgmma):
         return f"needs the tensor memory accelerator and warpgroup MMAs (sm_90a), which {target.arch} does not have"
     if in_dtype != "float16":
@@ -105,12 +128,21 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
         # the bounding box's corners: -padding and padding - reach
         corners = ((ph, (g.r - 1) * dh, "H"), (pw, (g.s - 1) * dw, "W"))
     else:
-        if (sh, sw) != (1, 1):
-            return f"computes stride-1 dgrad only (strided dgrad keeps its residue classes): stride {g.stride}"
         if g.k % 8 or g.c % 8:
             return f"copies whole 16-byte runs: K={g.k} and C={g.c} must be multiples of 8"
-        # the flipped filter's padding (reach - padding) takes the padding's place
-        corners = (((g.r - 1) * dh - ph, (g.r - 1) * dh, "H"), ((g.s - 1) * dw - pw, (g.s - 1) * dw, "W"))
+        if sh * sw > MAX_DGRAD_CLASSES:
+            return (f"takes one tensor map per stride residue class, at most {MAX_DGRAD_CLASSES}: stride {g.stride} "
+                    f"has {sh * sw}")
+        # each class's map: its flipped sub-filter's padding at the top left, and where its
+        # pixel grid ends against dy's at the bottom right
+        for cls in residue_classes(g):
+            if cls.taps and cls.pixels_per_image:
+                for lower, upper, axis in ((-cls.flip_h, cls.hc - g.p - cls.flip_h, "H"),
+                                           (-cls.flip_w, cls.wc - g.q - cls.flip_w, "W")):
+                    if not (-128 <= lower <= 127 and -128 <= upper <= 127):
+                        return (f"needs the bounding box's corners within [-128, 127] of dy's edges: residue class "
+                                f"({cls.ch}, {cls.cw}) along {axis} has corners {lower} and {upper}")
+        return None
     for pad, reach, axis in corners:
         if not -127 <= pad <= 128 or not -128 <= pad - reach <= 127:
             return (f"needs the bounding box's corners within [-128, 127] of the image's edges: along {axis}, "

@@ -286,6 +286,8 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
         "batch": "int", "m_rows": "long long",
         **{m: "const __grid_constant__ TmaMap" for m in ("x_map", "w_map", "dy_map")},  # by value (tma.py)
     }
+    if spec.pass_ is Pass.DGRAD:  # one map of dy per stride residue class
+        expected["dy_map"] = "const __grid_constant__ DyMaps"
     if reduce:
         expected["workspace"] = expected["db_workspace"] = "const float*"
     for arg, decl in zip(args, params):

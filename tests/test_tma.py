@@ -45,7 +45,7 @@ def test_kind_rejects_plans_it_cannot_run(change, needle):
     (dataclasses.replace(LAYER, c=96), Pass.FPROP, SM90, "float16", "C=96 is not a multiple of 64"),
     (dataclasses.replace(LAYER, c=96), Pass.WGRAD, SM90, "float16", "C=96 is not a multiple of 64"),
     (dataclasses.replace(LAYER, k=100), Pass.WGRAD, SM90, "float16", "K=100 is not a multiple of 8"),
-    (dataclasses.replace(LAYER, stride=(2, 1)), Pass.DGRAD, SM90, "float16", "stride-1 dgrad only"),
+    (dataclasses.replace(LAYER, stride=(5, 4)), Pass.DGRAD, SM90, "float16", "at most 16: stride (5, 4) has 20"),
     (dataclasses.replace(LAYER, k=100), Pass.DGRAD, SM90, "float16", "K=100 and C=128 must be multiples of 8"),
     (dataclasses.replace(LAYER, r=1, padding=(130, 1)), Pass.DGRAD, SM90, "float16", "along H"),
     (LAYER, Pass.FPROP, Target("sm_80"), "float16", "sm_80 does not have"),
@@ -67,7 +67,8 @@ def test_candidates_offer_the_kind_only_where_it_runs():
     dgrad = [p for p in candidates(LAYER, Pass.DGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in dgrad} >= {(128, 128), (64, 128)}  # N = C = 128: no 256-wide tile
     assert max(p.block_n for p in dgrad) == 128
-    assert not [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
+    strided = [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
+    assert {(p.block_m, p.block_n) for p in strided} == {(p.block_m, p.block_n) for p in dgrad}
     wgrad = [p for p in candidates(LAYER, Pass.WGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in wgrad} >= {(128, 256), (64, 128)} and any(p.split_k > 1 for p in wgrad)
     narrow = dataclasses.replace(LAYER, k=64)  # no tile wider than N
@@ -95,15 +96,18 @@ def test_dgrad_takes_maps_of_dy_and_w_and_boxes_of_64_channels():
 
 
 def test_default_plans_take_the_loop_where_the_reduction_is_long():
-    """fprop and stride-1 dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps) take the
-    TMA loop; a 1x1 dgrad of K=256 (4 K-steps) and a strided dgrad keep the others, and say why."""
+    """fprop and dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps; 16 in the heaviest
+    of a stride-2 dgrad's residue classes) take the TMA loop; a 1x1 dgrad of K=256 (4 K-steps)
+    and a stride-2 dgrad whose heaviest class has 4 keep the others, and say why."""
     from convgen.planner import plan as default_plan
 
     assert default_plan(LAYER, Pass.FPROP, SM90).tma and default_plan(LAYER, Pass.DGRAD, SM90).tma
     short = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
     assert not short.tma and any("4 K-step(s)" in r for r in short.reasons)
     strided = default_plan(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90)
-    assert not strided.tma and any("stride-1 dgrad only" in r for r in strided.reasons)
+    assert strided.tma and any("16 K-steps in the heaviest class; 4 stride residue classes" in r for r in strided.reasons)
+    few = default_plan(dataclasses.replace(LAYER, k=64, stride=(2, 2)), Pass.DGRAD, SM90)
+    assert not few.tma and any("4 K-step(s)" in r for r in few.reasons)
     assert not default_plan(LAYER, Pass.DGRAD, Target("sm_80")).tma
 
 
@@ -147,6 +151,13 @@ TMA_COMPILE_DGRAD = [
     (LAYER, Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), Epilogue(out_dtype="float32")),
     (ConvProblem(15, 13, 48, 72, 3, 5, 1, (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
      Epilogue()),
+    # strided: four classes of 4, 2, 2 and 1 taps; a 1x1 stride 2 whose three other classes
+    # no tap reaches; odd sizes with stride (2, 3) and dilation (2, 1)
+    (ConvProblem(56, 56, 128, 128, 3, 3, 2, 1, 1, n=2), Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), Epilogue()),
+    (ConvProblem(14, 14, 256, 64, 1, 1, 2, 0, 1, n=2), Plan(64, 256, 64, 4, 1, 5, 8, 8, loop=TmaWgmma()),
+     Epilogue(out_dtype="float32")),
+    (ConvProblem(15, 13, 64, 40, 3, 5, (2, 3), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
+     Epilogue()),
 ]
 
 
@@ -179,6 +190,37 @@ def test_nvrtc_compiles_tma_kernels(layer, plan, epi):
     src = emit(make_spec(layer, Pass.FPROP, target=SM90, plan_=plan, epilogue=epi))
     binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
     assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
+
+
+@pytest.mark.parametrize("layer", [
+    ConvProblem(56, 56, 128, 128, 3, 3, 2, 1, 1, n=1), ConvProblem(14, 14, 64, 64, 1, 1, 2, 0, 1, n=1),
+    ConvProblem(15, 13, 64, 40, 3, 5, (2, 3), (1, 2), (2, 1), n=1), ConvProblem(9, 10, 8, 8, 4, 4, (3, 2), (2, 1), (2, 3), n=1),
+    ConvProblem(7, 7, 8, 8, 3, 3, 1, 1, 2, n=1),
+], ids=lambda p: p.describe().replace(" ", "_"))
+def test_residue_classes_are_the_dgrad_sum(layer):
+    """Each class's flipped taps, read at the pixel offsets the TMA maps are built from,
+    are exactly the (dx pixel, tap, dy pixel) triples of dgrad's definition: every tap
+    (r, s) with h + PH - r*DH = p*SH in dy, none twice, and longest classes first."""
+    from convgen.residues import residue_classes
+
+    g = layer.geometry
+    (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
+    want = {(h, w, r, s, (h + ph - r * dh) // sh, (w + pw - s * dw) // sw)
+            for h in range(g.h) for w in range(g.w) for r in range(g.r) for s in range(g.s)
+            if (h + ph - r * dh) % sh == 0 and (w + pw - s * dw) % sw == 0}
+    got = []
+    classes = residue_classes(g)
+    for cls in classes:
+        for i in range(cls.hc):
+            for j in range(cls.wc):
+                for a in range(cls.th.count):
+                    for b in range(cls.tw.count):
+                        r, s = cls.tap(a, b)
+                        got.append((i * sh + cls.ch, j * sw + cls.cw, r, s,
+                                    i - cls.flip_h + a * cls.pstep, j - cls.flip_w + b * cls.qstep))
+    assert len(got) == len(set(got)) and set(got) == want
+    assert [c.taps for c in classes] == sorted((c.taps for c in classes), reverse=True)
+    assert sum(c.hc * c.wc for c in classes) == g.h * g.w
 
 
 def test_wgrad_db_readers_hand_the_ring_back_through_an_mbarrier():

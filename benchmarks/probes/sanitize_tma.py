@@ -3,7 +3,8 @@
     compute-sanitizer --tool memcheck python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
 
-Small shapes with M, N and padding tails, both consumer counts, all three passes (wgrad
+Small shapes with M, N and padding tails, both consumer counts, all three passes (dgrad
+strided too, wgrad
 with db, whose reader warps share the ring, split and not), and a check against the float64
 reference so a run that the sanitizer passes also computed the right numbers."""
 
@@ -27,6 +28,9 @@ CASES = [
 DGRAD_CASES = [
     (ConvProblem(9, 11, 40, 64, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma())),
     (ConvProblem(10, 9, 136, 72, 3, 5, 1, (1, 2), (1, 2), n=2), Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
+    # strided: residue classes of unequal taps and sizes, and (1x1) classes no tap reaches
+    (ConvProblem(13, 11, 40, 72, 3, 3, 2, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma())),
+    (ConvProblem(10, 9, 64, 136, 1, 1, 2, 0, 1, n=2), Plan(64, 64, 64, 4, 1, 2, 8, 8, loop=TmaWgmma())),
 ]
 WGRAD_CASES = [
     (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, split_k=3, loop=TmaWgmma())),

@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--pass", dest="pass_", choices=("fprop", "dgrad", "wgrad"), default="fprop")
+    ap.add_argument("--strided", action="store_true", help="only the layers whose stride is not 1")
     args = ap.parse_args()
     ps = Pass.parse(args.pass_)
     target = detect_target()
@@ -61,6 +62,8 @@ def main() -> int:
     for suite in args.suites:
         for layer in SUITES[suite]:
             p = layer.problem
+            if args.strided and p.stride == (1, 1):
+                continue
             if tma_eligible(p.geometry, ps, target) is None:
                 layers.append((suite, layer, [c for c in candidates(p, ps, target) if c.tma]))
     print(f"{len(layers)} layers; GPU {gpu}", flush=True)

@@ -25,8 +25,40 @@ constexpr int DH = 1, DW = 1;
 // A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
 // gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
 constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
-constexpr int FPH = (R - 1) * DH - PH, FPW = (S - 1) * DW - PW;  // the flipped filter's padding
-static_assert(SH == 1 && SW == 1, "the TMA dgrad walks dy one pixel per dx pixel");
+constexpr int HC_MAX = (H + SH - 1) / SH, WC_MAX = (W + SW - 1) / SW;  // pixels of the largest class
+
+__host__ __device__ constexpr int gcd_(int a, int b) { return b == 0 ? a : gcd_(b, a % b); }
+__host__ __device__ constexpr int mod_(int a, int m) { return ((a % m) + m) % m; }
+
+// The filter taps t along one axis that reach input positions of residue class c:
+// (c + pad - t*dil) divisible by stride.  They form an arithmetic progression.
+struct Taps { int first, step, count; };
+__host__ __device__ constexpr Taps taps(int c, int pad, int dil, int stride, int extent) {
+  int first = -1, count = 0;
+  for (int t = 0; t < extent; ++t)
+    if (mod_(c + pad - t * dil, stride) == 0) {
+      if (first < 0) first = t;
+      ++count;
+    }
+  return Taps{first < 0 ? 0 : first, stride / gcd_(stride, dil), count};
+}
+
+template <int CH_, int CW_>
+struct Class {
+  static constexpr int CH = CH_, CW = CW_;
+  static constexpr Taps TR = taps(CH, PH, DH, SH, R), TS = taps(CW, PW, DW, SW, S);
+  static constexpr int NS = TS.count > 0 ? TS.count : 1;  // a divisor that is never zero
+  static constexpr int HC = CH < H ? (H - CH + SH - 1) / SH : 0;
+  static constexpr int WC = CW < W ? (W - CW + SW - 1) / SW : 0;
+  static constexpr int RED = TR.count * TS.count * K;  // this class's reduction length
+  // Global input pixel (n, h, w) of the class-local row m.
+  __device__ __forceinline__ static long long pixel(long long m) {
+    const long long n = udiv64<HC * WC>(m);
+    const int rem = static_cast<int>(m - n * (HC * WC));
+    const int hh = udiv<WC>(rem), ww = rem - hh * WC;
+    return (n * H + (hh * SH + CH)) * W + (ww * SW + CW);
+  }
+};
 
 // ---- plan ----
 constexpr int BM = 64, BN = 64, BK = 64;
@@ -50,9 +82,25 @@ constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
 static_assert(BM == 64 * CONSUMERS && CONSUMERS <= 2 && RING <= STAGES, "64 rows a consumer warpgroup");
 static_assert(1024 + RING * (STAGE_BYTES + 16) <= SMEM_BYTES, "the ring and its barriers overflow shared memory");
 static_assert(1024 + RING * 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the epilogue's scratch overflows shared memory");
-constexpr int K_STEPS = (K + BK - 1) / BK, STEPS = R * S * K_STEPS;  // 64 filters of one tap a step
-constexpr int B_BOX_BYTES = 64 * BK * 2;                            // 64 channels x 64 filters
+constexpr int K_STEPS = (K + BK - 1) / BK;  // 64 filters of one tap a step
+constexpr int B_BOX_BYTES = 64 * BK * 2;    // 64 channels x 64 filters
 static_assert(BN % 64 == 0, "B is staged as boxes of 64 channels (one 128-byte swizzle row)");
+
+// Class Cls as the copy engine walks it: the dy rows (columns) between its successive taps,
+// its flipped sub-filter's padding, and its K-steps.
+template <class Cls>
+struct Flipped {
+  static constexpr int PSTEP = Cls::TR.step * DH / SH, QSTEP = Cls::TS.step * DW / SW;
+  static constexpr int FPH = (Cls::TR.count - 1) * PSTEP - (Cls::CH + PH - Cls::TR.first * DH) / SH;
+  static constexpr int FPW = (Cls::TS.count - 1) * QSTEP - (Cls::CW + PW - Cls::TS.first * DW) / SW;
+  static constexpr int STEPS = Cls::TR.count * Cls::TS.count * K_STEPS;
+};
+// The host encodes each class's map from its own derivation (convgen/residues.py): they agree.
+static_assert(Flipped<Class<0, 0>>::FPH == 1 && Flipped<Class<0, 0>>::FPW == 1 && Class<0, 0>::TR.count * Class<0, 0>::TS.count == 9,
+              "class (0, 0): the host's tensor map has other corners");
+
+// One im2col map of dy per residue class, in launch order (convgen/tma.py).
+struct DyMaps { TmaMap cls[SH * SW]; };
 
 // One 16x16 block of a warp's accumulators: x[e] is row lane/4 + 8*(e%4/2), column
 // 8*(e/4) + 2*(lane%4) + e%2 of the block (PTX's D fragment of m16n8k16, and of each warp's
@@ -213,35 +261,39 @@ __device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
   }
   wgmma_wait<0>();
 }
-}  // namespace
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64x64_s6_sm90_8x8_c64_k64_3x3_s11_p11_d11_0c84ed4b(
-    const __grid_constant__ TmaMap dy_map, const __grid_constant__ TmaMap w_map,
-    half_t* __restrict__ dx, int batch) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  const Ring ring = ring_init(smem_raw, CONSUMERS);
-  const long long m_total = static_cast<long long>(batch) * (H * W);
-  const long long tile_m = static_cast<long long>(blockIdx.x) * BM;
+// One block's tile of class Cls: a producer warpgroup, of which one thread issues the
+// copies, and CONSUMERS warpgroups multiplying 64 rows each.
+template <class Cls>
+__device__ __forceinline__ void dgrad_class(const Ring& ring, const TmaMap* dy_map, const TmaMap* w_map,
+                                            half_t* __restrict__ dx, int batch, long long tile) {
+  typedef Flipped<Cls> F;
+  const long long m_class = static_cast<long long>(batch) * (Cls::HC * Cls::WC);
+  const long long tile_m = tile * BM;
+  if (tile_m >= m_class) return;  // smaller classes need fewer tiles than the largest
   const int tile_n = static_cast<int>(blockIdx.y) * BN;
   const int group = static_cast<int>(threadIdx.x) / 128;
 
   if (group == CONSUMERS) {
-    // ---- the producer: one thread walks the flipped filter's taps, 64 filters a step ----
+    // ---- the producer: one thread walks the class's flipped taps, 64 filters a step ----
     if constexpr (CONSUMERS == 2) regs_release<PRODUCER_REGS>();
-    if (threadIdx.x % 128 == 0) {
-      tma_prefetch_map(&dy_map);
-      tma_prefetch_map(&w_map);
-      // The tile's first dx pixel, as the dy pixel tap (0, 0) of the flipped filter reads;
-      // the copy engine walks BM dx pixels on from there and reads zeros outside dy.
-      const int n0 = static_cast<int>(tile_m / (H * W)), hw = static_cast<int>(tile_m % (H * W));
-      const int h0 = hw / W - FPH, w0 = hw % W - FPW;
-      produce(ring, STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
-        const int tap = step / K_STEPS, k0 = step % K_STEPS * BK;  // tap of the flipped filter
-        tma_load_im2col(a, &dy_map, bar, k0, w0, h0, n0, static_cast<unsigned short>(tap % S * DW),
-                        static_cast<unsigned short>(tap / S * DH));
+    if (F::STEPS > 0 && threadIdx.x % 128 == 0) {  // a class no tap reaches is all zeros
+      tma_prefetch_map(dy_map);
+      tma_prefetch_map(w_map);
+      // The tile's first class pixel, as the dy pixel the flipped tap (0, 0) reads; the
+      // copy engine walks BM class pixels on from there and reads zeros outside dy.
+      const int n0 = static_cast<int>(tile_m / (Cls::HC * Cls::WC)), ij = static_cast<int>(tile_m % (Cls::HC * Cls::WC));
+      const int h0 = ij / Cls::WC - F::FPH, w0 = ij % Cls::WC - F::FPW;
+      produce(ring, F::STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
+        const int tap = step / K_STEPS, k0 = step % K_STEPS * BK;  // the flipped tap (ta, tb)
+        const int ta = tap / Cls::NS, tb = tap - ta * Cls::NS;
+        tma_load_im2col(a, dy_map, bar, k0, w0, h0, n0, static_cast<unsigned short>(tb * F::QSTEP),
+                        static_cast<unsigned short>(ta * F::PSTEP));
+        const int r = Cls::TR.first + (Cls::TR.count - 1 - ta) * Cls::TR.step;  // the filter tap it is
+        const int s = Cls::TS.first + (Cls::TS.count - 1 - tb) * Cls::TS.step;
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j)  // w as [K][R*S][C]: filters k0.., tap R*S-1-tap, channels 64 at a time
-          tma_load_3d(a + A_BYTES + j * B_BOX_BYTES, &w_map, bar, tile_n + 64 * j, R * S - 1 - tap, k0);
+        for (int j = 0; j < BN / 64; ++j)  // w as [K][R*S][C]: filters k0.., tap (r, s), channels 64 at a time
+          tma_load_3d(a + A_BYTES + j * B_BOX_BYTES, w_map, bar, tile_n + 64 * j, r * S + s, k0);
       });
     }
   } else {
@@ -252,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64
     for (int j = 0; j < FN; ++j)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    consume(ring, STEPS, [&](const unsigned char* stage) {
+    consume(ring, F::STEPS, [&](const unsigned char* stage) {
       const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
       const unsigned char* b = stage + A_BYTES;           // 64 rows (filters) of 128 bytes, per box
 #pragma unroll
@@ -264,8 +316,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64
     drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
       const long long m = tile_m + row;
       const int n = tile_n + col;
-      if (m >= m_total) return;
-      store_run<half_t>(dx + m * GEMM_N + n, v, n, GEMM_N);
+      if (m >= m_class) return;
+      const long long pix = SH * SW == 1 ? m : Cls::pixel(m);  // the class's rows are dx's own with stride 1
+      store_run<half_t>(dx + pix * GEMM_N + n, v, n, GEMM_N);
     });
+  }
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64x64_s6_sm90_8x8_c64_k64_3x3_s11_p11_d11_0c84ed4b(
+    const __grid_constant__ DyMaps dy_map, const __grid_constant__ TmaMap w_map,
+    half_t* __restrict__ dx, int batch) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Ring ring = ring_init(smem_raw, CONSUMERS);
+  // blockIdx.x = class * tiles + tile, with as many tiles per class as the largest needs
+  const unsigned tiles = static_cast<unsigned>((static_cast<long long>(batch) * (HC_MAX * WC_MAX) + BM - 1) / BM);
+  const int cls = SH * SW == 1 ? 0 : static_cast<int>(blockIdx.x / tiles);
+  const long long tile = blockIdx.x - static_cast<unsigned>(cls) * tiles;
+  switch (cls) {  // the classes with the most taps first: the longest blocks start first
+    case 0: dgrad_class<Class<0, 0>>(ring, &dy_map.cls[0], &w_map, dx, batch, tile); break;
+    default: break;
   }
 }
