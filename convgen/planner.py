@@ -23,7 +23,9 @@ from .ir import (
 )
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
-from .tma_rules import TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles  # noqa: F401
+from .tma_rules import (  # noqa: F401
+    TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles, tma_unproven,
+)
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -295,7 +297,7 @@ def plan(
     ]
 
     if not scalar:
-        why = tma_eligible(problem.geometry, pass_, target, in_dtype)
+        why = tma_eligible(problem.geometry, pass_, target, in_dtype) or tma_unproven(problem.geometry, pass_)
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
         steps = tma_steps(problem, pass_) if why is None else 0
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:

@@ -67,8 +67,8 @@ def test_candidates_offer_the_kind_only_where_it_runs():
     dgrad = [p for p in candidates(LAYER, Pass.DGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in dgrad} >= {(128, 128), (64, 128)}  # N = C = 128: no 256-wide tile
     assert max(p.block_n for p in dgrad) == 128
-    strided = [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
-    assert {(p.block_m, p.block_n) for p in strided} == {(p.block_m, p.block_n) for p in dgrad}
+    # strided dgrad runs only under an explicit plan until its fuzz tier passes (tma_rules.tma_unproven)
+    assert not [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
     wgrad = [p for p in candidates(LAYER, Pass.WGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in wgrad} >= {(128, 256), (64, 128)} and any(p.split_k > 1 for p in wgrad)
     narrow = dataclasses.replace(LAYER, k=64)  # no tile wider than N
@@ -96,18 +96,18 @@ def test_dgrad_takes_maps_of_dy_and_w_and_boxes_of_64_channels():
 
 
 def test_default_plans_take_the_loop_where_the_reduction_is_long():
-    """fprop and dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps; 16 in the heaviest
-    of a stride-2 dgrad's residue classes) take the TMA loop; a 1x1 dgrad of K=256 (4 K-steps)
-    and a stride-2 dgrad whose heaviest class has 4 keep the others, and say why."""
+    """fprop and stride-1 dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps) take the
+    TMA loop; a 1x1 dgrad of K=256 (4 K-steps) keeps the others, and so does a strided dgrad,
+    which the loop runs only under an explicit plan until its fuzz tier passes; each says why."""
     from convgen.planner import plan as default_plan
 
     assert default_plan(LAYER, Pass.FPROP, SM90).tma and default_plan(LAYER, Pass.DGRAD, SM90).tma
     short = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
     assert not short.tma and any("4 K-step(s)" in r for r in short.reasons)
     strided = default_plan(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90)
-    assert strided.tma and any("16 K-steps in the heaviest class; 4 stride residue classes" in r for r in strided.reasons)
-    few = default_plan(dataclasses.replace(LAYER, k=64, stride=(2, 2)), Pass.DGRAD, SM90)
-    assert not few.tma and any("4 K-step(s)" in r for r in few.reasons)
+    assert not strided.tma and any("fuzz tier has not yet passed" in r for r in strided.reasons)
+    check_plan(Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), dataclasses.replace(LAYER, stride=(2, 2)),
+               Pass.DGRAD, SM90, "float16")  # an explicit plan may still take it
     assert not default_plan(LAYER, Pass.DGRAD, Target("sm_80")).tma
 
 
