@@ -84,18 +84,20 @@ def _fit(extent: int) -> int:
 
 
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
-               limit: int = 48, wgmma: bool = False) -> list[Plan]:
+               limit: int = 48, wgmma: bool = False, unproven: bool = False) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
     variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
     (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
     plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
-    WMMA plans on every suite layer (benchmarks/NOTES.md)."""
+    WMMA plans on every suite layer (benchmarks/NOTES.md).  `unproven` adds the TMA plans the
+    loop can run but no default or tuned plan may rest on yet (tma_rules.tma_unproven), for
+    the probes that verify them."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     gemm = problem.gemm(pass_)
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
-    for p in _tma_candidates(problem, pass_, target, in_dtype) + _halo_candidates(problem, pass_, target, in_dtype):
+    for p in _tma_candidates(problem, pass_, target, in_dtype, unproven) + _halo_candidates(problem, pass_, target, in_dtype):
         _add_unique(p, seen, out)
     halo = len(out) - 1
     sliced: list[Plan] = []
@@ -179,10 +181,11 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
     return out[:WGMMA_PER_LAYER]
 
 
-def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
+def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
+                    unproven: bool = False) -> list[Plan]:
     """TMA main-loop plans where the copy engine can run the layer (planner.tma_eligible)."""
     if (tma_eligible(problem.geometry, pass_, target, in_dtype) is not None  # type: ignore[arg-type]
-            or tma_unproven(problem.geometry, pass_) is not None):
+            or not unproven and tma_unproven(problem.geometry, pass_) is not None):
         return []
     out: list[Plan] = []
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed

@@ -69,6 +69,8 @@ def test_candidates_offer_the_kind_only_where_it_runs():
     assert max(p.block_n for p in dgrad) == 128
     # strided dgrad runs only under an explicit plan until its fuzz tier passes (tma_rules.tma_unproven)
     assert not [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
+    probed = [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90, unproven=True) if p.tma]
+    assert {(p.block_m, p.block_n) for p in probed} == {(p.block_m, p.block_n) for p in dgrad}  # what the probes time
     wgrad = [p for p in candidates(LAYER, Pass.WGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in wgrad} >= {(128, 256), (64, 128)} and any(p.split_k > 1 for p in wgrad)
     narrow = dataclasses.replace(LAYER, k=64)  # no tile wider than N
