@@ -22,6 +22,7 @@ from .ir import (
     stages_whole_halo,
 )
 from .limits import check_index_limits
+from .small_layer_rules import halo_default, split_k
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 from .tma_rules import (  # noqa: F401
     TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles, tma_unproven,
@@ -369,17 +370,7 @@ def plan(
         + ("cp.async ring with zero-fill for the halo" if cp_async else "register-staged double buffer (no cp.async on this target)")
     )
 
-    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) if gemm.m else 0
-    steps = math.ceil(gemm.k / bk) if gemm.k else 0
-    split = 1
-    if tiles and tiles < target.sm_count // 2 and steps >= 8:
-        split = max(1, min(math.ceil(target.sm_count / tiles), steps // 4, 128))
-    reasons.append(
-        f"split-K {split}: {tiles} output tiles on {target.sm_count} SMs, {steps} K-steps"
-        + (" (slices reduced in fixed order: deterministic)" if split > 1 else "")
-    )
-
-    candidate = Plan(bm, bn, bk, wm, wn, stages, va, vb, reads[0], reads[1], split)
+    candidate = Plan(bm, bn, bk, wm, wn, stages, va, vb, reads[0], reads[1], 1)
     # Shrink until it fits: fewer stages first (least costly), then a shorter K-step.
     while smem_bytes(candidate, pass_, target.warp_size) > target.smem_limit:
         if candidate.stages > 2:
@@ -392,6 +383,9 @@ def plan(
         reasons.append(
             f"shrunk to {candidate.stages} stages x K-step {candidate.block_k} to fit {target.smem_limit} bytes of shared memory"
         )
+    split, why = split_k(candidate, problem, pass_, target, smem_bytes(candidate, pass_, target.warp_size, problem))
+    candidate = _replace(candidate, split_k=split)
+    reasons.append(why)
     reasons.append(
         f"strided dgrad: {problem.stride[0] * problem.stride[1]} residue classes of input pixels, each "
         "reducing over only the filter taps that reach it (no MMAs on zero-inserted positions)"
@@ -400,6 +394,9 @@ def plan(
     )
     final = _replace(candidate, reasons=tuple(reasons))
     check_plan(final, problem, pass_, target, in_dtype)
+    halo = None if scalar else halo_default(problem, pass_, target, in_dtype, final)
+    if halo is not None:
+        return halo
     return final
 
 

@@ -309,12 +309,14 @@ def test_source_constants_are_the_spec(name, spec, sources):
 # (case, the plan's block_m, grid for a batch of 3, manifest grid.x, split-K workspace elements
 # for a batch of 3), worked out by hand from the shape and plan:
 GRIDS = [
-    # 32x32 outputs = 1024 rows per image, 3 * 1024 / 128 = 24 blocks; N = 16 channels, one tile
-    ("cifar-resnet/conv1/fprop/sm_90", 128, (24, 1, 1), "ceil(batch * 1024 / 128)", 0),
+    # the staged halo (small_layer_rules): 16x16-pixel tiles of 32x32 outputs, 4 per image, 3 * 4 = 12
+    # blocks; N = 16 channels, one tile
+    ("cifar-resnet/conv1/fprop/sm_90", 256, (12, 1, 1), "ceil(batch * 4 / 1)", 0),
     # stride 2: 4 residue classes of 16x16 = 256 dx pixels, 3 * 256 / 128 = 6 blocks each
     ("cifar-resnet/res2-down/dgrad/sm_90", 128, (24, 1, 1), "4 * ceil(batch * 256 / 128)", 0),
-    # wgrad: M = K = 32 rows whatever the batch; N = 3*3*16 = 144 over BN 128: 2; 66 slices of 32 x 144
-    ("cifar-resnet/res2-down/wgrad/sm_90", 32, (1, 2, 66), "ceil(32 / 32)", 66 * 32 * 144),
+    # wgrad: M = K = 32 rows whatever the batch; N = 3*3*16 = 144 over BN 128: 2; 132 slices of 32 x 144
+    # (2 tiles on 132 SMs x 2 resident blocks each: small_layer_rules.split_k)
+    ("cifar-resnet/res2-down/wgrad/sm_90", 32, (1, 2, 132), "ceil(32 / 32)", 132 * 32 * 144),
     # split-K fprop: 8x8 = 64 rows per image, 3 slices of 192 x 64
     ("split/fprop/relu-bias", 64, (3, 1, 3), "ceil(batch * 64 / 64)", 3 * 192 * 64),
     # halo tiles: 8x16 tile over an 8x8 image: 1 tile per image

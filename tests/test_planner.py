@@ -84,7 +84,7 @@ def test_make_spec_uses_plan_and_the_defaults():
 def check_invariants(prob: ConvProblem, pass_: Pass, target: Target, in_dtype: str, scalar: bool) -> Plan:
     p = plan(prob, pass_, target, in_dtype, scalar=scalar)
     where = f"{prob.describe()} {pass_.value} {target.arch} {in_dtype} scalar={scalar}: {p}"
-    assert smem_bytes(p, pass_, target.warp_size) <= target.smem_limit, where
+    assert smem_bytes(p, pass_, target.warp_size, prob) <= target.smem_limit, where
     assert p.warps * target.warp_size <= 1024, where
     ca, cb = gathered_channels(prob, pass_)
     assert ca % p.vec_a == 0 and cb % p.vec_b == 0, where
