@@ -13,7 +13,7 @@ import itertools
 import math
 
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
-from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma
+from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
 from .tma_rules import tma_eligible, tma_split, tma_tiles, tma_unproven
 
@@ -76,13 +76,6 @@ _STACKED_DEEP_SHAPES: tuple[tuple[int, int, int, int], ...] = (
 MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several tiles per block
 
 
-def _fit(extent: int) -> int:
-    t = FRAG
-    while t < extent:
-        t *= 2
-    return t
-
-
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
                limit: int = 48, wgmma: bool = False, unproven: bool = False) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
@@ -111,7 +104,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     for bm, bn, wm, wn, bk, stages in shapes:
         if pass_ is not Pass.WGRAD and bm < 64:
             continue  # fprop/dgrad M is the pixel count: short tiles only multiply launches
-        if bn > max(_fit(gemm.n), FRAG) or bm > max(_fit(gemm.m), FRAG):
+        if bn > max(fit_tile(gemm.n), FRAG) or bm > max(fit_tile(gemm.m), FRAG):
             continue  # a tile past the GEMM's extent only computes padding
         if bn < 64 and gemm.n > bn * 2:
             continue  # far too narrow: many re-reads of A for nothing
@@ -163,7 +156,7 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
     gemm = problem.gemm(pass_)
     out: list[Plan] = []
     for bm, bn, wm, bk, stages in _WGMMA_SHAPES:
-        if bn > max(_fit(gemm.n), FRAG) or bm > max(_fit(gemm.m), FRAG):
+        if bn > max(fit_tile(gemm.n), FRAG) or bm > max(fit_tile(gemm.m), FRAG):
             continue
         tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
         steps = math.ceil(gemm.k / bk)
@@ -228,7 +221,7 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
     # The kinds: 2-D tiles 16 and 32 pixels wide (no wider than the image), staged whole
     # where the layer's channels cannot be read in place; the flat tile, whose fragments need
     # not start a row (images narrower than 16 pixels); and 8-pixel ldmatrix tiles.
-    widths = [tw for tw in (16, 32) if tw <= max(16, _fit(out_w))]
+    widths = [tw for tw in (16, 32) if tw <= max(16, fit_tile(out_w))]
     layouts: list[MainLoop] = ([StagedHalo(tw) for tw in widths] if staged
                                else [HaloTile(tw) for tw in widths] + [FlatHalo()])
     if out_w <= 8 and target.info.ldmatrix and target.info.mma_sync and not staged:
@@ -242,7 +235,7 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         shapes = _HALO_SHAPES if not narrow else _NARROW_HALO_SHAPES if bk == 16 else _STACKED_DEEP_SHAPES
         tile_w = 0 if isinstance(layout, FlatHalo) else layout.tile_w
         for bm, bn, wm, wn in shapes:
-            if bn > max(_fit(n), FRAG) or bm % (tile_w or FRAG):
+            if bn > max(fit_tile(n), FRAG) or bm % (tile_w or FRAG):
                 continue
             tile = f"halo tile {bm // tile_w}x{tile_w}" if tile_w else "flat halo tile"
             try:

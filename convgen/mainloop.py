@@ -48,6 +48,14 @@ if TYPE_CHECKING:  # pragma: no cover
 FRAG = 16  # WMMA fragment edge (m16n16k16)
 
 
+def fit_tile(extent: int, cap: int | None = None) -> int:
+    """Smallest power-of-two tile >= extent (at least one fragment), capped at ``cap``."""
+    t = FRAG
+    while t < extent and (cap is None or t < cap):
+        t *= 2
+    return t
+
+
 class Flags(NamedTuple):
     """A kind in the fields of a plan's dict (and of the emitter's view of a plan)."""
 

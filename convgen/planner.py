@@ -23,7 +23,7 @@ from .ir import (
 )
 from .limits import check_index_limits
 from .small_layer_rules import halo_default, split_k
-from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
+from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .tma_rules import (  # noqa: F401
     TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles, tma_unproven,
 )
@@ -253,14 +253,6 @@ def vector_width(channels: int) -> int:
     return 1
 
 
-def _fit(extent: int, cap: int) -> int:
-    """Smallest power-of-two tile >= extent (at least one fragment), capped."""
-    t = FRAG
-    while t < extent and t < cap:
-        t *= 2
-    return t
-
-
 def _warp_grid(bm: int, bn: int, warps: int) -> tuple[int, int]:
     """Split `warps` over the block so each warp tile is as square as it can be (more reuse
     per fragment load), ties going to taller tiles; falls back to fewer warps when the
@@ -312,12 +304,12 @@ def plan(
                 "not be amortised (measured slower on ResNet-50's 1x1 layers)" if steps < TMA_MIN_STEPS else
                 f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
-    bn = _fit(gemm.n, 128)
+    bn = fit_tile(gemm.n, 128)
     reasons.append(
         f"block N {bn}: smallest fragment multiple covering N={gemm.n} (cap 128), so no warp idles on padding"
     )
     if pass_ is Pass.WGRAD:
-        bm = _fit(gemm.m, 128)
+        bm = fit_tile(gemm.m, 128)
         reasons.append(f"block M {bm}: covers wgrad's M=K={gemm.m} (cap 128)")
     else:
         bm = 128

@@ -25,7 +25,7 @@ import dataclasses
 import math
 
 from .ir import ConvProblem, DType, Pass, Plan, Target, stages_whole_halo
-from .mainloop import FRAG, HaloLdsm, HaloTile, StagedHalo
+from .mainloop import HaloLdsm, HaloTile, StagedHalo, fit_tile
 
 MAX_SPLIT = 512
 BLOCKS_PER_SM_CAP = 8  # registers, not shared memory, bound small blocks past this
@@ -52,13 +52,6 @@ def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem:
     return split, why
 
 
-def _fit(extent: int, cap: int) -> int:
-    t = FRAG
-    while t < extent and t < cap:
-        t *= 2
-    return t
-
-
 def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DType, base: Plan) -> Plan | None:
     """The halo plan the rule gives a small stride-1 fprop or dgrad, with its reasons, or
     None where the rule does not apply or its plan does not fit (the caller then keeps
@@ -80,7 +73,7 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
     narrow = out_w <= 8 and not staged
     if narrow and not (target.info.ldmatrix and target.info.mma_sync):
         return None
-    bm, bn = (128, max(_fit(gemm.n, 64), 32)) if narrow else (256, _fit(gemm.n, 64))
+    bm, bn = (128, max(fit_tile(gemm.n, 64), 32)) if narrow else (256, fit_tile(gemm.n, 64))
     wm, wn = 4, 1 if bn <= 32 or narrow else 2
     if staged:
         bk, stages, va, vb, tiles = 32, base.stages, base.vec_a, base.vec_b, 1

@@ -12,16 +12,8 @@ from __future__ import annotations
 import math
 
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
-from .mainloop import FRAG, TMA_BLOCK_K
+from .mainloop import TMA_BLOCK_K, fit_tile
 from .residues import residue_classes
-
-
-def _fit(extent: int, cap: int) -> int:
-    """Smallest power-of-two tile >= extent (at least one fragment), capped."""
-    t = FRAG
-    while t < extent and t < cap:
-        t *= 2
-    return t
 
 
 # The TMA main loop's tiles (block_m, block_n, stages) and the TFLOP/s each sustained on the
@@ -85,7 +77,7 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
 def tma_tiles(n: int) -> tuple[tuple[int, int, int, float], ...]:
     """The TMA tiles worth running on a GEMM N of ``n``: none much wider than N, whose
     extra columns would only multiply padding."""
-    return tuple(t for t in TMA_TILES if t[1] <= max(_fit(n, 256), 64))
+    return tuple(t for t in TMA_TILES if t[1] <= max(fit_tile(n, 256), 64))
 
 
 def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:

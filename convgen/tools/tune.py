@@ -27,7 +27,7 @@ from .. import tuning_db
 from ..candidates import (  # noqa: F401  (re-exported: scripts and tests use tune.candidates & co.)
     MAX_SPLIT, SLICED_PER_LAYER, WGMMA_PER_LAYER, HALO_PER_LAYOUT, MULTI_TILE_SHAPES,
     _HALO_SHAPES, _NARROW_HALO_SHAPES, _SHAPES, _STACKED_DEEP_SHAPES, _WGMMA_SHAPES,
-    _add_unique, _fit, _halo_candidates, _wgmma_candidates, candidates,
+    _add_unique, _halo_candidates, _wgmma_candidates, candidates,
 )
 from ..fsio import atomic_write
 from ..ir import ConvProblem, Pass, Plan, Target
