@@ -31,6 +31,10 @@ TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
 TMA_MIN_STEPS = 8
 
 
+# dgrad's narrowest dy (K) through the TMA loop: K = 8 hung an H200 on a 4x1 layer whose K = 40
+# twin ran (the strided-dgrad fuzz, thirteenth session); K = 32 ran (UNet dec1-cat96).
+MIN_DGRAD_K = 32
+
 # wgrad's split-K slices each write an fp32 partial of dW that the reduction reads back:
 # their traffic, at the H200's measured bandwidth, is part of a split's cost.
 HBM_BYTES_PER_US = 4.2e6
@@ -124,6 +128,10 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     else:
         if g.k % 8 or g.c % 8:
             return f"copies whole 16-byte runs: K={g.k} and C={g.c} must be multiples of 8"
+        if g.k < MIN_DGRAD_K:
+            return (f"reads dy in 64-channel boxes, which hung the copy engine on the H200 with K=8 (dy rows of "
+                    f"16 bytes; benchmarks/probes/tma_dgrad_narrow.py): K={g.k} is under {MIN_DGRAD_K}, the "
+                    "narrowest dy it has run")
         if sh * sw > MAX_DGRAD_CLASSES:
             return (f"takes one tensor map per stride residue class, at most {MAX_DGRAD_CLASSES}: stride {g.stride} "
                     f"has {sh * sw}")

@@ -160,6 +160,9 @@ TMA_COMPILE_DGRAD = [
      Epilogue(out_dtype="float32")),
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 3), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
      Epilogue()),
+    # one column, stride (2, 2): the classes of odd columns have no pixels (the GPU fuzz's
+    # example whose kernel divided by their zero pixel count, a warning the tests make an error)
+    (ConvProblem(5, 1, 64, 64, 4, 1, 2, 0, 1, n=3), Plan(128, 256, 64, 8, 1, 4, 8, 8, loop=TmaWgmma()), Epilogue()),
 ]
 
 

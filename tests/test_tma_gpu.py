@@ -86,6 +86,7 @@ DGRAD_SHAPES = [
     ConvProblem(15, 13, 48, 72, 3, 5, (2, 3), (1, 2), (2, 1), n=2),  # stride (2, 3), dilation (2, 1)
     ConvProblem(9, 9, 32, 64, 7, 7, 2, 3, 1, n=2),                   # a stem's 7x7 stride 2
     ConvProblem(10, 10, 16, 64, 2, 2, 3, 0, 1, n=2),                 # stride 3 past a 2x2 filter
+    ConvProblem(3, 16, 40, 32, 4, 1, 1, (2, 0), 1, n=3),             # K = 32, the narrowest dy it takes
 ]
 DGRAD_PLANS = [p for p in TMA_PLANS if p.block_n % 64 == 0] + [Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma())]
 
@@ -211,8 +212,8 @@ def tma_problems(draw, c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(
 EIGHTS = st.integers(1, 24).map(lambda i: 8 * i)  # 8..192 in 16-byte runs
 
 
-def tma_dgrad_problems():
-    return tma_problems(c=EIGHTS, k=EIGHTS, max_stride=2)  # (stride 3 in the exact tier: 9 classes compile slowly)
+def tma_dgrad_problems():  # K from the narrowest dy the loop takes (tma_rules.MIN_DGRAD_K)
+    return tma_problems(c=EIGHTS, k=st.integers(4, 24).map(lambda i: 8 * i), max_stride=2)  # (stride 3 in the exact tier: 9 classes compile slowly)
 
 
 @given(problem=tma_problems(), plan=st.sampled_from(TMA_PLANS), seed=st.integers(0, 2**32 - 1))

@@ -333,7 +333,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64
   const unsigned tiles = static_cast<unsigned>((static_cast<long long>(batch) * (HC_MAX * WC_MAX) + BM - 1) / BM);
   const int cls = SH * SW == 1 ? 0 : static_cast<int>(blockIdx.x / tiles);
   const long long tile = blockIdx.x - static_cast<unsigned>(cls) * tiles;
-  switch (cls) {  // the classes with the most taps first: the longest blocks start first
+  switch (cls) {  // the classes with the most taps first: the longest blocks start first; a class
+                  // with no pixels (an image fewer rows or columns than the stride) has no case
     case 0: dgrad_class<Class<0, 0>>(ring, &dy_map.cls[0], &w_map, dx, batch, tile); break;
     default: break;
   }
