@@ -92,8 +92,22 @@ class _Launcher:
         slots = [_SLOT[_ARG_SLOT[pass_].get(name, name)] for name in args]
         self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda v, _i=slots[0]: (v[_i],))
 
-    def launch(self, objs: list) -> None:
-        self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem)
+    def launch(self, objs: list, stream: Any = None) -> None:
+        self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem, stream=stream)
+
+
+class _Stream:
+    """A raw stream pointer as CuPy's launch takes it (anything with ``.ptr``), one per
+    pointer, so a call never builds a CuPy Stream object."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+_STREAMS: dict[int, _Stream] = {}
+_U64 = np.uint64
 
 
 class PreparedConv:
@@ -238,6 +252,54 @@ class PreparedConv:
             if switch:
                 ctx.__exit__(None, None, None)
         return self._result(res)
+
+    def launch(self, a: int, b: int, out: tuple[int, ...], *, bias: int = 0, workspace: int = 0,
+               stream: int = 0) -> None:
+        """The call for a framework that owns its memory (convgen.torch): device pointers, on
+        the op's device (current), of dense arrays of exactly the op's shapes and dtypes (the
+        inputs as :attr:`input_dtypes`, the outputs :attr:`out_dtype`), with ``workspace`` an
+        fp32 buffer of :attr:`workspace_elems` elements, launched on the raw ``stream``.
+
+        Only the pointers are checked (present, aligned for the kernel's vector accesses):
+        the caller vouches for the rest, which is what lets this path skip building CuPy
+        arrays (a few microseconds each).  Anything unsure belongs in ``__call__``."""
+        if self._kernel is None:
+            raise ValueError("launch: this op's batch is empty, there is nothing to launch (its __call__ "
+                             "zero-fills the outputs)")
+        if len(out) != self._n_out:
+            raise ValueError(f"out must hold {self._n_out} pointer(s) for this {self.pass_.value}, got {len(out)}")
+        (ea, eb) = self._expect
+        for name, ptr, align in ((ea[0], a, ea[4]), (eb[0], b, eb[4]), *(
+                ("out" if self._n_out == 1 else f"out[{i}]", o, 16) for i, o in enumerate(out))):
+            if not ptr or ptr % align:
+                raise ValueError(f"{name} must be a nonzero device pointer aligned to {align} bytes, got {ptr:#x}")
+        if bool(bias) != self._bias:
+            raise ValueError("bias: this prepared op was built " + ("with" if self._bias else "without") + " a bias")
+        if bias % 16:
+            raise ValueError(f"bias must be aligned to 16 bytes, got {bias:#x}")
+        ws = dbws = None
+        if self._ws_elems:
+            if not workspace or workspace % 16:
+                raise ValueError(f"workspace: this op needs {self.workspace_elems} fp32 elements of split-K "
+                                 f"workspace, 16-byte aligned; got {workspace:#x}")
+            ws = _U64(workspace)
+            dbws = _U64(workspace + 4 * self._ws_elems) if self._db_ws_elems else None
+        objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out[0]),
+                _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars]
+        if self._maps is not None:
+            objs += (self._maps.a(a), self._maps.b(b))
+        handle = _STREAMS.get(stream)
+        if handle is None:
+            if len(_STREAMS) >= 256:  # a program that makes streams by the thousand: start over
+                _STREAMS.clear()
+            handle = _STREAMS.setdefault(stream, _Stream(stream))
+        for launcher in self._launchers:
+            launcher.launch(objs, handle)
+
+    @property
+    def input_dtypes(self) -> tuple[str, str]:
+        """The dtypes :meth:`launch` wants for its two inputs (what the kernel reads)."""
+        return (self._expect[0][5], self._expect[1][5]) if self._kernel is not None else (self.in_dtype,) * 2
 
     def _workspaces(self, workspace: Any) -> tuple[Any, Any]:
         if not self._ws_elems:

@@ -31,11 +31,10 @@ first, like nn.Conv2d's under a float16 autocast, so the output is float16 (also
 under a bfloat16 autocast, where nn.Conv2d's would be bfloat16: convgen has no
 bfloat16 kernels).
 
-Streams and graphs.  Every launch goes on PyTorch's current stream of the
-tensors' device (CuPy is pointed at that stream around the call), with no
-synchronisation and no host copies, so the layer can be captured by
-``torch.cuda.graph``.  Kernels are compiled on their first call: run a step (a
-warm-up, as PyTorch's graph recipe does anyway) before capturing.
+Streams and graphs.  Every launch goes on PyTorch's current stream of the tensors'
+device, with no synchronisation and no host copies, so the layer can be captured by
+``torch.cuda.graph``.  Kernels are compiled on their first call: run a step (a warm-up, as
+PyTorch's graph recipe does anyway) before capturing.
 
 Operators.  The three passes are registered PyTorch operators (``convgen::conv2d``,
 ``convgen::conv2d_dgrad``, ``convgen::conv2d_wgrad``, through ``torch.library.custom_op``)
@@ -45,22 +44,17 @@ from :class:`Conv2d` with no graph break (``fullgraph=True``) and its CUDA-graph
 implementations through an autograd Function instead, since the operator dispatcher costs
 several times a launch in host time.
 
-Memory.  Outputs and split-K workspaces are PyTorch tensors that the kernels write
-(``convgen.prepare`` ops with ``out=`` and ``workspace=``), so they come from PyTorch's
-caching allocator and, under graph capture, from the graph's private pool.  What CuPy
-itself allocates during a call (a converted operand the kernel could not read as it was)
-comes from PyTorch's allocator too: CuPy's documented ``PythonFunctionAllocator`` around
-``torch.cuda.caching_allocator_alloc`` / ``caching_allocator_delete``, on the current
-stream, installed with ``cupy.cuda.using_allocator`` only for the duration of convgen's
-calls and only in the calling thread; CuPy's global allocator is left alone.
+Memory and host cost.  Outputs and split-K workspaces are PyTorch tensors (PyTorch's caching
+allocator; under graph capture, the graph's private pool), and so is every converted
+operand: the kernels get the tensors' device pointers through a prepared op's
+:meth:`~convgen.prepared.PreparedConv.launch`, so a call builds no CuPy array, enters no
+CuPy context and allocates nothing outside PyTorch (the host cost this saves is measured
+in benchmarks/NOTES.md, thirteenth session).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import threading
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -157,151 +151,63 @@ def _nhwc_half(t: torch.Tensor) -> torch.Tensor:
     return _dense_half(t.permute(0, 2, 3, 1))
 
 
-# --------------------------------------------------------------------------- the CuPy bridge
-# These functions are the only place that touches CuPy, so that CPU tests can swap them
-# (and convgen.prepare) for a NumPy bridge and exercise everything else (layouts, dtypes,
-# padding, gradients, the operators' registration and fake implementations).
+# --------------------------------------------------------------------------- the launch bridge
+# Everything convgen.torch hands the kernels goes through these three functions (pointers of
+# tensors it made dense itself, PyTorch's current stream, the current device), so that CPU
+# tests can swap them, and convgen.prepare, for a NumPy bridge and exercise everything else
+# (layouts, dtypes, padding, gradients, the operators' registration and fake implementations).
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "convgen.torch needs CuPy to launch kernels: pip install 'convgen[cuda13]' (or [cuda12])"
-        ) from exc
-    return cupy
+def _ptr(t: torch.Tensor) -> int:
+    """The device pointer of an operand or output ``t``, which this module made a dense tensor
+    of the dtype the kernel reads or writes: a prepared op's :meth:`launch` takes the
+    caller's word for shape and dtype, so this guard keeps the word honest."""
+    if not t.is_contiguous() or t.dtype not in _KERNEL_DTYPES:
+        raise RuntimeError(f"convgen.torch: internal error, a {t.dtype} tensor of strides {t.stride()} "
+                           "reached the kernels (they read dense float16 and write dense float16/float32)")
+    return t.data_ptr()
 
 
-class _NoSyncExport:
-    """A DLPack producer for a tensor that the consumer reads on the tensor's own stream.
-
-    ``cupy.from_dlpack`` hands the producer CuPy's current stream, and PyTorch then
-    orders its current stream before it with an event.  We have pointed CuPy at
-    PyTorch's current stream, so no ordering is needed, but PyTorch cannot tell
-    (it wraps the pointer as a new external stream object that compares unequal
-    to its own) and would create, record and wait on an event for every operand,
-    which also adds nodes to a captured graph.  ``stream=-1`` is DLPack's "the
-    consumer needs no synchronisation".
-    """
-
-    __slots__ = ("_t",)
-
-    def __init__(self, t: torch.Tensor) -> None:
-        self._t = t
-
-    def __dlpack_device__(self):
-        return self._t.__dlpack_device__()
-
-    def __dlpack__(self, *, stream: Any = None, **kwargs: Any):
-        return self._t.__dlpack__(stream=-1, **kwargs)
+def _raw_stream(index: int) -> int:
+    """PyTorch's current stream on device ``index``, as a raw pointer: the launch goes there
+    (under graph capture that is the capturing stream).  ``torch._C._cuda_getCurrentRawStream``
+    is what Inductor's own generated code calls for this; it skips building a
+    ``torch.cuda.Stream`` object (about 2 us).  Older or other builds take the public call."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-_NUMPY_DTYPES = {torch.float16: "float16", torch.float32: "float32"}
+def _current_device() -> int:
+    return torch.cuda.current_device()
 
 
-def _as_array(t: torch.Tensor) -> Any:
-    """The CuPy array on ``t``'s memory (zero copy, same strides; ``t`` must be detached).
-
-    The operands convgen hands over (dense float16 activations and weights, a float32
-    bias) are wrapped straight from their pointer, with the tensor as the memory's
-    owner: a DLPack round trip cost about as much host time as a kernel launch
-    (benchmarks/NOTES.md, "The training step is host-bound").  Anything else takes DLPack.
-    """
-    cupy = _cupy()
-    dtype = _NUMPY_DTYPES.get(t.dtype)
-    if dtype is None or not t.is_contiguous() or t.numel() == 0:
-        return cupy.from_dlpack(_NoSyncExport(t))
-    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
-    return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(mem, 0))
+_KERNEL_DTYPES = (torch.float16, torch.float32)
 
 
-class _StreamHandle:
-    """A raw stream pointer in the CUDA stream protocol (what ``Stream.from_external`` takes).
-    Being the 'foreign' owner also stops CuPy from ever destroying PyTorch's stream."""
-
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-    def __cuda_stream__(self) -> tuple[int, int]:
-        return (0, self.ptr)
-
-
-class _ThreadState(threading.local):
-    """Per thread: the stream of the launch scope the thread is in (what the allocator
-    allocates on), and CuPy's wrappers of PyTorch's streams, built once per stream rather
-    than once per call (a measurable part of a small layer's host time)."""
-
-    def __init__(self) -> None:
-        self.streams: dict[tuple[int, int], Any] = {}
-        self.scope_stream: Optional[int] = None
+def _launch(op: Any, index: int, a: torch.Tensor, b: torch.Tensor, outs: tuple, bias: Optional[torch.Tensor] = None,
+            workspace: Optional[torch.Tensor] = None) -> None:
+    """Launch ``op`` on the tensors, on PyTorch's current stream of device ``index``, making
+    that device current only if it is not (the common case costs one query)."""
+    if _current_device() != index:
+        with torch.cuda.device(index):
+            return _launch(op, index, a, b, outs, bias, workspace)
+    op.launch(_ptr(a), _ptr(b), tuple(_ptr(o) for o in outs), bias=0 if bias is None else _ptr(bias),
+              workspace=0 if workspace is None else _ptr(workspace), stream=_raw_stream(index))
+    return None
 
 
-_state = _ThreadState()
-
-
-def _cupy_stream(cupy: Any, ptr: int, device: int) -> Any:
-    stream = _state.streams.get((ptr, device))
-    if stream is None:
-        if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy >= 14; ExternalStream is deprecated there
-            stream = cupy.cuda.Stream.from_external(_StreamHandle(ptr))
-        else:
-            stream = cupy.cuda.ExternalStream(ptr, device)
-        # A wrapper holds only the pointer; a stream PyTorch creates later at the same
-        # address is the same stream to CUDA, so a stale entry is still right.
-        _state.streams[(ptr, device)] = stream
-    return stream
-
-
-def _torch_malloc(size: int, device_id: int) -> int:
-    # On the launch scope's stream, PyTorch's current one: under graph capture that is
-    # the capturing stream, which is what routes the block into the graph's private pool.
-    stream = _state.scope_stream
-    if stream is None:  # not inside _launch_scope (never the case for convgen's own calls)
-        stream = torch.cuda.current_stream(device_id).cuda_stream
-    return torch.cuda.caching_allocator_alloc(size, device_id, stream)
-
-
-def _torch_free(ptr: int, device_id: int) -> None:
-    if sys.is_finalizing():  # interpreter shutdown: PyTorch may be gone; the driver reclaims all
-        return
-    torch.cuda.caching_allocator_delete(ptr)
-
-
-_allocator: Any = None
-
-
-def _torch_allocator(cupy: Any) -> Any:
-    global _allocator
-    if _allocator is None:
-        _allocator = cupy.cuda.memory.PythonFunctionAllocator(_torch_malloc, _torch_free)
-    return _allocator
-
-
-@contextlib.contextmanager
-def _launch_scope(device: torch.device) -> Iterator[None]:
-    """Run convgen calls on ``device``, on PyTorch's current stream there, allocating
-    from PyTorch's caching allocator (this thread only, for the duration of the block)."""
-    cupy = _cupy()
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ptr = torch.cuda.current_stream(index).cuda_stream
-    outer, _state.scope_stream = _state.scope_stream, ptr
-    try:
-        with torch.cuda.device(index), cupy.cuda.Device(index):
-            with _cupy_stream(cupy, ptr, index), cupy.cuda.using_allocator(_torch_allocator(cupy).malloc):
-                yield
-    finally:
-        _state.scope_stream = outer
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of it in fresh (aligned) memory when a view starts off a 16-byte
+    boundary, which the kernels' vector loads cannot read."""
+    return t.clone() if t.data_ptr() % 16 else t
 
 
 # --------------------------------------------------------------------------- the kernels
 
-# Prepared ops (convgen.prepare) per (pass, shapes, geometry, options, device): a layer's
-# repeat calls then cost one dict lookup and a launch.  The outputs are PyTorch tensors
-# written by the kernels (so they live in PyTorch's allocator, and under capture in the
-# graph's pool), and so is the split-K workspace.
+# Per layer and pass (shapes, geometry, options, device): the prepared op (convgen.prepare)
+# and the output's shape.  A layer's repeat calls then cost one dict lookup, the tensors'
+# views, and a launch.  Outputs and split-K workspaces are PyTorch tensors the kernels
+# write, so they live in PyTorch's caching allocator (under capture, the graph's pool).
 _prepared: dict[tuple, Any] = {}
 
 
@@ -315,9 +221,9 @@ def _op(pass_: str, x_shape: tuple, w_shape: tuple, geo: tuple, bias: bool, out_
     return op
 
 
-def _workspace(op: Any, device: torch.device) -> Any:
+def _workspace(op: Any, device: torch.device) -> Optional[torch.Tensor]:
     elems = op.workspace_elems
-    return _as_array(torch.empty(elems, dtype=torch.float32, device=device)) if elems else None
+    return torch.empty(elems, dtype=torch.float32, device=device) if elems else None
 
 
 def _nchw_empty(shape: tuple, kernel_dtype: str, device: torch.device) -> torch.Tensor:
@@ -337,23 +243,36 @@ def _geo(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int])
     return (tuple(stride), tuple(padding), tuple(dilation))
 
 
+_out_hw: dict[tuple, tuple[int, int]] = {}
+
+
+def _output_hw(h: int, w: int, c: int, k: int, r: int, s: int, geo: tuple) -> tuple[int, int]:
+    """(P, Q) of a layer, validated by ConvGeometry the first time (it names what is wrong)
+    and remembered: building one per call cost more than the launch."""
+    key = (h, w, r, s, geo)
+    hw = _out_hw.get(key)
+    if hw is None:
+        g = ConvGeometry(h, w, c, k, r, s, *geo)
+        hw = _out_hw[key] = (g.p, g.q)
+    return hw
+
+
 def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
     n, c, h, wd = x.shape
     k, _, r, s = w.shape
     geo = _geo(stride, padding, dilation)
-    g = ConvGeometry(h, wd, c, k, r, s, *geo)  # validates; gives P, Q
+    p, q = _output_hw(h, wd, c, k, r, s, geo)
     out_dtype = _out_dtype(x.dtype)
-    y = _nchw_empty((n, k, g.p, g.q), out_dtype, x.device)
+    y = _nchw_empty((n, k, p, q), out_dtype, x.device)
     if n == 0:  # nothing to launch
         return y if y.dtype == x.dtype else y.to(x.dtype)
-    x16 = _nhwc_half(x.detach())
-    w16 = _dense_half(w.detach().permute(0, 2, 3, 1))  # KRSC
-    b32 = None if bias is None else bias.detach().to(torch.float32).contiguous()  # the epilogue reads fp32
-    with _launch_scope(x.device):
-        op = _op("fprop", (n, h, wd, c), (k, r, s, c), geo, b32 is not None, out_dtype, _device_index(x))
-        op(_as_array(x16), _as_array(w16), None if b32 is None else _as_array(b32),
-           out=_as_array(y.permute(0, 2, 3, 1)), workspace=_workspace(op, x.device))
+    index = _device_index(x)
+    op = _op("fprop", (n, h, wd, c), (k, r, s, c), geo, bias is not None, out_dtype, index)
+    x16 = _aligned(_nhwc_half(x))
+    w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))  # KRSC
+    b32 = None if bias is None else _aligned(bias.to(torch.float32).contiguous())  # the epilogue reads fp32
+    _launch(op, index, x16, w16, (y.permute(0, 2, 3, 1),), b32, _workspace(op, x.device))
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
@@ -365,12 +284,11 @@ def _dgrad_impl(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dty
     out_dtype = _out_dtype(x_dtype)
     dx = _nchw_empty((n, c, h, wd), out_dtype, gy.device)
     if n:
-        gy16 = _nhwc_half(gy.detach())  # dense NHWC float16 dy (a view when gy is channels_last fp16)
-        w16 = _dense_half(w.detach().permute(0, 2, 3, 1))
-        with _launch_scope(gy.device):
-            op = _op("dgrad", (n, h, wd, c), (k, r, s, c), geo, False, out_dtype, _device_index(gy))
-            op(_as_array(gy16), _as_array(w16), out=_as_array(dx.permute(0, 2, 3, 1)),
-               workspace=_workspace(op, gy.device))
+        index = _device_index(gy)
+        op = _op("dgrad", (n, h, wd, c), (k, r, s, c), geo, False, out_dtype, index)
+        gy16 = _aligned(_nhwc_half(gy))  # dense NHWC float16 dy (a view when gy is channels_last fp16)
+        w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))
+        _launch(op, index, gy16, w16, (dx.permute(0, 2, 3, 1),), None, _workspace(op, gy.device))
     return dx if dx.dtype == x_dtype else dx.to(x_dtype)
 
 
@@ -387,13 +305,12 @@ def _wgrad_impl(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dty
         dw.zero_()
         db.zero_()
     else:
-        gy16 = _nhwc_half(gy.detach())
-        x16 = _nhwc_half(x.detach())
-        with _launch_scope(x.device):
-            op = _op("wgrad", (n, h, wd, c), (k, r, s, c), geo, b_dtype is not None, out_dtype, _device_index(x))
-            op(_as_array(x16), _as_array(gy16),
-               out=(_as_array(dw.permute(0, 2, 3, 1)),) + ((_as_array(db),) if b_dtype is not None else ()),
-               workspace=_workspace(op, x.device))
+        index = _device_index(x)
+        op = _op("wgrad", (n, h, wd, c), (k, r, s, c), geo, b_dtype is not None, out_dtype, index)
+        gy16 = _aligned(_nhwc_half(gy))
+        x16 = _aligned(_nhwc_half(x))
+        _launch(op, index, x16, gy16, (dw.permute(0, 2, 3, 1),) + ((db,) if b_dtype is not None else ()), None,
+                _workspace(op, x.device))
     return (dw if dw.dtype == w_dtype else dw.to(w_dtype),
             db if b_dtype is None or db.dtype == b_dtype else db.to(b_dtype))
 
@@ -518,13 +435,30 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     if isinstance(x, torch.Tensor) and x.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d allows
         return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation).squeeze(0)
     _check_operands(x, w, bias)
-    stride_ = as_pair("stride", stride)
-    dilation_ = as_pair("dilation", dilation)
-    pad, extra = _plan_padding(padding, (w.shape[2], w.shape[3]), stride_, dilation_)
+    compiling = torch.compiler.is_compiling()
+    key = (stride, padding, dilation, w.shape[2], w.shape[3])
+    remember = not compiling
+    try:
+        found = _kernel_geometry.get(key) if remember else None
+    except TypeError:  # a list argument: not a key, and nothing to remember
+        found, remember = None, False
+    if found is None:
+        stride_ = as_pair("stride", stride)
+        dilation_ = as_pair("dilation", dilation)
+        pad, extra = _plan_padding(padding, (w.shape[2], w.shape[3]), stride_, dilation_)
+        found = (stride_, pad, dilation_, extra)
+        if remember:
+            _kernel_geometry[key] = found
+    stride_, pad, dilation_, extra = found
     if extra != (0, 0):
         x = F.pad(x, (0, extra[1], 0, extra[0]))
     args = (x, w, bias, list(stride_), list(pad), list(dilation_))
-    return _fprop_op(*args) if torch.compiler.is_compiling() else _EagerConv2d.apply(*args)
+    return _fprop_op(*args) if compiling else _EagerConv2d.apply(*args)
+
+
+# conv2d's arguments as the kernels take them, per (stride, padding, dilation, R, S) as
+# given: checked and normalised once (a few microseconds a call otherwise), eager calls only.
+_kernel_geometry: dict[tuple, tuple] = {}
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: _PairArg = 1,

@@ -47,6 +47,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="weights and synthetic data")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--loss-scale", type=float, default=1024.0)
+    p.add_argument("--modes", nargs="+", choices=["eager", "reduce-overhead"], default=["eager", "reduce-overhead"],
+                   help="eager steps, and steps of torch.compile(model, mode='reduce-overhead') (CUDA graphs) on both sides")
     # Both fp16 nets are judged against the same net in fp32 (cuDNN, TF32 off): fp16 rounding
     # at every layer, amplified through three convs, max-pool choices and the backward pass,
     # puts each fp16 gradient some 1e-3..1e-1 away from fp32 (the first layer's most).
@@ -126,13 +128,17 @@ def main(argv=None) -> int:
           f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}")
 
     # -- agreement: the first step, from identical weights, on identical data -------------
-    t0 = time.perf_counter()
-    losses = {name: forward_backward(models[name], opts[name]) for name in models}
+    losses, first = {}, {}
+    for name in models:  # convgen compiles (or loads from its disk cache) every kernel here
+        t0 = time.perf_counter()
+        losses[name] = forward_backward(models[name], opts[name])
+        torch.cuda.synchronize()
+        first[name] = time.perf_counter() - t0
     fp32_net.zero_grad(set_to_none=True)
     F.cross_entropy(fp32_net(x.float()), labels).mul(args.loss_scale).backward()
     torch.cuda.synchronize()
-    print(f"first forward+backward of both (convgen compiles or loads its kernels here): "
-          f"{time.perf_counter() - t0:.2f} s")
+    print(f"first forward+backward: convgen {first['convgen']:.2f} s (compiles or loads its kernels), "
+          f"cuDNN {first['cuDNN']:.2f} s")
     ok = True
     lc, lr = float(losses["convgen"]), float(losses["cuDNN"])
     loss_err = abs(lc - lr) / max(abs(lr), 1e-30)
@@ -164,23 +170,49 @@ def main(argv=None) -> int:
         opts[name].step()  # finish the checked step
 
     # -- speed ---------------------------------------------------------------------------
-    ms = {}
-    for name, model in models.items():
+    def timed(step, model, opt) -> tuple[float, float]:
+        """(ms/step wall clock from CUDA events over back-to-back steps, GPU-busy ms/step: the
+        profiler's summed kernel time over a few more steps)."""
         for _ in range(args.warmup):
-            train_step(model, opts[name])
+            step(model, opt)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(args.steps):
-            train_step(model, opts[name])
+            step(model, opt)
         end.record()
         end.synchronize()
-        ms[name] = start.elapsed_time(end) / args.steps
-    print(f"\nms/step over {args.steps} steps after {args.warmup} warm-up steps "
-          "(forward, loss, backward, SGD step):")
-    for name, v in ms.items():
-        print(f"  {name:<8} {v:8.3f} ms/step")
-    print(f"  convgen / cuDNN = {ms['convgen'] / ms['cuDNN']:.2f}x")
+        wall = start.elapsed_time(end) / args.steps
+        busy_steps = 5
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(busy_steps):
+                step(model, opt)
+            torch.cuda.synchronize()
+        busy_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+                      for e in prof.key_averages())
+        return wall, busy_us / 1e3 / busy_steps
+
+    results = {}
+    for mode in args.modes:
+        for name, model in models.items():
+            if mode == "eager":
+                results[(mode, name)] = timed(train_step, model, opts[name])
+                continue
+            torch._dynamo.reset()
+            compiled = torch.compile(model, mode=mode)
+            t0 = time.perf_counter()
+            train_step(compiled, opts[name])  # traced and compiled here
+            torch.cuda.synchronize()
+            print(f"torch.compile(mode={mode!r}) of the {name} net, first step: {time.perf_counter() - t0:.1f} s")
+            results[(mode, name)] = timed(train_step, compiled, opts[name])
+    print(f"\nms/step over {args.steps} steps after {args.warmup} warm-up steps (forward, loss, backward, SGD "
+          "step), and GPU-busy ms/step (summed kernel time, profiler, 5 steps):")
+    for mode in args.modes:
+        for name in models:
+            wall, busy = results[(mode, name)]
+            print(f"  {mode:<16} {name:<8} {wall:8.3f} ms/step   GPU busy {busy:7.3f} ms/step")
+        ratio = results[(mode, "convgen")][0] / results[(mode, "cuDNN")][0]
+        print(f"  {mode:<16} convgen / cuDNN = {ratio:.2f}x")
 
     if not ok:
         print("\ntrain_step: convgen is further from fp32 than cuDNN-fp16 beyond the tolerances above",

@@ -142,3 +142,59 @@ def test_prepared_rejects_arrays_it_was_not_built_for():
         op(x, w, cp.ones(32, cp.float32))
     with pytest.raises(TypeError, match="x must be a cupy.ndarray"):
         op(np.ones(p.x_shape, np.float16), w)
+
+
+@pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+def test_prepared_launch_on_pointers(problem):
+    """launch(): the framework path (convgen.torch), pointers and a raw stream, no CuPy
+    arrays built; a side stream, a caller's split-K workspace, and db through it."""
+    import cupy as cp
+
+    rng = _rng("launch", problem)
+    x = rng.standard_normal(problem.x_shape).astype(np.float16)
+    w = rng.standard_normal(problem.w_shape).astype(np.float16)
+    dy = rng.standard_normal(problem.y_shape).astype(np.float16)
+    b = rng.standard_normal(problem.k).astype(np.float32)
+    xd, wd, dyd, bd = cp.asarray(x), cp.asarray(w), cp.asarray(dy), cp.asarray(b)
+    geo = _geo(problem)
+    side = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.get_current_stream().synchronize()
+
+    fprop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, **geo)
+    y = cp.full(problem.y_shape, np.nan, dtype=cp.float16)
+    fprop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, stream=side.ptr)
+    dgrad = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **geo)
+    dx = cp.full(problem.x_shape, np.nan, dtype=cp.float16)
+    dgrad.launch(dyd.data.ptr, wd.data.ptr, (dx.data.ptr,), stream=side.ptr)
+    wgrad = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **geo)
+    dw = cp.full(problem.w_shape, np.nan, dtype=cp.float16)
+    db = cp.full((problem.k,), np.nan, dtype=cp.float16)
+    ws = cp.full(max(wgrad.workspace_elems, 1), np.nan, dtype=cp.float32)
+    wgrad.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr),
+                 workspace=ws.data.ptr if wgrad.workspace_elems else 0, stream=side.ptr)
+    side.synchronize()
+    _check(y, reference.fprop(kernel_view(x), kernel_view(w), b, **geo), problem.gemm("fprop").k, "fprop launch")
+    _check(dx, reference.dgrad(kernel_view(dy), kernel_view(w), problem.x_shape, **geo), problem.gemm("dgrad").k,
+           "dgrad launch")
+    ref_dw, ref_db = reference.wgrad(kernel_view(x), kernel_view(dy), problem.w_shape, **geo)
+    _check(dw, ref_dw, problem.gemm("wgrad").k, "wgrad dw launch")
+    _check(db, ref_db, problem.gemm("wgrad").k, "wgrad db launch")
+
+
+def test_prepared_launch_refuses_bad_pointers():
+    import cupy as cp
+
+    p = ConvProblem(7, 7, 64, 96, 1, 1, 1, 0, 1, n=64)
+    x, w = cp.ones(p.x_shape, cp.float16), cp.ones(p.w_shape, cp.float16)
+    y = cp.empty(p.y_shape, cp.float16)
+    op = convgen.prepare("fprop", p.x_shape, p.w_shape)
+    with pytest.raises(ValueError, match="x must be a nonzero device pointer aligned to 16 bytes"):
+        op.launch(x.data.ptr + 2, w.data.ptr, (y.data.ptr,))
+    with pytest.raises(ValueError, match="out must hold 1 pointer"):
+        op.launch(x.data.ptr, w.data.ptr, (y.data.ptr, y.data.ptr))
+    with pytest.raises(ValueError, match="built without a bias"):
+        op.launch(x.data.ptr, w.data.ptr, (y.data.ptr,), bias=y.data.ptr)
+    wg = convgen.prepare("wgrad", p.x_shape, p.w_shape)
+    assert wg.workspace_elems > 0, "this layer's wgrad is expected to split K"
+    with pytest.raises(ValueError, match="workspace: this op needs"):
+        wg.launch(x.data.ptr, y.data.ptr, (cp.empty(p.w_shape, cp.float16).data.ptr,))

@@ -11,7 +11,6 @@ Skipped when torch is not installed.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import subprocess
 import sys
@@ -44,6 +43,7 @@ class FakeKernels:
 
     def __init__(self) -> None:
         self.calls: dict[str, list[dict]] = {"conv2d": [], "dgrad": [], "wgrad": []}
+        self.arrays: dict[int, np.ndarray] = {}  # what convgen.torch handed over, by pointer
 
     @staticmethod
     def _operand(name: str, a, shape=None) -> None:
@@ -79,6 +79,14 @@ class FakeKernels:
 
         class Op:
             workspace_elems = 0
+
+            def launch(self, a, b, out, *, bias=0, workspace=0, stream=0):
+                # convgen.torch hands pointers of tensors it made (convgen.torch._ptr, which the
+                # fixture wraps to remember them): run the checks on those tensors' arrays
+                assert stream == 0 and workspace == 0, (stream, workspace)
+                arr = fake.arrays
+                outs = tuple(arr[o] for o in out)
+                self(arr[a], arr[b], arr[bias] if bias else None, out=outs if pass_ == "wgrad" else outs[0])
 
             def __call__(self, a, b, bias_arr=None, *, out, workspace=None):
                 if pass_ == "fprop":
@@ -116,12 +124,16 @@ class FakeKernels:
 def fake(monkeypatch):
     k = FakeKernels()
 
-    def as_array(t):
-        assert not t.requires_grad, "a tensor that requires grad would be refused by DLPack"
-        return t.numpy()
+    real_ptr = cgt._ptr
 
-    monkeypatch.setattr(cgt, "_as_array", as_array)
-    monkeypatch.setattr(cgt, "_launch_scope", lambda device: contextlib.nullcontext())
+    def ptr(t):
+        p = real_ptr(t)  # the real guard: dense tensors of the kernels' dtypes only
+        k.arrays[p] = t.detach().numpy()
+        return p
+
+    monkeypatch.setattr(cgt, "_ptr", ptr)
+    monkeypatch.setattr(cgt, "_raw_stream", lambda index: 0)
+    monkeypatch.setattr(cgt, "_current_device", lambda: 0)
     monkeypatch.setattr(cgt, "_prepared", {})
     monkeypatch.setattr(convgen, "prepare", k.prepare)
     return k
@@ -171,6 +183,7 @@ GEOMETRIES = [
     ((2, 6, 10, 10), (4, 4, 3), 1, "same", (1, 2)),
     ((2, 6, 10, 10), (4, 3, 3), 1, "valid", 1),
     ((4, 16, 7, 7), (16, 3, 3), 3, 3, 2),
+    ((2, 8, 10, 7), (5, 3, 2), [2, 1], [1, 0], [1, 2]),  # lists: not hashable, so never remembered
 ]
 
 
@@ -213,6 +226,18 @@ def test_zero_copy_for_channels_last_half(fake):
     call = fake.calls["conv2d"][0]
     assert call["x_ptr"] == x.data_ptr(), "a channels_last float16 x must reach the kernel without a copy"
     assert call["w_ptr"] == w.data_ptr(), "a channels_last float16 weight is already KRSC: no copy"
+
+
+def test_views_off_a_16_byte_boundary_are_copied_not_misread(fake):
+    """The kernels' vector loads need 16-byte aligned operands: a batch slice that starts
+    54 bytes into its storage is copied into fresh memory first, and the result is right."""
+    full = make((3, 3, 3, 3), torch.float16, True, 1, requires_grad=False)
+    x = full[1:]
+    assert x.is_contiguous(memory_format=CL) and x.data_ptr() % 16
+    w = make((8, 3, 3, 3), torch.float16, False, 2, requires_grad=False)
+    y = cgt._conv2d(x, w, None, 1, 1, 1)
+    assert fake.calls["conv2d"][0]["x_ptr"] % 16 == 0
+    assert rel_err(y, F.conv2d(x.double(), w.double(), None, 1, 1)) <= 1e-3
 
 
 def test_nchw_and_float32_are_converted_not_misread(fake):

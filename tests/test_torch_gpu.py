@@ -179,17 +179,24 @@ def test_drawn_shapes(case):
 
 class Spy:
     """Wraps convgen.prepare (which convgen.torch looks up on the package when it builds an
-    op) so that every call of every op it builds records its operands, its output, its
-    options and the CuPy stream it ran on; the ops still run."""
+    op) so that every launch of every op it builds records its operands' pointers and
+    dtypes, its output, its options and the stream it ran on; the ops still run."""
 
     NAMES = {"fprop": "conv2d", "dgrad": "conv2d_dgrad", "wgrad": "conv2d_wgrad"}
 
     def __init__(self, monkeypatch):
-        import cupy
-
         self.calls: list[dict] = []
         real = convgen.prepare
         monkeypatch.setattr(cgt, "_prepared", {})  # ops cached by earlier tests would not be seen
+        dtypes: dict[int, str] = {}  # the tensors convgen.torch handed over, by pointer
+        real_ptr = cgt._ptr
+
+        def ptr(t):
+            p = real_ptr(t)
+            dtypes[p] = str(t.dtype).replace("torch.", "")
+            return p
+
+        monkeypatch.setattr(cgt, "_ptr", ptr)
 
         def prepare(pass_, *args, **kwargs):
             op = real(pass_, *args, **kwargs)
@@ -198,17 +205,13 @@ class Spy:
             class Recorded:
                 workspace_elems = op.workspace_elems
 
-                def __call__(self, *operands, out=None, workspace=None):
-                    result = op(*operands, out=out, workspace=workspace)
-                    first = result[0] if isinstance(result, tuple) else result
+                def launch(self, a, b, out, *, bias=0, workspace=0, stream=0):
+                    op.launch(a, b, out, bias=bias, workspace=workspace, stream=stream)
+                    operands = [p for p in (a, b, bias) if p]
                     spy.calls.append(dict(
-                        name=spy.NAMES[pass_], stream=cupy.cuda.get_current_stream().ptr,
-                        ptrs=[a.data.ptr for a in operands if a is not None],
-                        dtypes=[a.dtype.name for a in operands if a is not None],
-                        result_ptr=first.data.ptr,
-                        kwargs=dict(bias=bool(kwargs.get("bias")), out_dtype=kwargs.get("out_dtype")),
+                        name=spy.NAMES[pass_], stream=stream, ptrs=operands, dtypes=[dtypes[p] for p in operands],
+                        result_ptr=out[0], kwargs=dict(bias=bool(kwargs.get("bias")), out_dtype=kwargs.get("out_dtype")),
                     ))
-                    return result
 
             return Recorded()
 

@@ -116,6 +116,13 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         add("dgrad", f"prepare op, out= given ({launch})", lambda: d(dy, w, out=dx))
         add("wgrad", f"prepare op, out= given ({launch}; split-K {g._kernel.source.spec.plan.split_k})",
             lambda: g(x, dy, out=(dw,)))
+        sp = cp.cuda.get_current_stream().ptr
+        ws = cp.empty(max(g.workspace_elems, 1), cp.float32)
+        add("fprop", "prepared op's launch(), pointers", lambda: f.launch(x.data.ptr, w.data.ptr, (y.data.ptr,), stream=sp))
+        add("dgrad", "prepared op's launch(), pointers", lambda: d.launch(dy.data.ptr, w.data.ptr, (dx.data.ptr,),
+                                                                          stream=sp))
+        add("wgrad", "prepared op's launch(), pointers", lambda: g.launch(
+            x.data.ptr, dy.data.ptr, (dw.data.ptr,), workspace=ws.data.ptr if g.workspace_elems else 0, stream=sp))
     try:
         import torch
         import torch.nn.functional as F
@@ -144,6 +151,19 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         add("dgrad", "convgen.torch operator convgen::conv2d_dgrad", lambda: torch.ops.convgen.conv2d_dgrad(
             cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
         add("wgrad", "convgen.torch operator convgen::conv2d_wgrad", lambda: torch.ops.convgen.conv2d_wgrad(
+            cgy, cx, [p.k, p.c, p.r, p.s], torch.float16, None, *geo_l))
+        # the eager path convgen.torch.Conv2d takes: the autograd Function's forward (no grad
+        # recorded), and the two backward passes' implementations it calls
+        cgt = sys.modules["convgen.torch"]
+
+        def eager_fprop():
+            with torch.no_grad():
+                return cgt.conv2d(cx, cw, None, p.stride, p.padding, p.dilation)
+
+        add("fprop", "convgen.torch eager conv2d (no grad)", eager_fprop)
+        add("dgrad", "convgen.torch eager dgrad (backward's call)", lambda: cgt._dgrad_impl(
+            cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
+        add("wgrad", "convgen.torch eager wgrad (backward's call)", lambda: cgt._wgrad_impl(
             cgy, cx, [p.k, p.c, p.r, p.s], torch.float16, None, *geo_l))
     except ImportError:
         pass
