@@ -160,18 +160,22 @@ def test_prepared_launch_on_pointers(problem):
     side = cp.cuda.Stream(non_blocking=True)
     cp.cuda.get_current_stream().synchronize()
 
+    def workspace(op):  # the caller's split-K workspace, poisoned: the kernels must overwrite it
+        ws = cp.full(max(op.workspace_elems, 1), np.nan, dtype=cp.float32)
+        keep.append(ws)
+        return ws.data.ptr if op.workspace_elems else 0
+
+    keep = []
     fprop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, **geo)
     y = cp.full(problem.y_shape, np.nan, dtype=cp.float16)
-    fprop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, stream=side.ptr)
+    fprop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, workspace=workspace(fprop), stream=side.ptr)
     dgrad = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **geo)
     dx = cp.full(problem.x_shape, np.nan, dtype=cp.float16)
-    dgrad.launch(dyd.data.ptr, wd.data.ptr, (dx.data.ptr,), stream=side.ptr)
+    dgrad.launch(dyd.data.ptr, wd.data.ptr, (dx.data.ptr,), workspace=workspace(dgrad), stream=side.ptr)
     wgrad = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **geo)
     dw = cp.full(problem.w_shape, np.nan, dtype=cp.float16)
     db = cp.full((problem.k,), np.nan, dtype=cp.float16)
-    ws = cp.full(max(wgrad.workspace_elems, 1), np.nan, dtype=cp.float32)
-    wgrad.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr),
-                 workspace=ws.data.ptr if wgrad.workspace_elems else 0, stream=side.ptr)
+    wgrad.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr), workspace=workspace(wgrad), stream=side.ptr)
     side.synchronize()
     _check(y, reference.fprop(kernel_view(x), kernel_view(w), b, **geo), problem.gemm("fprop").k, "fprop launch")
     _check(dx, reference.dgrad(kernel_view(dy), kernel_view(w), problem.x_shape, **geo), problem.gemm("dgrad").k,

@@ -137,7 +137,10 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         add("wgrad", "torch convolution_backward dW (cuDNN)", lambda: torch.ops.aten.convolution_backward(
             tdy, tx, tw, None, p.stride, p.padding, p.dilation, False, (0, 0), 1, (False, True, False)))
         # convgen.torch's operators against PyTorch's own conv dispatch, channels_last fp16
-        import convgen.torch  # noqa: F401  (registers the convgen:: operators)
+        import importlib
+
+        cgt = importlib.import_module("convgen.torch")  # registers the convgen:: operators (an `import
+        # convgen.torch` here would make `convgen` a local name of this whole function)
 
         cx = torch.randn(p.n, p.c, p.h, p.w, device="cuda", dtype=torch.float16).contiguous(
             memory_format=torch.channels_last)
@@ -154,8 +157,6 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
             cgy, cx, [p.k, p.c, p.r, p.s], torch.float16, None, *geo_l))
         # the eager path convgen.torch.Conv2d takes: the autograd Function's forward (no grad
         # recorded), and the two backward passes' implementations it calls
-        cgt = sys.modules["convgen.torch"]
-
         def eager_fprop():
             with torch.no_grad():
                 return cgt.conv2d(cx, cw, None, p.stride, p.padding, p.dilation)
