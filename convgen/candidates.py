@@ -15,7 +15,7 @@ import math
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
-from .tma_rules import tma_eligible, tma_split, tma_tiles, tma_unproven
+from .tma_rules import tma_eligible, tma_split, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -77,20 +77,18 @@ MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several t
 
 
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
-               limit: int = 48, wgmma: bool = False, unproven: bool = False) -> list[Plan]:
+               limit: int = 48, wgmma: bool = False) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
     variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
     (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
     plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
-    WMMA plans on every suite layer (benchmarks/NOTES.md).  `unproven` adds the TMA plans the
-    loop can run but no default or tuned plan may rest on yet (tma_rules.tma_unproven), for
-    the probes that verify them."""
+    WMMA plans on every suite layer (benchmarks/NOTES.md)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     gemm = problem.gemm(pass_)
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
-    for p in _tma_candidates(problem, pass_, target, in_dtype, unproven) + _halo_candidates(problem, pass_, target, in_dtype):
+    for p in _tma_candidates(problem, pass_, target, in_dtype) + _halo_candidates(problem, pass_, target, in_dtype):
         _add_unique(p, seen, out)
     halo = len(out) - 1
     sliced: list[Plan] = []
@@ -174,11 +172,9 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
     return out[:WGMMA_PER_LAYER]
 
 
-def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
-                    unproven: bool = False) -> list[Plan]:
+def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
     """TMA main-loop plans where the copy engine can run the layer (planner.tma_eligible)."""
-    if (tma_eligible(problem.geometry, pass_, target, in_dtype) is not None  # type: ignore[arg-type]
-            or not unproven and tma_unproven(problem.geometry, pass_) is not None):
+    if tma_eligible(problem.geometry, pass_, target, in_dtype) is not None:  # type: ignore[arg-type]
         return []
     out: list[Plan] = []
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed

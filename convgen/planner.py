@@ -25,7 +25,7 @@ from .limits import check_index_limits
 from .small_layer_rules import halo_default, split_k
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .tma_rules import (  # noqa: F401
-    TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles, tma_unproven,
+    TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles,
 )
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
@@ -290,7 +290,7 @@ def plan(
     ]
 
     if not scalar:
-        why = tma_eligible(problem.geometry, pass_, target, in_dtype) or tma_unproven(problem.geometry, pass_)
+        why = tma_eligible(problem.geometry, pass_, target, in_dtype)
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
         steps = tma_steps(problem, pass_) if why is None else 0
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:

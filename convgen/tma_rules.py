@@ -150,15 +150,3 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
             return (f"needs the bounding box's corners within [-128, 127] of the image's edges: along {axis}, "
                     f"padding {pad} and filter reach {reach} are too far")
     return None
-
-
-def tma_unproven(geometry: ConvGeometry, pass_: Pass) -> str | None:
-    """Why the planner and the tuner's candidates leave a layer the loop can run off it (None
-    when they may take it); an explicit plan still runs it.  Strided dgrad: its exact tier,
-    compute-sanitizer and every real layer's check passed on the H200 (at 145e8e4), but its
-    Hypothesis fuzz did not finish in three runs, a hang or a failing example not yet found;
-    until it passes, no default or tuned plan rests on it."""
-    if pass_ is Pass.DGRAD and geometry.stride != (1, 1):
-        return ("runs strided dgrad only when a plan asks for it: its fuzz tier has not yet passed on the GPU "
-                "(benchmarks/NOTES.md, 2026-12-02)")
-    return None

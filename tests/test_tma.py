@@ -67,10 +67,8 @@ def test_candidates_offer_the_kind_only_where_it_runs():
     dgrad = [p for p in candidates(LAYER, Pass.DGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in dgrad} >= {(128, 128), (64, 128)}  # N = C = 128: no 256-wide tile
     assert max(p.block_n for p in dgrad) == 128
-    # strided dgrad runs only under an explicit plan until its fuzz tier passes (tma_rules.tma_unproven)
-    assert not [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
-    probed = [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90, unproven=True) if p.tma]
-    assert {(p.block_m, p.block_n) for p in probed} == {(p.block_m, p.block_n) for p in dgrad}  # what the probes time
+    strided = [p for p in candidates(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90) if p.tma]
+    assert {(p.block_m, p.block_n) for p in strided} == {(p.block_m, p.block_n) for p in dgrad}  # the same tiles
     wgrad = [p for p in candidates(LAYER, Pass.WGRAD, SM90) if p.tma]
     assert {(p.block_m, p.block_n) for p in wgrad} >= {(128, 256), (64, 128)} and any(p.split_k > 1 for p in wgrad)
     narrow = dataclasses.replace(LAYER, k=64)  # no tile wider than N
@@ -99,17 +97,17 @@ def test_dgrad_takes_maps_of_dy_and_w_and_boxes_of_64_channels():
 
 def test_default_plans_take_the_loop_where_the_reduction_is_long():
     """fprop and stride-1 dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps) take the
-    TMA loop; a 1x1 dgrad of K=256 (4 K-steps) keeps the others, and so does a strided dgrad,
-    which the loop runs only under an explicit plan until its fuzz tier passes; each says why."""
+    TMA loop; a 1x1 dgrad of K=256 (4 K-steps) keeps the others.  Strided dgrad counts its
+    heaviest residue class: 4 taps x 4 steps of K=256 at stride 2 take the loop, a 1x1 at
+    stride 2 (one tap, 2 steps of K=128) does not; each says why."""
     from convgen.planner import plan as default_plan
 
     assert default_plan(LAYER, Pass.FPROP, SM90).tma and default_plan(LAYER, Pass.DGRAD, SM90).tma
     short = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
     assert not short.tma and any("4 K-step(s)" in r for r in short.reasons)
-    strided = default_plan(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90)
-    assert not strided.tma and any("fuzz tier has not yet passed" in r for r in strided.reasons)
-    check_plan(Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), dataclasses.replace(LAYER, stride=(2, 2)),
-               Pass.DGRAD, SM90, "float16")  # an explicit plan may still take it
+    assert default_plan(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90).tma
+    strided_1x1 = default_plan(ConvProblem(28, 28, 256, 128, 1, 1, 2, 0, 1, n=64), Pass.DGRAD, SM90)
+    assert not strided_1x1.tma and any("2 K-step(s)" in r for r in strided_1x1.reasons)
     assert not default_plan(LAYER, Pass.DGRAD, Target("sm_80")).tma
 
 

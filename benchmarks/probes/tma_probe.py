@@ -65,7 +65,7 @@ def main() -> int:
             if args.strided and p.stride == (1, 1):
                 continue
             if tma_eligible(p.geometry, ps, target) is None:
-                layers.append((suite, layer, [c for c in candidates(p, ps, target, unproven=True) if c.tma]))
+                layers.append((suite, layer, [c for c in candidates(p, ps, target) if c.tma]))
     print(f"{len(layers)} layers; GPU {gpu}", flush=True)
 
     t0 = time.perf_counter()
