@@ -17,11 +17,11 @@ from .autotune import set_autotune
 from .emit import KernelSource, emit
 from .ir import ConvGeometry, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
 from .planner import make_spec, plan
-from .prepared import PreparedConv, prepare
+from .prepared import PreparedConv, prepare, prepare_many
 from .runtime import clear_cache, conv2d, conv2d_dgrad, conv2d_wgrad
 
 __all__ = [
     "__version__", "ConvGeometry", "ConvProblem", "Epilogue", "KernelSource", "KernelSpec",
     "Pass", "Plan", "PreparedConv", "Target", "clear_cache", "conv2d", "conv2d_dgrad", "conv2d_wgrad",
-    "emit", "make_spec", "plan", "prepare", "set_autotune",
+    "emit", "make_spec", "plan", "prepare", "prepare_many", "set_autotune",
 ]

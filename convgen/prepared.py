@@ -26,8 +26,9 @@ outgrown is kept alive too, so a CUDA graph captured with it stays valid.
 from __future__ import annotations
 
 import operator
+import os
 import threading
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -330,19 +331,11 @@ def _check_workspace(ws: Any, elems: int, device: int) -> None:
                          f"{getattr(ws, 'shape', '')}")
 
 
-def prepare(
-    pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
-    stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
-    activation: Optional[str] = None, in_dtype: Any = "float16", out_dtype: Any = "float16",
-    device: Optional[int] = None, plan: Optional[Plan] = None,
-) -> PreparedConv:
-    """Bind one pass of one conv2d (NHWC ``x_shape``, KRSC ``w_shape``) and its options.
-
-    fprop takes ``bias`` (the op then wants a bias array) and ``activation`` (None or
-    "relu"); wgrad's ``bias`` makes it return db too.  ``in_dtype`` is the dtype the op's
-    inputs will have (float16, or float32 to let the plan read it in the gather).  The op
-    runs on ``device`` (default: CuPy's current device).
-    """
+def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
+          stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
+          activation: Optional[str] = None, in_dtype: Any = "float16", out_dtype: Any = "float16",
+          device: Optional[int] = None, plan: Optional[Plan] = None) -> tuple:
+    """prepare()'s arguments checked and turned into what PreparedConv takes."""
     p = Pass.parse(pass_)
     for name, shape in (("x_shape", x_shape), ("w_shape", w_shape)):
         if not isinstance(shape, (tuple, list)) or len(shape) != 4:
@@ -365,4 +358,50 @@ def prepare(
     epi = Epilogue(bias=bool(bias), relu=activation == "relu", out_dtype=_rt._out_dtype(out_dtype))  # type: ignore[arg-type]
     cupy = _rt._cupy()
     dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
-    return PreparedConv(p, problem, epi, in_name, dev, plan)
+    return p, problem, epi, in_name, dev, plan
+
+
+def prepare(
+    pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
+    stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
+    activation: Optional[str] = None, in_dtype: Any = "float16", out_dtype: Any = "float16",
+    device: Optional[int] = None, plan: Optional[Plan] = None,
+) -> PreparedConv:
+    """Bind one pass of one conv2d (NHWC ``x_shape``, KRSC ``w_shape``) and its options.
+
+    fprop takes ``bias`` (the op then wants a bias array) and ``activation`` (None or
+    "relu"); wgrad's ``bias`` makes it return db too.  ``in_dtype`` is the dtype the op's
+    inputs will have (float16, or float32 to let the plan read it in the gather).  The op
+    runs on ``device`` (default: CuPy's current device).
+    """
+    return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
+                               activation=activation, in_dtype=in_dtype, out_dtype=out_dtype, device=device,
+                               plan=plan))
+
+
+def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] = None) -> list[PreparedConv]:
+    """:func:`prepare` for many layers at once (each a dict of prepare's arguments, ``pass_``
+    among them), with every kernel not yet in the caches compiled in parallel.
+
+    A network's first step otherwise compiles its kernels one after another as its layers
+    first run (about a second each with NVRTC).  NVRTC runs outside Python's lock, so
+    threads compile side by side; the ops are then built in order, each finding its binary
+    in the memory cache.  ``workers`` defaults to the machine's CPU count.  A layer the
+    tuner will tune on first use (autotune on, no tuned plan) is tuned when its op is built,
+    as :func:`prepare` would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .compile import cached_binary
+
+    bound = [_bind(**dict(layer)) for layer in layers]
+
+    def build(args: tuple) -> None:
+        pass_, problem, epi, in_name, dev, plan = args
+        if problem.n == 0:
+            return
+        src = _rt._planned_source(problem, pass_, epi, in_name, dev, plan, scalar=False, tune=False)
+        cached_binary(src.source, arch=src.compile_arch)
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
+        list(pool.map(build, bound))  # re-raises the first failure (a CompileError names its source)
+    return [PreparedConv(*args) for args in bound]

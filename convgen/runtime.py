@@ -169,19 +169,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
         if k is None:
             from .compile import load_kernels, set_max_dynamic_shared_memory
 
-            target = _target(device_id)
-            if plan is None and not scalar:
-                from .tuning_db import tuned_plan
-
-                plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
-                if plan is None:
-                    from . import autotune
-
-                    if autotune.enabled():  # tune on first use (convgen.set_autotune)
-                        plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
-            spec = make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype,
-                             plan_=plan, scalar=scalar)
-            src = emit(spec)
+            src = _planned_source(problem, pass_, epilogue, in_dtype, device_id, plan, scalar)
             fns = load_kernels(src.source, src.kernel_names, arch=src.compile_arch)
             main = fns[src.main.kernel]
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
@@ -189,6 +177,24 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             k = _cache[key] = _Kernel.build(src, main, fns[src.reduce.kernel] if src.reduce else None)
     check_launch(k.source, problem.n)
     return k
+
+
+def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
+                    plan: Optional[Plan], scalar: bool, *, tune: bool = True) -> KernelSource:
+    """The source this shape's kernel is built from on this device: a hand plan, else the
+    tuning database's, else (with autotune on and ``tune``) the tuner's, else the planner's."""
+    target = _target(device_id)
+    if plan is None and not scalar:
+        from .tuning_db import tuned_plan
+
+        plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
+        if plan is None and tune:
+            from . import autotune
+
+            if autotune.enabled():  # tune on first use (convgen.set_autotune)
+                plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
+    return emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=plan,
+                          scalar=scalar))
 
 
 def _empty(shape: Any, dtype: Any) -> Any:

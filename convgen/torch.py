@@ -64,7 +64,7 @@ from torch.autograd.function import once_differentiable
 import convgen
 from convgen.ir import ConvGeometry, as_pair
 
-__all__ = ["conv2d", "Conv2d"]
+__all__ = ["conv2d", "Conv2d", "precompile"]
 
 _PairArg = Union[int, Sequence[int]]
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.float64)
@@ -405,6 +405,65 @@ _fprop_op.register_autograd(_backward, setup_context=_setup_context)
 torch.library.register_autocast("convgen::conv2d", "cuda", torch.float16)
 
 
+# The layers a precompile() forward met, as the keys _op() will look them up by; None when
+# not recording.
+_recording: Optional[list[tuple]] = None
+
+
+def _record(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
+            padding: Sequence[int], dilation: Sequence[int], needs: Sequence[bool]) -> torch.Tensor:
+    """Note the ops a training step of this layer will want, as _fprop_impl, _dgrad_impl and
+    _wgrad_impl key them; the output is zeros of the right shape and layout, nothing runs."""
+    assert _recording is not None
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    geo = _geo(stride, padding, dilation)
+    p, q = _output_hw(h, wd, c, k, r, s, geo)
+    shapes = ((n, h, wd, c), (k, r, s, c))
+    index = _device_index(x)
+    need_dx, need_dw, need_db = needs
+    _recording.append(("fprop", *shapes, geo, bias is not None, _out_dtype(x.dtype), index))
+    if need_dx:
+        _recording.append(("dgrad", *shapes, geo, False, _out_dtype(x.dtype), index))
+    if need_dw:
+        b_dtype = bias.dtype if need_db and bias is not None else None
+        _recording.append(("wgrad", *shapes, geo, b_dtype is not None, _out_dtype(w.dtype, b_dtype), index))
+    return torch.empty((n, k, p, q), dtype=x.dtype, device=x.device, memory_format=torch.channels_last).zero_()
+
+
+def precompile(model: nn.Module, *example_inputs: Any, workers: Optional[int] = None) -> int:
+    """Compile, in parallel, every kernel a training step of ``model`` on inputs shaped like
+    ``example_inputs`` will launch: each convgen layer's forward, its dgrad where its input
+    needs a gradient, and its wgrad (with db where the bias trains).  Returns how many ops
+    were prepared.
+
+    The first step of a network otherwise compiles its kernels one by one as the layers
+    first run.  This runs the model's forward once in eval mode, with gradients on and the
+    convolutions replaced by zeros of their outputs' shape (no kernel runs, and no batch
+    norm statistic moves), to learn the layers, then builds all their ops through
+    :func:`convgen.prepare_many`.  Compiled binaries also land in the disk cache, so the next
+    process loads them."""
+    global _recording
+    if _recording is not None:
+        raise RuntimeError("convgen.torch.precompile is already running (it is not reentrant)")
+    was_training = model.training
+    _recording = []
+    try:
+        model.eval()
+        with torch.enable_grad():
+            model(*example_inputs)
+        keys = list(dict.fromkeys(_recording))  # each op once, in the order met
+    finally:
+        _recording = None
+        model.train(was_training)
+    todo = [key for key in keys if key not in _prepared]
+    layers = [dict(pass_=pass_, x_shape=xs, w_shape=ws, stride=geo[0], padding=geo[1], dilation=geo[2], bias=bias,
+                   out_dtype=out_dtype, device=device) for pass_, xs, ws, geo, bias, out_dtype, device in todo]
+    for key, op in zip(todo, convgen.prepare_many(layers, workers=workers)):
+        _prepared[key] = op
+    return len(keys)
+
+
 class _EagerConv2d(torch.autograd.Function):
     """The operator's forward and backward without the operator dispatcher, for eager calls.
 
@@ -418,6 +477,8 @@ class _EagerConv2d(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: list,
                 padding: list, dilation: list) -> torch.Tensor:
+        if _recording is not None:  # precompile(): note the layer, run nothing
+            return _record(x, w, bias, stride, padding, dilation, ctx.needs_input_grad[:3])
         y = _fprop_impl(x, w, bias, stride, padding, dilation)
         _setup_context(ctx, (x, w, bias, stride, padding, dilation), y)
         return y

@@ -202,3 +202,41 @@ def test_prepared_launch_refuses_bad_pointers():
     assert wg.workspace_elems > 0, "this layer's wgrad is expected to split K"
     with pytest.raises(ValueError, match="workspace: this op needs"):
         wg.launch(x.data.ptr, y.data.ptr, (cp.empty(p.w_shape, cp.float16).data.ptr,))
+
+
+def test_prepare_many_compiles_in_parallel_and_gives_prepared_ops(tmp_path, monkeypatch):
+    """A cold cache: prepare_many builds every layer's three ops (kernels compiled side by
+    side), each computing what its reference says; its binaries are the ones prepare()
+    then finds (no compile: the memory cache already has them)."""
+    import cupy as cp
+
+    from convgen import compile as cg_compile
+
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
+    convgen.clear_cache()
+    cg_compile.clear_memory_cache()
+    layers = [dict(pass_=pass_, x_shape=p.x_shape, w_shape=p.w_shape, bias=pass_ == "wgrad", **_geo(p))
+              for p in SHAPES for pass_ in ("fprop", "dgrad", "wgrad")]
+    ops = convgen.prepare_many(layers, workers=4)
+    assert len(ops) == len(layers)
+    def no_compile(*args, **kwargs):
+        raise AssertionError("prepare() compiled a kernel prepare_many had built")
+
+    monkeypatch.setattr(cg_compile, "compile_binary", no_compile)
+    for i, p in enumerate(SHAPES):
+        rng = _rng("many", p)
+        x = rng.standard_normal(p.x_shape).astype(np.float16)
+        w = rng.standard_normal(p.w_shape).astype(np.float16)
+        dy = rng.standard_normal(p.y_shape).astype(np.float16)
+        geo = _geo(p)
+        fprop, dgrad, wgrad = ops[3 * i: 3 * i + 3]
+        convgen.clear_cache()  # a new op from the binaries in memory (compile_binary would raise)
+        convgen.prepare("fprop", p.x_shape, p.w_shape, **geo)
+        _check(fprop(cp.asarray(x), cp.asarray(w)), reference.fprop(kernel_view(x), kernel_view(w), None, **geo),
+               p.gemm("fprop").k, "prepare_many fprop")
+        _check(dgrad(cp.asarray(dy), cp.asarray(w)), reference.dgrad(kernel_view(dy), kernel_view(w), p.x_shape, **geo),
+               p.gemm("dgrad").k, "prepare_many dgrad")
+        dw, db = wgrad(cp.asarray(x), cp.asarray(dy))
+        ref_dw, ref_db = reference.wgrad(kernel_view(x), kernel_view(dy), p.w_shape, **geo)
+        _check(dw, ref_dw, p.gemm("wgrad").k, "prepare_many wgrad dw")
+        _check(db, ref_db, p.gemm("wgrad").k, "prepare_many wgrad db")

@@ -44,6 +44,8 @@ class FakeKernels:
     def __init__(self) -> None:
         self.calls: dict[str, list[dict]] = {"conv2d": [], "dgrad": [], "wgrad": []}
         self.arrays: dict[int, np.ndarray] = {}  # what convgen.torch handed over, by pointer
+        self.prepared: list[tuple] = []  # every op built: (pass, x_shape, w_shape, bias)
+        self.batches: list[int] = []  # the sizes of convgen.prepare_many's calls
 
     @staticmethod
     def _operand(name: str, a, shape=None) -> None:
@@ -70,6 +72,7 @@ class FakeKernels:
                 device=None, **kw):
         self._geometry(stride, padding, dilation)
         assert not kw, kw
+        self.prepared.append((pass_, tuple(x_shape), tuple(w_shape), bias))
         fake = self
         n, h, wd, c = x_shape
         k, r, s, _ = w_shape
@@ -136,6 +139,12 @@ def fake(monkeypatch):
     monkeypatch.setattr(cgt, "_current_device", lambda: 0)
     monkeypatch.setattr(cgt, "_prepared", {})
     monkeypatch.setattr(convgen, "prepare", k.prepare)
+
+    def prepare_many(layers, workers=None):
+        k.batches.append(len(layers))
+        return [k.prepare(**layer) for layer in layers]
+
+    monkeypatch.setattr(convgen, "prepare_many", prepare_many)
     return k
 
 
@@ -440,3 +449,35 @@ def test_torch_compile_fullgraph_traces_forward_and_backward(fake):
     assert abs(loss.item() - ref.item()) <= 1e-6 * abs(ref.item())
     assert rel_err(x.grad, xr.grad) <= 1e-6 and rel_err(layer.weight.grad, wr.grad) <= 1e-6
     assert len(fake.calls["conv2d"]) == 1 and len(fake.calls["dgrad"]) == 1 and len(fake.calls["wgrad"]) == 1
+
+
+def test_precompile_prepares_every_op_a_step_launches_and_runs_nothing(fake, monkeypatch):
+    """One forward, no kernel: the first layer's input needs no gradient (no dgrad), the
+    bias-free layer's wgrad has no db; the step after it builds no op of its own and is
+    right; batch norm's statistics and the train/eval mode are as they were."""
+    # The module refuses CPU input: its forward runs the CPU-testable core here.
+    monkeypatch.setattr(cgt.Conv2d, "_conv_forward",
+                        lambda self, i, w, b: cgt._conv2d(i, w, b, self.stride, self.padding, self.dilation))
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        cgt.Conv2d(3, 8, 3, padding="same"), nn.BatchNorm2d(8), nn.ReLU(),
+        cgt.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.ReLU(), cgt.Conv2d(16, 4, 1),
+    ).to(memory_format=CL)
+    x = make((2, 3, 10, 10), torch.float32, True, 1, requires_grad=False)
+    stats = model[1].running_mean.clone(), model[1].running_var.clone()
+    assert cgt.precompile(model, x) == 8
+    assert fake.batches == [8] and not any(fake.calls.values()), "precompile must launch nothing"
+    assert model.training and torch.equal(model[1].running_mean, stats[0]) and torch.equal(model[1].running_var, stats[1])
+    assert sorted(p for p, *_ in fake.prepared) == ["dgrad", "dgrad", "fprop", "fprop", "fprop", "wgrad", "wgrad", "wgrad"]
+    assert [b for p, _, _, b in fake.prepared if p == "wgrad"] == [True, False, True]
+    assert cgt.precompile(model, x) == 8 and fake.batches == [8, 0], "a second precompile finds every op ready"
+    built = len(fake.prepared)
+    y = model(x)
+    y.backward(torch.ones_like(y))
+    assert len(fake.prepared) == built, "the step after precompile must find every op it launches"
+    assert len(fake.calls["conv2d"]) == 3 and len(fake.calls["dgrad"]) == 2 and len(fake.calls["wgrad"]) == 3
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding="same"), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.Conv2d(8, 16, 3, stride=2, padding=1, bias=False), nn.ReLU(), nn.Conv2d(16, 4, 1))
+    ref.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
+    model[1].running_mean.copy_(stats[0])  # both nets' batch norms start where precompile left them
+    assert rel_err(y, ref.double()(x.half().double())) <= 5e-3

@@ -470,6 +470,24 @@ def test_cuda_graph_capture_and_replay():
         previous = static_y.clone()
 
 
+def test_precompile_then_step_is_the_plain_step(monkeypatch):
+    """precompile builds every op the step launches (the step builds none), and the step
+    then gives bit for bit what the same model gives without it."""
+    monkeypatch.setattr(cgt, "_prepared", {})
+    model = _small_model()
+    g = gen("precompile")
+    x = tensor((4, 8, 16, 16), torch.float16, g)
+    gy = tensor((4, 8, 8, 8), torch.float16, g)
+    assert cgt.precompile(model, x.detach().requires_grad_()) == 9  # _step's input needs dx: 3 ops per layer
+    built = dict(cgt._prepared)
+    got = [t.clone() for t in _step(model, x, gy)]
+    assert cgt._prepared == built, "the step built an op precompile had not"
+    monkeypatch.setattr(cgt, "_prepared", {})
+    want = _step(model, x, gy)
+    for i, (a, e) in enumerate(zip(got, want)):
+        assert torch.isfinite(a).all() and torch.equal(a, e), f"output {i}"
+
+
 # --------------------------------------------------------------------------- torch.compile
 
 
