@@ -514,7 +514,20 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     if extra != (0, 0):
         x = F.pad(x, (0, extra[1], 0, extra[0]))
     args = (x, w, bias, list(stride_), list(pad), list(dilation_))
-    return _fprop_op(*args) if compiling else _EagerConv2d.apply(*args)
+    if compiling:
+        return _fprop_op(*args)
+    if _recording is None and not _autocasting() and not (torch.is_grad_enabled() and (
+            x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad))):
+        return _fprop_impl(*args)  # nothing to differentiate: the autograd Function's apply is overhead
+    return _EagerConv2d.apply(*args)
+
+
+def _autocasting() -> bool:
+    """Whether CUDA autocast is on (then the Function's custom_fwd casts the inputs)."""
+    try:
+        return torch.is_autocast_enabled("cuda")
+    except TypeError:  # PyTorch before 2.4: no device argument, and it means CUDA
+        return torch.is_autocast_enabled()
 
 
 # conv2d's arguments as the kernels take them, per (stride, padding, dilation, R, S) as

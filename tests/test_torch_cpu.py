@@ -481,3 +481,21 @@ def test_precompile_prepares_every_op_a_step_launches_and_runs_nothing(fake, mon
     ref.load_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()})
     model[1].running_mean.copy_(stats[0])  # both nets' batch norms start where precompile left them
     assert rel_err(y, ref.double()(x.half().double())) <= 5e-3
+
+
+def test_calls_with_nothing_to_differentiate_skip_the_autograd_function(fake, monkeypatch):
+    """Under no_grad, or with no operand that requires grad, the forward runs the kernel
+    directly (the Function's apply is host time for nothing) and gives the same y; anything
+    that records a graph still goes through the Function."""
+    x = make((2, 4, 7, 7), torch.float16, True, 1, requires_grad=False)
+    w = make((6, 4, 3, 3), torch.float16, False, 2, requires_grad=False)
+    b = make((6,), torch.float16, False, 3, requires_grad=False)
+    want = cgt._conv2d(x, w, b, 1, 1, 1)
+    applied = []
+    real_apply = cgt._EagerConv2d.apply
+    monkeypatch.setattr(cgt._EagerConv2d, "apply", lambda *a: applied.append(1) or real_apply(*a))
+    assert torch.equal(cgt._conv2d(x, w, b, 1, 1, 1), want) and not applied
+    with torch.no_grad():
+        assert torch.equal(cgt._conv2d(x, w.requires_grad_(), b, 1, 1, 1), want) and not applied
+    y = cgt._conv2d(x, w, b, 1, 1, 1)
+    assert applied and y.grad_fn is not None and torch.equal(y.detach(), want)
