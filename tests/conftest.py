@@ -72,9 +72,25 @@ def poison_outputs():
     convgen.runtime.POISON_OUTPUTS = old
 
 
+def _is_hypothesis(item) -> bool:
+    return getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+
+
 def pytest_collection_modifyitems(config, items):
     reason = gpu_unavailable_reason()
     if reason is None:
+        # The GPU's Hypothesis tests compile a kernel or three per example and take minutes;
+        # collected last (as their files order them), xdist hands them out last and the run
+        # waits on their tail.  Started first, they overlap the short tests instead.  The
+        # tests that time the first-use tuner's budget go last, when the other workers are
+        # done compiling and the machine's CPUs are theirs (under 15 compiling workers the
+        # budget's wall clock measured the contention, not the tuner).
+        def rank(item) -> int:
+            if "gpu" in item.keywords and _is_hypothesis(item):
+                return 0
+            return 2 if item.nodeid.startswith("tests/test_autotune_gpu.py") else 1
+
+        items.sort(key=rank)
         return
     skip = pytest.mark.skip(reason=f"GPU test: {reason}")
     for item in items:
