@@ -37,6 +37,13 @@ def launch_path():
     return "cupy"
 
 
+def _draw(tag: str, p: ConvProblem) -> tuple[np.ndarray, ...]:
+    """Fresh fp16 x, w, dy and an fp32 bias for layer ``p``, seeded by ``tag``."""
+    rng = _rng(tag, p)
+    return (rng.standard_normal(p.x_shape).astype(np.float16), rng.standard_normal(p.w_shape).astype(np.float16),
+            rng.standard_normal(p.y_shape).astype(np.float16), rng.standard_normal(p.k).astype(np.float32))
+
+
 def _geo(p: ConvProblem) -> dict:
     return dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
 
@@ -52,11 +59,7 @@ def _check(out, ref, reduction: int, what: str) -> None:
 def test_prepared_passes(problem, launch_path):
     import cupy as cp
 
-    rng = _rng("prepared", problem)
-    x = rng.standard_normal(problem.x_shape).astype(np.float16)
-    w = rng.standard_normal(problem.w_shape).astype(np.float16)
-    dy = rng.standard_normal(problem.y_shape).astype(np.float16)
-    b = rng.standard_normal(problem.k).astype(np.float32)
+    x, w, dy, b = _draw("prepared", problem)
     xd, wd, dyd, bd = cp.asarray(x), cp.asarray(w), cp.asarray(dy), cp.asarray(b)
     geo = _geo(problem)
 
@@ -150,11 +153,7 @@ def test_prepared_launch_on_pointers(problem):
     arrays built; a side stream, a caller's split-K workspace, and db through it."""
     import cupy as cp
 
-    rng = _rng("launch", problem)
-    x = rng.standard_normal(problem.x_shape).astype(np.float16)
-    w = rng.standard_normal(problem.w_shape).astype(np.float16)
-    dy = rng.standard_normal(problem.y_shape).astype(np.float16)
-    b = rng.standard_normal(problem.k).astype(np.float32)
+    x, w, dy, b = _draw("launch", problem)
     xd, wd, dyd, bd = cp.asarray(x), cp.asarray(w), cp.asarray(dy), cp.asarray(b)
     geo = _geo(problem)
     side = cp.cuda.Stream(non_blocking=True)
