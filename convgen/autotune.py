@@ -8,7 +8,7 @@ database, so this process and every later one run that plan (read back through
 :func:`convgen.tuning_db.tuned_plan`).  `convgen tune` does the same for whole suites,
 more thoroughly; this module is its quick, bounded run-time twin and imports no tool.
 
-Bounded: candidates compile in parallel in worker processes (warming the disk cache), and
+Bounded: candidates compile in parallel on threads (warming the disk cache), and
 once :data:`BUDGET_S` has passed for the shape, candidates still compiling or not yet
 timed are skipped; the default plan is always measured.  A candidate that fails to
 compile, uses local memory (register spills) or disagrees with the default is skipped
@@ -88,58 +88,33 @@ def select(rows: Sequence[Measured], max_err: float = MAX_ERR) -> tuple[Measured
 
 
 # ------------------------------------------------------------------------ the GPU side
-def _compile_child() -> int:
-    """A compile worker's body (``python -c``): warm the disk cache with the source on stdin."""
-    import json
-    import sys
+def _compile_all(sources: list[Optional[tuple[str, str]]], deadline: float) -> list[Optional[str]]:
+    """Compile in parallel, one thread per candidate, each warming the memory and disk
+    caches; None per source that compiled, else why not.  NVRTC runs outside Python's lock
+    (two kernels on two threads take half the time of one after the other), so threads
+    compile side by side with no interpreter to start and no convgen to import per worker,
+    which worker processes paid (about a second each, more on a loaded machine).  A source
+    still compiling at the deadline reads as skipped (its thread runs on and still warms the
+    cache); the default plan's (index 0) is always waited for, since the call needs it."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
     from .compile import cached_binary
 
-    job = json.loads(sys.stdin.read())
-    try:
-        cached_binary(job["source"], arch=job["arch"])
-    except Exception as exc:  # noqa: BLE001 - any compile failure skips the candidate
-        print(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _compile_all(sources: list[Optional[tuple[str, str]]], deadline: float) -> list[Optional[str]]:
-    """Compile in parallel, one worker process per candidate (NVRTC is single-threaded per
-    program), each warming the disk cache; None per source that compiled, else why not.
-    Workers are plain ``python -c`` processes, not a multiprocessing pool: spawn would
-    re-run an unguarded user script in every worker.  A source still compiling at the
-    deadline reads as skipped (its worker runs on and still warms the cache); the default
-    plan's (index 0) is always waited for, since the call needs it either way."""
-    import json
-    import subprocess
-    import sys
-
     out: list[Optional[str]] = [None if s is not None else "could not be emitted" for s in sources]
-    code = "import sys, convgen.autotune as a; sys.exit(a._compile_child())"
-    procs: dict[int, subprocess.Popen] = {}
-    for i, s in enumerate(sources):
-        if s is None:
-            continue
+    jobs = [(i, s) for i, s in enumerate(sources) if s is not None]
+    if not jobs:
+        return out
+    pool = ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4), thread_name_prefix="convgen-tune")
+    futures = {i: pool.submit(cached_binary, src, arch=arch) for i, (src, arch) in jobs}
+    pool.shutdown(wait=False)  # compiles past the deadline run on; nothing waits for them
+    for i, fut in futures.items():
         try:
-            proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.PIPE, text=True)
-            proc.stdin.write(json.dumps({"source": s[0], "arch": s[1]}))  # type: ignore[union-attr]
-            proc.stdin.close()  # type: ignore[union-attr]
-        except OSError as exc:
-            out[i] = f"could not start a compile worker: {exc}"
-            continue
-        procs[i] = proc
-    for i, proc in procs.items():
-        try:
-            rc = proc.wait(None if i == 0 else max(0.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
+            fut.result(None if i == 0 else max(0.0, deadline - time.perf_counter()))
+        except FutureTimeout:  # (the builtin TimeoutError since 3.11, its own class on 3.10)
             out[i] = "still compiling when the tuning budget ran out"
-            continue
-        if rc:
-            err = proc.stderr.read().strip().splitlines()  # type: ignore[union-attr]
-            out[i] = f"compile failed: {err[-1] if err else f'worker exit status {rc}'}"
-        proc.stderr.close()  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - any compile failure skips the candidate
+            out[i] = f"compile failed: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
     return out
 
 

@@ -89,7 +89,7 @@ GOOD = 'extern "C" __global__ void convgen_autotune_test_ok(float* p) { p[thread
 BAD = 'extern "C" __global__ void convgen_autotune_test_bad(float* p) { p[threadIdx.x] = undeclared; }'
 
 
-def test_compile_workers_report_failures_and_the_budget(tmp_path, monkeypatch):
+def test_parallel_compiles_report_failures_and_the_budget(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
     salt = time.time_ns() % 100000  # a source no cache has seen
     sources = [(GOOD % salt, "sm_90"), (BAD, "sm_90"), None]
@@ -97,9 +97,9 @@ def test_compile_workers_report_failures_and_the_budget(tmp_path, monkeypatch):
     assert out[0] is None, out
     assert out[1] is not None and out[1].startswith("compile failed") and "NVRTC" in out[1], out
     assert out[2] == "could not be emitted"
-    assert len(list(tmp_path.rglob("*"))) > 0  # the worker warmed this cache directory
-    # Past the deadline a candidate's worker is not waited for (a worker takes longer than
-    # no time at all to start); the default's (index 0) always is, as the first call above shows.
+    assert len(list(tmp_path.rglob("*"))) > 0  # the compile warmed this cache directory
+    # Past the deadline a candidate's compile is not waited for (it takes longer than no time
+    # at all); the default's (index 0) always is, as the first call above shows.
     late = autotune._compile_all([None, (GOOD % (salt + 1), "sm_90")], time.perf_counter())
     assert late[1] == "still compiling when the tuning budget ran out", late
 
