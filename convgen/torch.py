@@ -68,6 +68,7 @@ __all__ = ["conv2d", "Conv2d", "precompile"]
 
 _PairArg = Union[int, Sequence[int]]
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.float64)
+_KERNEL_DTYPES = (torch.float16, torch.float32)  # what the kernels read (fp16) and write
 
 
 # --------------------------------------------------------------------------- argument handling
@@ -153,9 +154,8 @@ def _nhwc_half(t: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- the launch bridge
 # Everything convgen.torch hands the kernels goes through these three functions (pointers of
-# tensors it made dense itself, PyTorch's current stream, the current device), so that CPU
-# tests can swap them, and convgen.prepare, for a NumPy bridge and exercise everything else
-# (layouts, dtypes, padding, gradients, the operators' registration and fake implementations).
+# tensors it made dense itself, PyTorch's current stream, the current device), so CPU tests
+# swap them and convgen.prepare for a NumPy bridge and exercise everything else.
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -179,9 +179,6 @@ def _raw_stream(index: int) -> int:
 
 def _current_device() -> int:
     return torch.cuda.current_device()
-
-
-_KERNEL_DTYPES = (torch.float16, torch.float32)
 
 
 def _launch(op: Any, index: int, a: torch.Tensor, b: torch.Tensor, outs: tuple, bias: Optional[torch.Tensor] = None,
@@ -442,7 +439,9 @@ def precompile(model: nn.Module, *example_inputs: Any, workers: Optional[int] = 
     convolutions replaced by zeros of their outputs' shape (no kernel runs, and no batch
     norm statistic moves), to learn the layers, then builds all their ops through
     :func:`convgen.prepare_many`.  Compiled binaries also land in the disk cache, so the next
-    process loads them."""
+    process loads them.  Call it as the step calls the model (under the same
+    ``torch.autocast``, on inputs of the step's shapes and dtypes): ops are keyed by what the
+    kernels see, and a step that differs only builds its own ops as it would have anyway."""
     global _recording
     if _recording is not None:
         raise RuntimeError("convgen.torch.precompile is already running (it is not reentrant)")
