@@ -25,7 +25,7 @@ from .limits import check_index_limits
 from .small_layer_rules import halo_default, split_k
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .tma_rules import (  # noqa: F401
-    TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_split, tma_steps, tma_tiles,
+    TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_min_steps, tma_split, tma_steps, tma_tiles,
 )
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
@@ -293,16 +293,18 @@ def plan(
         why = tma_eligible(problem.geometry, pass_, target, in_dtype)
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
         steps = tma_steps(problem, pass_) if why is None else 0
+        least = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        if why is None and (pass_ is Pass.WGRAD or steps >= TMA_MIN_STEPS and gemm.n >= 64):
+        if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64):
             return _tma_plan(problem, pass_, target, reasons, steps)
         if why is None or target.info.tma:  # on other targets the TMA loop is not a candidate worth naming
             reasons.append("not the TMA main loop: " + (
                 why if why is not None else
-                f"{steps} K-step(s) of 64 channels, fewer than {TMA_MIN_STEPS}; its ring's fill and its epilogue would "
-                "not be amortised (measured slower on ResNet-50's 1x1 layers)" if steps < TMA_MIN_STEPS else
-                f"N={gemm.n} is narrower than its narrowest tile (64)"))
+                f"{steps} K-step(s) of 64 channels, fewer than {least}; its ring's fill and its epilogue would "
+                "not be amortised (" + ("measured no faster on strided dgrad's 8-step layers" if least > TMA_MIN_STEPS
+                                        else "measured slower on ResNet-50's 1x1 layers") + ")"
+                if steps < least else f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = fit_tile(gemm.n, 128)
     reasons.append(

@@ -29,6 +29,11 @@ TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
 )  # (128x64 on 8 stages was measured too: slower than 64x64 on every layer with N = 64)
 # Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
 TMA_MIN_STEPS = 8
+# Strided dgrad needs twice that in its heaviest residue class: at 8 such steps the TMA loop
+# ran within 10% of the im2col loop either way on four real layers (ResNet-18 l2-3x3-down
+# 1.05x, Darknet down2 1.10x, ResNet-50 l2-3x3-down 0.91x, ResNet-18 l4-proj 0.82x, H200 at
+# 145e8e4 and 209e778), and from 16 on it won on all five (1.3-2.4x).
+TMA_MIN_STEPS_STRIDED_DGRAD = 16
 
 
 # dgrad's narrowest dy (K) through the TMA loop: K = 8 hung an H200 on a 4x1 layer whose K = 40
@@ -42,6 +47,12 @@ MAX_TMA_SPLIT = 64
 # dgrad's kernel takes one 128-byte tensor map per stride residue class by value: 16 of
 # them (stride 4 x 4) stay well inside a kernel's 4 KB of parameters.
 MAX_DGRAD_CLASSES = 16
+
+
+def tma_min_steps(problem: ConvProblem, pass_: Pass) -> int:
+    """The fewest :func:`tma_steps` for which the planner's default takes the loop."""
+    strided = pass_ is Pass.DGRAD and problem.stride != (1, 1)
+    return TMA_MIN_STEPS_STRIDED_DGRAD if strided else TMA_MIN_STEPS
 
 
 def tma_steps(problem: ConvProblem, pass_: Pass) -> int:
