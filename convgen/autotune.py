@@ -89,26 +89,17 @@ def select(rows: Sequence[Measured], max_err: float = MAX_ERR) -> tuple[Measured
 
 # ------------------------------------------------------------------------ the GPU side
 def _compile_all(sources: list[Optional[tuple[str, str]]], deadline: float) -> list[Optional[str]]:
-    """Compile in parallel, one thread per candidate, each warming the memory and disk
-    caches; None per source that compiled, else why not.  NVRTC runs outside Python's lock
-    (two kernels on two threads take half the time of one after the other), so threads
-    compile side by side with no interpreter to start and no convgen to import per worker,
-    which worker processes paid (about a second each, more on a loaded machine).  A source
-    still compiling at the deadline reads as skipped (its thread runs on and still warms the
+    """Compile in parallel (:func:`convgen.compile.compile_async`: threads, each warming the
+    memory and disk caches); None per source that compiled, else why not.  A source still
+    compiling at the deadline reads as skipped (its compile runs on and still warms the
     cache); the default plan's (index 0) is always waited for, since the call needs it."""
-    import os
-    from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+    from concurrent.futures import TimeoutError as FutureTimeout
 
-    from .compile import cached_binary
+    from .compile import compile_async
 
     out: list[Optional[str]] = [None if s is not None else "could not be emitted" for s in sources]
     jobs = [(i, s) for i, s in enumerate(sources) if s is not None]
-    if not jobs:
-        return out
-    pool = ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4), thread_name_prefix="convgen-tune")
-    futures = {i: pool.submit(cached_binary, src, arch=arch) for i, (src, arch) in jobs}
-    pool.shutdown(wait=False)  # compiles past the deadline run on; nothing waits for them
-    for i, fut in futures.items():
+    for (i, _), fut in zip(jobs, compile_async([s for _, s in jobs])):
         try:
             fut.result(None if i == 0 else max(0.0, deadline - time.perf_counter()))
         except FutureTimeout:  # (the builtin TimeoutError since 3.11, its own class on 3.10)

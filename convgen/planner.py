@@ -22,11 +22,9 @@ from .ir import (
     stages_whole_halo,
 )
 from .limits import check_index_limits
-from .small_layer_rules import halo_default, split_k
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
-from .tma_rules import (  # noqa: F401
-    TMA_MIN_STEPS, TMA_TILES, tma_eligible, tma_min_steps, tma_split, tma_steps, tma_tiles,
-)
+from .small_layer_rules import halo_default, split_k
+from .tma_rules import tma_eligible, tma_min_steps, tma_split, tma_steps, tma_tiles
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -293,7 +291,7 @@ def plan(
         why = tma_eligible(problem.geometry, pass_, target, in_dtype)
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
         steps = tma_steps(problem, pass_) if why is None else 0
-        least = tma_min_steps(problem, pass_)
+        least, evidence = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
         if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64):
@@ -302,9 +300,8 @@ def plan(
             reasons.append("not the TMA main loop: " + (
                 why if why is not None else
                 f"{steps} K-step(s) of 64 channels, fewer than {least}; its ring's fill and its epilogue would "
-                "not be amortised (" + ("measured no faster on strided dgrad's 8-step layers" if least > TMA_MIN_STEPS
-                                        else "measured slower on ResNet-50's 1x1 layers") + ")"
-                if steps < least else f"N={gemm.n} is narrower than its narrowest tile (64)"))
+                f"not be amortised ({evidence})" if steps < least else
+                f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = fit_tile(gemm.n, 128)
     reasons.append(

@@ -26,7 +26,6 @@ outgrown is kept alive too, so a CUDA graph captured with it stays valid.
 from __future__ import annotations
 
 import operator
-import os
 import threading
 from typing import Any, Mapping, Optional, Sequence
 
@@ -389,19 +388,11 @@ def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] 
     in the memory cache.  ``workers`` defaults to the machine's CPU count.  A layer the
     tuner will tune on first use (autotune on, no tuned plan) is tuned when its op is built,
     as :func:`prepare` would."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .compile import cached_binary
+    from .compile import compile_async
 
     bound = [_bind(**dict(layer)) for layer in layers]
-
-    def build(args: tuple) -> None:
-        pass_, problem, epi, in_name, dev, plan = args
-        if problem.n == 0:
-            return
-        src = _rt._planned_source(problem, pass_, epi, in_name, dev, plan, scalar=False, tune=False)
-        cached_binary(src.source, arch=src.compile_arch)
-
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 4) as pool:
-        list(pool.map(build, bound))  # re-raises the first failure (a CompileError names its source)
+    sources = [_rt._planned_source(problem, pass_, epi, in_name, dev, plan, scalar=False, tune=False)
+               for pass_, problem, epi, in_name, dev, plan in bound if problem.n]
+    for fut in compile_async([(src.source, src.compile_arch) for src in sources], workers):
+        fut.result()  # re-raises a failure (a CompileError names its source)
     return [PreparedConv(*args) for args in bound]

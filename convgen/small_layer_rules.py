@@ -90,8 +90,8 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
         check_plan(plan, problem, pass_, target, in_dtype)
     except ValueError:
         return None
-    kept = [r for r in base.reasons if r.startswith(("GEMM ", "not the TMA", "vec A"))] if staged else \
-        [r for r in base.reasons if r.startswith(("GEMM ", "not the TMA"))]
+    # the base plan's reasons that still hold: the GEMM, why not TMA, and the staged halo's gathers' vectors
+    kept = [r for r in base.reasons if r.startswith(("GEMM ", "not the TMA") + (("vec A",) if staged else ()))]
     kind = ("the staged halo (the whole input halo in shared memory, read by the im2col gathers: C is not a "
             "multiple of 8)" if staged else "8-pixel ldmatrix tiles" if narrow else "16-pixel tiles")
     reasons = kept + [

@@ -201,21 +201,24 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 # --------------------------------------------------------------------------- the kernels
 
-# Per layer and pass (shapes, geometry, options, device): the prepared op (convgen.prepare)
-# and the output's shape.  A layer's repeat calls then cost one dict lookup, the tensors'
-# views, and a launch.  Outputs and split-K workspaces are PyTorch tensors the kernels
-# write, so they live in PyTorch's caching allocator (under capture, the graph's pool).
+# Per layer and pass (shapes, geometry, options, device): the prepared op, so a layer's repeat
+# calls cost one dict lookup, the tensors' views and a launch.  Outputs and split-K workspaces
+# are PyTorch tensors (PyTorch's caching allocator; under capture, the graph's pool).
 _prepared: dict[tuple, Any] = {}
 
 
-def _op(pass_: str, x_shape: tuple, w_shape: tuple, geo: tuple, bias: bool, out_dtype: str, device: int) -> Any:
-    key = (pass_, x_shape, w_shape, geo, bias, out_dtype, device)
+def _op(*key: Any) -> Any:
+    """The op of (pass, NHWC x_shape, KRSC w_shape, geometry, bias, out_dtype, device)."""
     op = _prepared.get(key)
     if op is None:
-        stride, padding, dilation = geo
-        op = _prepared[key] = convgen.prepare(pass_, x_shape, w_shape, stride=stride, padding=padding,
-                                              dilation=dilation, bias=bias, out_dtype=out_dtype, device=device)
+        op = _prepared[key] = convgen.prepare(**_prepare_args(key))
     return op
+
+
+def _prepare_args(key: tuple) -> dict:  # convgen.prepare's arguments for an op's key
+    pass_, x_shape, w_shape, (stride, padding, dilation), bias, out_dtype, device = key
+    return dict(pass_=pass_, x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, dilation=dilation,
+                bias=bias, out_dtype=out_dtype, device=device)
 
 
 def _workspace(op: Any, device: torch.device) -> Optional[torch.Tensor]:
@@ -456,9 +459,7 @@ def precompile(model: nn.Module, *example_inputs: Any, workers: Optional[int] = 
         _recording = None
         model.train(was_training)
     todo = [key for key in keys if key not in _prepared]
-    layers = [dict(pass_=pass_, x_shape=xs, w_shape=ws, stride=geo[0], padding=geo[1], dilation=geo[2], bias=bias,
-                   out_dtype=out_dtype, device=device) for pass_, xs, ws, geo, bias, out_dtype, device in todo]
-    for key, op in zip(todo, convgen.prepare_many(layers, workers=workers)):
+    for key, op in zip(todo, convgen.prepare_many([_prepare_args(key) for key in todo], workers=workers)):
         _prepared[key] = op
     return len(keys)
 
