@@ -126,7 +126,7 @@ def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
                out_dtype=epilogue.out_dtype)
     if pass_ is Pass.FPROP:
         x, w = arr(problem.x_shape), arr(problem.w_shape)
-        b = cp.asarray(rng.standard_normal(problem.k, dtype=np.float32)) if epilogue.bias else None
+        b = cp.asarray(rng.standard_normal(problem.k).astype(epilogue.bias_dtype)) if epilogue.bias else None
         act = "relu" if epilogue.relu else None
         return lambda p: runtime.conv2d(x, w, b, activation=act, plan=p, **geo)
     if pass_ is Pass.DGRAD:

@@ -199,6 +199,7 @@ class Halo:
 class Epilogue:
     out_t: str
     bias_add: bool  # fprop adds the bias
+    bias_t: str  # what it reads the bias as
     relu: bool
     db: bool  # wgrad sums db
     drain_group: int  # fragments drained side by side (planner.drain_group)
@@ -348,6 +349,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         epi=Epilogue(
             out_t=_C_TYPES[spec.epilogue.out_dtype],
             bias_add=spec.epilogue.bias and p is Pass.FPROP,
+            bias_t=_C_TYPES[spec.epilogue.bias_dtype],
             relu=spec.epilogue.relu,
             db=spec.epilogue.bias and p is Pass.WGRAD,
             drain_group=drain_group(plan, be.warp_size),

@@ -268,11 +268,14 @@ class Epilogue:
 
     ``bias``: fprop adds a per-output-channel bias; wgrad also returns db.
     ``relu``: fprop only.  ``out_dtype``: float16 (the default, for speed) or float32.
+    ``bias_dtype``: what fprop's epilogue reads the bias as, float32 or float16: a float16
+    model's bias goes in as it is, with no cast kernel launched before each forward.
     """
 
     bias: bool = False
     relu: bool = False
     out_dtype: DType = "float16"
+    bias_dtype: DType = "float32"
 
     def __post_init__(self) -> None:
         for name in ("bias", "relu"):
@@ -280,12 +283,26 @@ class Epilogue:
                 raise ValueError(f"epilogue {name} must be True or False, got {getattr(self, name)!r}")
         if self.out_dtype not in DTYPES:
             raise ValueError(f"out_dtype must be one of {DTYPES}, got {self.out_dtype!r}")
+        if self.bias_dtype not in DTYPES:
+            raise ValueError(f"bias_dtype must be one of {DTYPES}, got {self.bias_dtype!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields a kernel's key hashes.  ``bias_dtype`` only where it is not float32 (the
+        dtype every kernel read before the field existed), so those kernels keep their keys,
+        names and cache entries."""
+        d = dataclasses.asdict(self)
+        if d["bias_dtype"] == "float32":
+            del d["bias_dtype"]
+        return d
 
     def check_pass(self, pass_: Pass) -> None:
         if self.relu and pass_ is not Pass.FPROP:
             raise ValueError(f"relu is an fprop epilogue; {pass_.value} cannot apply it")
         if self.bias and pass_ is Pass.DGRAD:
             raise ValueError("bias does not apply to dgrad (dx does not depend on the bias)")
+        if self.bias_dtype != "float32" and not (self.bias and pass_ is Pass.FPROP):
+            raise ValueError(f"bias_dtype is what fprop's bias is read as; {pass_.value} "
+                             f"{'with' if self.bias else 'without'} a bias reads none")
 
 
 @dataclass(frozen=True)
@@ -530,7 +547,7 @@ class KernelSpec:
             "format": SPEC_FORMAT,
             "pass": self.pass_.value,
             "geometry": self.geometry.as_dict(),
-            "epilogue": dataclasses.asdict(self.epilogue),
+            "epilogue": self.epilogue.as_dict(),
             "in_dtype": self.in_dtype,
             "target": self.target.as_dict(),
             "plan": self.plan.as_dict(),

@@ -131,6 +131,7 @@ class PreparedConv:
         self._out_strides = tuple(_contiguous_strides(s, self.out_dtype.itemsize) for s in self.out_shapes)
         self._n_out = len(self.out_shapes)
         self._bias = pass_ is Pass.FPROP and epilogue.bias
+        self._bias_vec = 16 // np.dtype(epilogue.bias_dtype).itemsize  # elements of a 16-byte-aligned pointer
         self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar)
         self._ws_elems = self._db_ws_elems = 0
         if self._kernel is None:
@@ -241,7 +242,7 @@ class PreparedConv:
             b = self._input(b, *eb)
             res = [self._output(o, i) for i, o in enumerate(outs)]
             if bias is not None:
-                bias = _rt._operand("bias", bias, "float32", 4)
+                bias = _rt._operand("bias", bias, self.epilogue.bias_dtype, self._bias_vec)
             ws, dbws = self._workspaces(workspace)
             objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars]
             if self._maps is not None:
@@ -332,8 +333,8 @@ def _check_workspace(ws: Any, elems: int, device: int) -> None:
 
 def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
           stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
-          activation: Optional[str] = None, in_dtype: Any = "float16", out_dtype: Any = "float16",
-          device: Optional[int] = None, plan: Optional[Plan] = None) -> tuple:
+          bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
+          out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None) -> tuple:
     """prepare()'s arguments checked and turned into what PreparedConv takes."""
     p = Pass.parse(pass_)
     for name, shape in (("x_shape", x_shape), ("w_shape", w_shape)):
@@ -353,8 +354,14 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
     in_name = np.dtype(in_dtype).name if isinstance(in_dtype, (str, np.dtype, type)) else None
     if in_name not in ("float16", "float32"):
         raise ValueError(f"in_dtype must be float16 or float32, got {in_dtype!r}")
+    b_name = np.dtype(bias_dtype).name if isinstance(bias_dtype, (str, np.dtype, type)) else None
+    if b_name not in ("float16", "float32"):
+        raise ValueError(f"bias_dtype must be float16 or float32, got {bias_dtype!r}")
+    if b_name != "float32" and not (bias and p is Pass.FPROP):
+        raise ValueError("bias_dtype is what fprop reads its bias as; it needs pass_='fprop' and bias=True")
     problem = _rt._problem(n, h, w, c, k, r, s, stride, padding, dilation)
-    epi = Epilogue(bias=bool(bias), relu=activation == "relu", out_dtype=_rt._out_dtype(out_dtype))  # type: ignore[arg-type]
+    epi = Epilogue(bias=bool(bias), relu=activation == "relu", out_dtype=_rt._out_dtype(out_dtype),  # type: ignore[arg-type]
+                   bias_dtype=b_name)  # type: ignore[arg-type]
     cupy = _rt._cupy()
     dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
     return p, problem, epi, in_name, dev, plan
@@ -363,18 +370,19 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
 def prepare(
     pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
     stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
-    activation: Optional[str] = None, in_dtype: Any = "float16", out_dtype: Any = "float16",
-    device: Optional[int] = None, plan: Optional[Plan] = None,
+    bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
+    out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None,
 ) -> PreparedConv:
     """Bind one pass of one conv2d (NHWC ``x_shape``, KRSC ``w_shape``) and its options.
 
-    fprop takes ``bias`` (the op then wants a bias array) and ``activation`` (None or
+    fprop takes ``bias`` (the op then wants a bias array, read as ``bias_dtype``: float32,
+    or float16 for a float16 model's bias with no cast first) and ``activation`` (None or
     "relu"); wgrad's ``bias`` makes it return db too.  ``in_dtype`` is the dtype the op's
     inputs will have (float16, or float32 to let the plan read it in the gather).  The op
     runs on ``device`` (default: CuPy's current device).
     """
     return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
-                               activation=activation, in_dtype=in_dtype, out_dtype=out_dtype, device=device,
+                               bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype, device=device,
                                plan=plan))
 
 

@@ -270,7 +270,8 @@ def conv2d(
     """y = conv(x, w) [+ bias] [relu], NHWC activations and KRSC weights.
 
     x: (N, H, W, C), w: (K, R, S, C), bias: (K,) or None; float16 inputs are read as
-    they are, float32 too where the plan reads them in the gather, else cast once.
+    they are, float32 too where the plan reads them in the gather, else cast once (the bias
+    is read as float16 or float32, whichever it is; other dtypes as float32).
     ``activation``: None or "relu".  Returns y: (N, P, Q, K) of ``out_dtype``.
     ``plan`` takes a hand-made :class:`Plan`; ``scalar`` forces the scalar staging path.
     """
@@ -303,7 +304,9 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
     device = _same_device(x=x, w=w, bias=bias)
     if n == 0:
         return _Call(problem, out, device)
-    epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out)  # type: ignore[arg-type]
+    # A float16 bias is read as it is; any other is read as float32 (cast once if need be).
+    b_dtype = "float16" if bias is not None and bias.dtype.name == "float16" else "float32"
+    epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out, bias_dtype=b_dtype)  # type: ignore[arg-type]
     return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out)
 
 

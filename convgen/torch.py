@@ -62,13 +62,14 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 import convgen
-from convgen.ir import ConvGeometry, as_pair
+from convgen import torch_launch as _tl
+from convgen.ir import as_pair
+from convgen.torch_launch import _bias_key, _device_index, _dgrad_impl, _fprop_impl, _geo, _out_dtype, _output_hw, _wgrad_impl
 
 __all__ = ["conv2d", "Conv2d", "precompile"]
 
 _PairArg = Union[int, Sequence[int]]
 _SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.float64)
-_KERNEL_DTYPES = (torch.float16, torch.float32)  # what the kernels read (fp16) and write
 
 
 # --------------------------------------------------------------------------- argument handling
@@ -126,193 +127,6 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
         raise ValueError(f"bias must have shape ({w.shape[0]},) to match w's output channels, got {tuple(bias.shape)}")
 
-
-def _out_dtype(*dtypes: Optional[torch.dtype]) -> str:
-    """The kernels' output dtype: float16 only when everything it is for is float16 (wider
-    dtypes get float32 out of the kernel, the exact accumulator, then widen if float64)."""
-    return "float16" if all(d in (None, torch.float16) for d in dtypes) else "float32"
-
-
-def _dense_half(view: torch.Tensor) -> torch.Tensor:
-    """``view`` (already in the kernel's logical order: NHWC or KRSC) as a dense float16 tensor.
-
-    No copy when it already is one: that is the zero-copy path of a channels_last
-    float16 tensor.  Otherwise one fused cast-and-relayout copy.  Alignment is
-    the runtime's job (it copies an operand whose pointer a vector load cannot use).
-    """
-    if view.dtype == torch.float16 and view.is_contiguous():
-        return view
-    out = torch.empty(view.shape, dtype=torch.float16, device=view.device)
-    out.copy_(view)
-    return out
-
-
-def _nhwc_half(t: torch.Tensor) -> torch.Tensor:
-    """(N, C, H, W) logical -> dense float16 (N, H, W, C); a view of ``t`` if it is channels_last float16."""
-    return _dense_half(t.permute(0, 2, 3, 1))
-
-
-# --------------------------------------------------------------------------- the launch bridge
-# Everything convgen.torch hands the kernels goes through these three functions (pointers of
-# tensors it made dense itself, PyTorch's current stream, the current device), so CPU tests
-# swap them and convgen.prepare for a NumPy bridge and exercise everything else.
-
-
-def _ptr(t: torch.Tensor) -> int:
-    """The device pointer of an operand or output ``t``, which this module made a dense tensor
-    of the dtype the kernel reads or writes: a prepared op's :meth:`launch` takes the
-    caller's word for shape and dtype, so this guard keeps the word honest."""
-    if not t.is_contiguous() or t.dtype not in _KERNEL_DTYPES:
-        raise RuntimeError(f"convgen.torch: internal error, a {t.dtype} tensor of strides {t.stride()} "
-                           "reached the kernels (they read dense float16 and write dense float16/float32)")
-    return t.data_ptr()
-
-
-def _raw_stream(index: int) -> int:
-    """PyTorch's current stream on device ``index``, as a raw pointer: the launch goes there
-    (under graph capture that is the capturing stream).  ``torch._C._cuda_getCurrentRawStream``
-    is what Inductor's own generated code calls for this; it skips building a
-    ``torch.cuda.Stream`` object (about 2 us).  Older or other builds take the public call."""
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return get(index) if get is not None else torch.cuda.current_stream(index).cuda_stream
-
-
-def _current_device() -> int:
-    return torch.cuda.current_device()
-
-
-def _launch(op: Any, index: int, a: torch.Tensor, b: torch.Tensor, outs: tuple, bias: Optional[torch.Tensor] = None,
-            workspace: Optional[torch.Tensor] = None) -> None:
-    """Launch ``op`` on the tensors, on PyTorch's current stream of device ``index``, making
-    that device current only if it is not (the common case costs one query)."""
-    if _current_device() != index:
-        with torch.cuda.device(index):
-            return _launch(op, index, a, b, outs, bias, workspace)
-    op.launch(_ptr(a), _ptr(b), tuple(_ptr(o) for o in outs), bias=0 if bias is None else _ptr(bias),
-              workspace=0 if workspace is None else _ptr(workspace), stream=_raw_stream(index))
-    return None
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """``t``, or a copy of it in fresh (aligned) memory when a view starts off a 16-byte
-    boundary, which the kernels' vector loads cannot read."""
-    return t.clone() if t.data_ptr() % 16 else t
-
-
-# --------------------------------------------------------------------------- the kernels
-
-# Per layer and pass (shapes, geometry, options, device): the prepared op, so a layer's repeat
-# calls cost one dict lookup, the tensors' views and a launch.  Outputs and split-K workspaces
-# are PyTorch tensors (PyTorch's caching allocator; under capture, the graph's pool).
-_prepared: dict[tuple, Any] = {}
-
-
-def _op(*key: Any) -> Any:
-    """The op of (pass, NHWC x_shape, KRSC w_shape, geometry, bias, out_dtype, device)."""
-    op = _prepared.get(key)
-    if op is None:
-        op = _prepared[key] = convgen.prepare(**_prepare_args(key))
-    return op
-
-
-def _prepare_args(key: tuple) -> dict:  # convgen.prepare's arguments for an op's key
-    pass_, x_shape, w_shape, (stride, padding, dilation), bias, out_dtype, device = key
-    return dict(pass_=pass_, x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, dilation=dilation,
-                bias=bias, out_dtype=out_dtype, device=device)
-
-
-def _workspace(op: Any, device: torch.device) -> Optional[torch.Tensor]:
-    elems = op.workspace_elems
-    return torch.empty(elems, dtype=torch.float32, device=device) if elems else None
-
-
-def _nchw_empty(shape: tuple, kernel_dtype: str, device: torch.device) -> torch.Tensor:
-    """A (N, C, H, W)-logical output in channels_last memory: its NHWC permutation is the
-    dense array the kernel writes."""
-    dtype = torch.float16 if kernel_dtype == "float16" else torch.float32
-    return torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
-
-
-def _device_index(t: torch.Tensor) -> int:
-    if t.device.index is not None:
-        return t.device.index
-    return torch.cuda.current_device() if t.device.type == "cuda" else 0  # (CPU tensors: the CPU tests)
-
-
-def _geo(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> tuple:
-    return (tuple(stride), tuple(padding), tuple(dilation))
-
-
-_out_hw: dict[tuple, tuple[int, int]] = {}
-
-
-def _output_hw(h: int, w: int, c: int, k: int, r: int, s: int, geo: tuple) -> tuple[int, int]:
-    """(P, Q) of a layer, validated by ConvGeometry the first time (it names what is wrong)
-    and remembered: building one per call cost more than the launch."""
-    key = (h, w, r, s, geo)
-    hw = _out_hw.get(key)
-    if hw is None:
-        g = ConvGeometry(h, w, c, k, r, s, *geo)
-        hw = _out_hw[key] = (g.p, g.q)
-    return hw
-
-
-def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
-                padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
-    n, c, h, wd = x.shape
-    k, _, r, s = w.shape
-    geo = _geo(stride, padding, dilation)
-    p, q = _output_hw(h, wd, c, k, r, s, geo)
-    out_dtype = _out_dtype(x.dtype)
-    y = _nchw_empty((n, k, p, q), out_dtype, x.device)
-    if n == 0:  # nothing to launch
-        return y if y.dtype == x.dtype else y.to(x.dtype)
-    index = _device_index(x)
-    op = _op("fprop", (n, h, wd, c), (k, r, s, c), geo, bias is not None, out_dtype, index)
-    x16 = _aligned(_nhwc_half(x))
-    w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))  # KRSC
-    b32 = None if bias is None else _aligned(bias.to(torch.float32).contiguous())  # the epilogue reads fp32
-    _launch(op, index, x16, w16, (y.permute(0, 2, 3, 1),), b32, _workspace(op, x.device))
-    return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
-def _dgrad_impl(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dtype: torch.dtype,
-                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
-    n, c, h, wd = x_shape
-    k, _, r, s = w.shape
-    geo = _geo(stride, padding, dilation)
-    out_dtype = _out_dtype(x_dtype)
-    dx = _nchw_empty((n, c, h, wd), out_dtype, gy.device)
-    if n:
-        index = _device_index(gy)
-        op = _op("dgrad", (n, h, wd, c), (k, r, s, c), geo, False, out_dtype, index)
-        gy16 = _aligned(_nhwc_half(gy))  # dense NHWC float16 dy (a view when gy is channels_last fp16)
-        w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))
-        _launch(op, index, gy16, w16, (dx.permute(0, 2, 3, 1),), None, _workspace(op, gy.device))
-    return dx if dx.dtype == x_dtype else dx.to(x_dtype)
-
-
-def _wgrad_impl(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dtype: torch.dtype,
-                b_dtype: Optional[torch.dtype], stride: Sequence[int], padding: Sequence[int],
-                dilation: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    n, c, h, wd = x.shape
-    k, _, r, s = w_shape
-    geo = _geo(stride, padding, dilation)
-    out_dtype = _out_dtype(w_dtype, b_dtype)
-    dw = _nchw_empty((k, c, r, s), out_dtype, x.device)  # KRSC memory, (K, C, R, S) logical
-    db = torch.empty((k,) if b_dtype is not None else (0,), dtype=dw.dtype, device=x.device)
-    if n == 0:  # an empty batch contributes nothing: the gradients are exactly zero
-        dw.zero_()
-        db.zero_()
-    else:
-        index = _device_index(x)
-        op = _op("wgrad", (n, h, wd, c), (k, r, s, c), geo, b_dtype is not None, out_dtype, index)
-        gy16 = _aligned(_nhwc_half(gy))
-        x16 = _aligned(_nhwc_half(x))
-        _launch(op, index, x16, gy16, (dw.permute(0, 2, 3, 1),) + ((db,) if b_dtype is not None else ()), None,
-                _workspace(op, x.device))
-    return (dw if dw.dtype == w_dtype else dw.to(w_dtype),
-            db if b_dtype is None or db.dtype == b_dtype else db.to(b_dtype))
 
 
 # --------------------------------------------------------------------------- operators and autograd
@@ -422,7 +236,7 @@ def _record(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     shapes = ((n, h, wd, c), (k, r, s, c))
     index = _device_index(x)
     need_dx, need_dw, need_db = needs
-    _recording.append(("fprop", *shapes, geo, bias is not None, _out_dtype(x.dtype), index))
+    _recording.append(("fprop", *shapes, geo, _bias_key(bias), _out_dtype(x.dtype), index))
     if need_dx:
         _recording.append(("dgrad", *shapes, geo, False, _out_dtype(x.dtype), index))
     if need_dw:
@@ -458,9 +272,9 @@ def precompile(model: nn.Module, *example_inputs: Any, workers: Optional[int] = 
     finally:
         _recording = None
         model.train(was_training)
-    todo = [key for key in keys if key not in _prepared]
-    for key, op in zip(todo, convgen.prepare_many([_prepare_args(key) for key in todo], workers=workers)):
-        _prepared[key] = op
+    todo = [key for key in keys if key not in _tl._prepared]
+    for key, op in zip(todo, convgen.prepare_many([_tl._prepare_args(key) for key in todo], workers=workers)):
+        _tl._prepared[key] = op
     return len(keys)
 
 
@@ -490,13 +304,55 @@ class _EagerConv2d(torch.autograd.Function):
         return _grads(ctx, gy, _dgrad_impl, _wgrad_impl)
 
 
+class _FastEagerConv2d(torch.autograd.Function):
+    """_EagerConv2d for a call signature the kernels read as it is (a FastConv): the same
+    kernels, with everything a call would re-derive fixed in the FastConv, so an eager
+    training step's host cost is the launch and little more."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+                fast: _tl.FastConv) -> torch.Tensor:
+        need_dx, need_dw, _ = ctx.needs_input_grad[:3]
+        ctx.save_for_backward(x if need_dw else None, w if need_dx else None)
+        ctx.fast = fast
+        return fast(x, w, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, gy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        fast = ctx.fast
+        grads = fast.grads(gy, x, w, ctx.needs_input_grad[:3])
+        if grads is None:  # a gradient of another layout or dtype: the implementations convert it
+            ctx.x_meta, ctx.w_meta = (fast.x_shape, torch.float16), (fast.w_shape, torch.float16)
+            ctx.b_dtype, ctx.geo = fast.b_dtype, fast.geo_lists
+            return _grads(ctx, gy, _dgrad_impl, _wgrad_impl)[:3] + (None,)
+        return (*grads, None)
+
+
+def _differentiates(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
+    return torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                        or (bias is not None and bias.requires_grad))
+
+
 def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: _PairArg,
             padding: Union[_PairArg, str], dilation: _PairArg) -> torch.Tensor:
     """Everything of :func:`conv2d` except the CUDA check (the CPU tests drive this with a NumPy bridge)."""
     if isinstance(x, torch.Tensor) and x.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d allows
         return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation).squeeze(0)
-    _check_operands(x, w, bias)
     compiling = torch.compiler.is_compiling()
+    sig = None
+    if not compiling and _recording is None:
+        # A signature met before, that the kernels read as it is: its FastConv, no checks
+        # (they passed for this signature) and no conversions.
+        try:
+            sig = _tl.signature(x, w, bias, stride, padding, dilation)
+            fast = _tl.fast_calls.get(sig)
+        except (AttributeError, TypeError):  # not tensors (the checks say so), or list arguments
+            sig = fast = None
+        if fast is not None and not _autocasting():
+            return _FastEagerConv2d.apply(x, w, bias, fast) if _differentiates(x, w, bias) else fast(x, w, bias)
+    _check_operands(x, w, bias)
     key = (stride, padding, dilation, w.shape[2], w.shape[3])
     remember = not compiling
     try:
@@ -516,9 +372,12 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     args = (x, w, bias, list(stride_), list(pad), list(dilation_))
     if compiling:
         return _fprop_op(*args)
-    if _recording is None and not _autocasting() and not (torch.is_grad_enabled() and (
-            x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad))):
-        return _fprop_impl(*args)  # nothing to differentiate: the autograd Function's apply is overhead
+    if _recording is None and not _autocasting():
+        if sig is not None and extra == (0, 0) and _tl.FastConv.fits(x, w, bias):
+            fast = _tl.fast_calls[sig] = _tl.FastConv(*args)
+            return _FastEagerConv2d.apply(x, w, bias, fast) if _differentiates(x, w, bias) else fast(x, w, bias)
+        if not _differentiates(x, w, bias):
+            return _fprop_impl(*args)  # nothing to differentiate: the autograd Function's apply is overhead
     return _EagerConv2d.apply(*args)
 
 

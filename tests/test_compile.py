@@ -288,6 +288,34 @@ def test_emitted_kernels_compile_without_warnings(monkeypatch):
         assert binary and log.strip() == "", log[:2000]
 
 
+@pytest.mark.parametrize("plan_", [
+    None,  # the planner's
+    "split", "halo", "halo-tiles", "staged-halo",
+])
+def test_a_float16_bias_compiles_in_every_fprop_loop_without_warnings(plan_):
+    """fprop's epilogue reads a float16 bias as it is (convgen.torch's float16 models): the
+    bias parameter, its add in the main kernel and in the split-K reduction compile cleanly
+    in each non-TMA main-loop kind (tests/test_tma.py compiles the TMA one)."""
+    from convgen.emit import emit
+    from convgen.ir import ConvProblem, Epilogue, Plan
+    from convgen.mainloop import HaloTile, StagedHalo
+    from convgen.planner import make_spec
+    from convgen.resources import include_dir
+
+    prob = ConvProblem(32, 32, 3, 32, 3, 3, 1, 1, 1, n=2) if plan_ == "staged-halo" else \
+        ConvProblem(12, 12, 16, 24, 3, 3, 1, 1, 1, n=2)
+    hand = {None: None, "split": Plan(64, 32, 16, 2, 2, 2, 8, 8, split_k=3),
+            "halo": Plan(64, 32, 16, 2, 2, 2, 8, 8, loop=HaloTile(16)),
+            "halo-tiles": Plan(64, 32, 16, 2, 2, 2, 8, 8, loop=HaloTile(16, 2)),
+            "staged-halo": Plan(64, 32, 32, 4, 1, 2, 1, 1, loop=StagedHalo(16))}[plan_]
+    src = emit(make_spec(prob, "fprop", epilogue=Epilogue(bias=True, relu=True, bias_dtype="float16"), plan_=hand))
+    assert "const half_t* __restrict__ bias" in src.source
+    assert (src.reduce is not None) == (plan_ == "split")
+    opts = cc._fixed_flags("sm_90", False) + [f"-I{d}" for d in [include_dir(), *cc.cuda_include_dirs()]]
+    binary, log = cc._nvrtc_compile(src.source, src.filename, opts)
+    assert binary and log.strip() == "", log[:2000]
+
+
 def test_gpu_unavailable_reason_tells_no_device_from_an_old_driver(monkeypatch):
     cupy = pytest.importorskip("cupy")
     runtime = cupy.cuda.runtime

@@ -57,6 +57,7 @@ def cases():
         if pass_ is Pass.FPROP:
             variants["relu"] = dict(epilogue=Epilogue(bias=True, relu=True))
             variants["relu-nobias"] = dict(epilogue=Epilogue(relu=True))
+            variants["bias16"] = dict(epilogue=Epilogue(bias=True, bias_dtype="float16"))
         for name, kw in variants.items():
             for arch in ("sm_90", "sm_75"):
                 out.append((f"cifar-resnet/conv1/{pass_.value}/{arch}/{name}", make_spec(prob, pass_, target=Target(arch), **kw)))
@@ -64,7 +65,8 @@ def cases():
     big = ConvProblem(8, 8, 64, 64, 3, 3, 1, 1, n=2)
     for pass_ in (Pass.FPROP, Pass.DGRAD):
         hand = Plan(64, 64, 32, 2, 2, 2, 8, 8, split_k=3)
-        for epi in ({"relu": True, "bias": True}, {}) if pass_ is Pass.FPROP else ({},):
+        for epi in ({"relu": True, "bias": True}, {"bias": True, "bias_dtype": "float16"}, {}) \
+                if pass_ is Pass.FPROP else ({},):
             out.append((f"split/{pass_.value}/{'-'.join(epi) or 'plain'}",
                         make_spec(big, pass_, epilogue=Epilogue(**epi), plan_=hand)))
     # the halo path (stride-1 fprop and dgrad; tuning candidates, never the planner's default):
@@ -76,7 +78,8 @@ def cases():
         (ConvProblem(16, 16, 16, 16, 3, 3, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 8, loop=HaloTile(16)), "gfx1201"),
     ):
         for pass_ in (Pass.FPROP, Pass.DGRAD):
-            for epi in ({"bias": True, "relu": True}, {"out_dtype": "float32"}) if pass_ is Pass.FPROP else ({},):
+            fprop_epis = ({"bias": True, "relu": True}, {"out_dtype": "float32"}, {"bias": True, "bias_dtype": "float16"})
+            for epi in fprop_epis if pass_ is Pass.FPROP else ({},):
                 out.append((f"halo/{prob.describe()}/{pass_.value}/{arch}/{'-'.join(epi) or 'plain'}",
                             make_spec(prob, pass_, target=Target(arch), epilogue=Epilogue(**epi), plan_=hand)))
     # fprop of narrow-channel layers: the staged-halo im2col path, stride 1 and 2, 1 and 4 channels per access
@@ -281,7 +284,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
     a_name, b_name = {Pass.FPROP: ("x", "w"), Pass.DGRAD: ("dy", "w"), Pass.WGRAD: ("dy", "x")}[spec.pass_]
     out_name = {Pass.FPROP: "y", Pass.DGRAD: "dx", Pass.WGRAD: "dw"}[spec.pass_]
     expected = {
-        a_name: f"const {ta}*", b_name: f"const {tb}*", "bias": "const float*",
+        a_name: f"const {ta}*", b_name: f"const {tb}*", "bias": f"const {C_TYPE[spec.epilogue.bias_dtype]}*",
         out_name: f"{out_t}*", "db": f"{out_t}*", "workspace": "float*", "db_workspace": "float*",
         "batch": "int", "m_rows": "long long",
         **{m: "const __grid_constant__ TmaMap" for m in ("x_map", "w_map", "dy_map")},  # by value (tma.py)

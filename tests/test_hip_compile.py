@@ -103,7 +103,7 @@ class Case:
     layer: str
     pass_: Pass
     arch: str
-    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
+    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "bias-fp16", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
 
 
 VARIANT_LAYERS = (("cifar-resnet", "conv1"), ("resnet50", "l1-3x3"), ("resnet50", "l4-1x1"))
@@ -124,6 +124,9 @@ def _cases() -> list[Case]:
                     cases.append(
                         Case(f"{variant}/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch, variant)
                     )
+    for suite, name in VARIANT_LAYERS:  # fprop reading a float16 bias as it is
+        for arch in ARCHES:
+            cases.append(Case(f"bias-fp16/{suite}/{name}-fprop-{arch}", suite, name, Pass.FPROP, arch, "bias-fp16"))
     for suite, name in HALO_LAYERS:  # the halo path (a tuning candidate, never the default plan)
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             for arch in ARCHES:
@@ -169,6 +172,7 @@ def _emit(case: Case) -> KernelSource:
             bias=p is not Pass.DGRAD,
             relu=p is Pass.FPROP,
             out_dtype="float32" if case.variant == "out-fp32" else "float16",
+            bias_dtype="float16" if case.variant == "bias-fp16" else "float32",
         ),
         in_dtype="float32" if case.variant == "in-fp32" else "float16",
         scalar=case.variant == "scalar",

@@ -584,6 +584,19 @@ def test_epilogue_rejects_bad_out_dtype():
         Epilogue(out_dtype="bfloat16")
 
 
+def test_bias_dtype_is_fprops_bias_and_keeps_its_kernels_apart():
+    """A float16 bias is a different kernel (its own key, so its own cache entry); it is
+    fprop's with a bias only, and a dtype convgen has no kernels for is refused by name."""
+    with pytest.raises(ValueError, match=r"bias_dtype must be one of \('float16', 'float32'\), got 'bfloat16'"):
+        Epilogue(bias=True, bias_dtype="bfloat16")
+    for pass_, epi in ((Pass.WGRAD, Epilogue(bias=True, bias_dtype="float16")),
+                       (Pass.FPROP, Epilogue(bias_dtype="float16"))):
+        with pytest.raises(ValueError, match="bias_dtype is what fprop's bias is read as"):
+            spec(pass_=pass_, epilogue=epi)
+    b16, b32 = spec(epilogue=Epilogue(bias=True, bias_dtype="float16")), spec(epilogue=Epilogue(bias=True))
+    assert b16.key != b32.key and b16.name != b32.name
+
+
 @pytest.mark.parametrize("pass_", [Pass.DGRAD, Pass.WGRAD])
 def test_relu_is_fprop_only(pass_):
     with pytest.raises(ValueError, match=rf"relu is an fprop epilogue; {pass_.value} cannot apply it"):

@@ -88,6 +88,30 @@ def test_prepared_passes(problem, launch_path):
         _check(db, ref_db, problem.gemm("wgrad").k, f"wgrad db {launch_path}")
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["planned", "split-K"])
+@pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+def test_a_float16_bias_is_read_as_it_is(problem, split):
+    """fprop built with bias_dtype="float16" (convgen.torch's float16 models) adds the
+    bias it is handed with no cast, in the main kernel's epilogue and in a split-K
+    reduction's, and the plain function takes that path for a float16 bias."""
+    import cupy as cp
+    from convgen.ir import Plan
+
+    x, w, _, b = _draw("bias16", problem)
+    b16 = b.astype(np.float16)
+    xd, wd, bd = cp.asarray(x), cp.asarray(w), cp.asarray(b16)
+    geo = _geo(problem)
+    plan = Plan(64, 32, 16, 2, 2, 2, 8 if problem.c % 8 == 0 else 1, 8 if problem.c % 8 == 0 else 1, split_k=3) \
+        if split else None
+    op = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, bias_dtype="float16",
+                         activation="relu", plan=plan, **geo)
+    assert op.epilogue.bias_dtype == "float16" and (op.workspace_elems > 0) == split
+    ref = reference.fprop(kernel_view(x), kernel_view(w), b16.astype(np.float64), relu=True, **geo)
+    k = problem.gemm("fprop").k
+    _check(op(xd, wd, bd), ref, k, "prepared, float16 bias")
+    _check(convgen.conv2d(xd, wd, bd, activation="relu", plan=plan, **geo), ref, k, "convgen.conv2d, float16 bias")
+
+
 def test_prepared_ops_share_one_stream_workspace_in_order(launch_path):
     """Two split-K ops on one stream use the same arena buffer; the second must not see the
     first's partial sums (stream order), and each result must match its reference."""

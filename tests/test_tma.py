@@ -117,6 +117,7 @@ TMA_COMPILE = [
      Epilogue(relu=True, out_dtype="float32")),
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 1), (1, 2), (2, 1), n=2), Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma()),
      Epilogue()),
+    (LAYER, PLAN, Epilogue(bias=True, relu=True, bias_dtype="float16")),  # a float16 model's bias, read as it is
 ]
 
 

@@ -25,6 +25,7 @@ from torch import nn  # noqa: E402
 
 import convgen  # noqa: E402
 import convgen.torch as cgt  # noqa: E402
+import convgen.torch_launch as ctl  # noqa: E402
 from convgen import reference  # noqa: E402
 
 CL = torch.channels_last
@@ -68,8 +69,8 @@ class FakeKernels:
                 f"{name} reaches the kernels as {v!r}; expected an explicit (h, w) pair of ints"
             )
 
-    def prepare(self, pass_, x_shape, w_shape, *, stride, padding, dilation, bias=False, out_dtype="float16",
-                device=None, **kw):
+    def prepare(self, pass_, x_shape, w_shape, *, stride, padding, dilation, bias=False, bias_dtype="float32",
+                out_dtype="float16", device=None, **kw):
         self._geometry(stride, padding, dilation)
         assert not kw, kw
         self.prepared.append((pass_, tuple(x_shape), tuple(w_shape), bias))
@@ -84,7 +85,7 @@ class FakeKernels:
             workspace_elems = 0
 
             def launch(self, a, b, out, *, bias=0, workspace=0, stream=0):
-                # convgen.torch hands pointers of tensors it made (convgen.torch._ptr, which the
+                # convgen.torch hands pointers of tensors it made (convgen.torch_launch's _ptr and _cl_ptr, which the
                 # fixture wraps to remember them): run the checks on those tensors' arrays
                 assert stream == 0 and workspace == 0, (stream, workspace)
                 arr = fake.arrays
@@ -96,11 +97,13 @@ class FakeKernels:
                     fake._operand("x", a, x_shape)
                     fake._operand("w", b, w_shape)
                     if bias:
-                        assert bias_arr.dtype == np.float32 and bias_arr.shape == (k,), (bias_arr.dtype, bias_arr.shape)
+                        assert bias_arr.dtype == np.dtype(bias_dtype) and bias_arr.shape == (k,), (
+                            bias_arr.dtype, bias_dtype, bias_arr.shape)
                     else:
                         assert bias_arr is None
                     fake._output("y", out, (n, p, q, k), out_dtype)
-                    fake.calls["conv2d"].append(dict(x_ptr=a.ctypes.data, w_ptr=b.ctypes.data, out_dtype=out_dtype))
+                    fake.calls["conv2d"].append(dict(x_ptr=a.ctypes.data, w_ptr=b.ctypes.data, out_dtype=out_dtype,
+                                                     bias_dtype=bias_dtype if bias else None))
                     out[...] = reference.fprop(a, b, bias_arr, **geo)
                 elif pass_ == "dgrad":
                     fake._operand("dy", a, (n, p, q, k))
@@ -127,17 +130,25 @@ class FakeKernels:
 def fake(monkeypatch):
     k = FakeKernels()
 
-    real_ptr = cgt._ptr
+    real_ptr = ctl._ptr
 
     def ptr(t):
         p = real_ptr(t)  # the real guard: dense tensors of the kernels' dtypes only
         k.arrays[p] = t.detach().numpy()
         return p
 
-    monkeypatch.setattr(cgt, "_ptr", ptr)
-    monkeypatch.setattr(cgt, "_raw_stream", lambda index: 0)
-    monkeypatch.setattr(cgt, "_current_device", lambda: 0)
-    monkeypatch.setattr(cgt, "_prepared", {})
+    def cl_ptr(t):  # a channels_last (N, C, H, W) tensor: the kernels see its NHWC array
+        assert t.dim() == 4 and t.permute(0, 2, 3, 1).is_contiguous(), f"not channels_last: {t.stride()}"
+        p = t.data_ptr()
+        k.arrays[p] = t.detach().permute(0, 2, 3, 1).numpy()
+        return p
+
+    monkeypatch.setattr(ctl, "_ptr", ptr)
+    monkeypatch.setattr(ctl, "_cl_ptr", cl_ptr)
+    monkeypatch.setattr(ctl, "_raw_stream", lambda index: 0)
+    monkeypatch.setattr(ctl, "_current_device", lambda: 0)
+    monkeypatch.setattr(ctl, "_prepared", {})
+    monkeypatch.setattr(ctl, "fast_calls", {})
     monkeypatch.setattr(convgen, "prepare", k.prepare)
 
     def prepare_many(layers, workers=None):
@@ -499,3 +510,84 @@ def test_calls_with_nothing_to_differentiate_skip_the_autograd_function(fake, mo
         assert torch.equal(cgt._conv2d(x, w.requires_grad_(), b, 1, 1, 1), want) and not applied
     y = cgt._conv2d(x, w, b, 1, 1, 1)
     assert applied and y.grad_fn is not None and torch.equal(y.detach(), want)
+
+
+# --------------------------------------------------------------------------- the fast path
+
+FAST = [  # (N, C, H, W), (K, R, S), stride, padding, dilation
+    ((2, 8, 9, 11), (16, 3, 3), 1, 1, 1),
+    ((2, 8, 10, 7), (8, 3, 2), (2, 1), (1, 0), (1, 2)),
+    ((1, 16, 8, 8), (8, 1, 1), 2, 0, 1),
+]
+
+
+def _listed(v):
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+@pytest.mark.parametrize("b_dtype", [None, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("geo", FAST, ids=lambda g: f"{g[0]}-{g[1]}-s{g[2]}-p{g[3]}-d{g[4]}")
+def test_repeat_calls_of_a_channels_last_half_signature_take_the_fast_path(fake, monkeypatch, geo, b_dtype):
+    """From its first call on, a signature whose operands the kernels read as they are
+    (channels_last float16) runs through its FastConv: a repeat call checks nothing,
+    converts nothing and builds no op, and forward and backward give what the general path
+    (list arguments never make a signature) gives, bit for bit, which is the reference.
+    A float32 bias's backward is the exception: db float32 beside dw float16 is not one
+    kernel's output, so it takes the general path (and still launches once per pass)."""
+    (n, c, h, wd), (k, r, s), stride, padding, dilation = geo
+    x = make((n, c, h, wd), torch.float16, True, 1)
+    w = make((k, c, r, s), torch.float16, True, 2)
+    b = None if b_dtype is None else make((k,), b_dtype, False, 3)
+    p = (h + 2 * _listed(padding)[0] - _listed(dilation)[0] * (r - 1) - 1) // _listed(stride)[0] + 1
+    q = (wd + 2 * _listed(padding)[1] - _listed(dilation)[1] * (s - 1) - 1) // _listed(stride)[1] + 1
+    gy = make((n, k, p, q), torch.float16, True, 4, requires_grad=False)
+
+    def run(*geometry):
+        xx, ww = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+        bb = None if b is None else b.detach().clone().requires_grad_()
+        y = cgt._conv2d(xx, ww, bb, *geometry)
+        y.backward(gy)
+        return [y.detach(), xx.grad, ww.grad] + ([] if bb is None else [bb.grad])
+
+    first = run(stride, padding, dilation)
+    assert len(ctl.fast_calls) == 1, "a channels_last float16 call must leave its FastConv"
+    built, launched = len(fake.prepared), {name: len(v) for name, v in fake.calls.items()}
+    with monkeypatch.context() as m:
+        m.setattr(cgt, "_check_operands", lambda *a: pytest.fail("a repeat call ran the checks"))
+        if b_dtype != torch.float32:  # (an fp32 db beside an fp16 dw: the backward takes the general path)
+            m.setattr(ctl, "_dense_half", lambda *a: pytest.fail("a repeat call converted an operand"))
+        repeat = run(stride, padding, dilation)
+    assert len(fake.prepared) == built, "a repeat call built an op"
+    assert {name: len(v) - launched[name] for name, v in fake.calls.items()} == {
+        "conv2d": 1, "dgrad": 1, "wgrad": 1}, "one launch per pass (db comes with wgrad)"
+    want_b = None if b_dtype is None else str(b_dtype).replace("torch.", "")
+    assert fake.calls["conv2d"][-1]["bias_dtype"] == want_b, "the bias reaches the kernel in its own dtype, uncast"
+    general = run(_listed(stride), _listed(padding), _listed(dilation))
+    ref = reference_grads(x, w, b, gy, stride, padding, dilation)
+    for i, (a, e, f) in enumerate(zip(first, repeat, general)):
+        assert a.dtype == f.dtype and a.stride() == f.stride(), (i, a.dtype, f.dtype, a.stride(), f.stride())
+        assert torch.equal(a, e) and torch.equal(a, f), f"output {i} differs between the paths"
+        assert rel_err(a, ref[i]) <= tol(torch.float16), f"output {i} against the reference"
+
+
+def test_the_fast_path_hands_off_what_it_cannot_read_as_it_is(fake):
+    """A FastConv's call with a misaligned view of x, and its backward with a gradient in
+    NCHW memory (what ``(y * g).sum()`` gives for a contiguous g), take the general path's
+    conversions and still give the reference; neither leaves the signature's fast path."""
+    (n, c, h, wd), (k, r, s) = (2, 5, 9, 11), (8, 3, 3)
+    base = make((n + 1, c, h, wd), torch.float16, True, 1, requires_grad=False)
+    x = base[1:]  # the same strides as a dense tensor, but 990 bytes in: off a 16-byte boundary
+    assert x.stride() == ctl._cl_strides(x.shape) and x.data_ptr() % 16
+    w = make((k, c, r, s), torch.float16, True, 2)
+    b = make((k,), torch.float16, False, 3)
+    dense = x.clone(memory_format=CL)
+    cgt._conv2d(dense, w, b, 1, 1, 1)  # leaves the signature's FastConv (x's signature is the same)
+    assert len(ctl.fast_calls) == 1
+    gy = make((n, k, h, wd), torch.float16, False, 4, requires_grad=False)  # NCHW memory
+    xx = x.detach().requires_grad_()
+    y = cgt._conv2d(xx, w, b, 1, 1, 1)
+    y.backward(gy)
+    ref = reference_grads(x, w, b, gy, 1, 1, 1)
+    for name, got, want in (("y", y, ref[0]), ("dx", xx.grad, ref[1]), ("dw", w.grad, ref[2]), ("db", b.grad, ref[3])):
+        assert rel_err(got, want) <= tol(torch.float16), name
+    assert len(ctl.fast_calls) == 1

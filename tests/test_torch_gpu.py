@@ -1,7 +1,7 @@
 """convgen.torch on a real GPU: conv2d and the nn.Conv2d drop-in against F.conv2d in float64.
 
 Every reference is computed on the values the kernels saw: x, w and dy rounded to
-float16, the bias to float32 (see convgen/torch.py).  Errors are norm-relative
+float16, a float16 bias as it is and any other to float32 (see convgen/torch_launch.py).  Errors are norm-relative
 with the tolerance of tests/gpu_helpers.py for the pass's reduction length, and
 every kernel output starts as NaN (convgen.runtime.POISON_OUTPUTS) so an
 unwritten element fails instead of passing on leftover memory.
@@ -27,6 +27,7 @@ from torch import nn  # noqa: E402
 import convgen  # noqa: E402
 import convgen.runtime  # noqa: E402
 import convgen.torch as cgt  # noqa: E402
+import convgen.torch_launch as ctl  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
 
 from gpu_helpers import tolerance  # noqa: E402
@@ -187,16 +188,18 @@ class Spy:
     def __init__(self, monkeypatch):
         self.calls: list[dict] = []
         real = convgen.prepare
-        monkeypatch.setattr(cgt, "_prepared", {})  # ops cached by earlier tests would not be seen
+        monkeypatch.setattr(ctl, "_prepared", {})  # ops cached by earlier tests would not be seen
+        monkeypatch.setattr(ctl, "fast_calls", {})
         dtypes: dict[int, str] = {}  # the tensors convgen.torch handed over, by pointer
-        real_ptr = cgt._ptr
+        real_ptr, real_cl_ptr = ctl._ptr, ctl._cl_ptr
 
-        def ptr(t):
-            p = real_ptr(t)
+        def ptr(t, real=real_ptr):
+            p = real(t)
             dtypes[p] = str(t.dtype).replace("torch.", "")
             return p
 
-        monkeypatch.setattr(cgt, "_ptr", ptr)
+        monkeypatch.setattr(ctl, "_ptr", ptr)
+        monkeypatch.setattr(ctl, "_cl_ptr", lambda t: ptr(t, real_cl_ptr))
 
         def prepare(pass_, *args, **kwargs):
             op = real(pass_, *args, **kwargs)
@@ -240,14 +243,15 @@ def test_only_requested_gradients_are_computed(monkeypatch, need):
             assert c["kwargs"]["bias"] == need_b, "wgrad must compute db exactly when bias needs a gradient"
 
 
-def test_channels_last_half_is_zero_copy(monkeypatch):
+@pytest.mark.parametrize("b_dtype", [torch.float32, torch.float16], ids=str)
+def test_channels_last_half_is_zero_copy(monkeypatch, b_dtype):
     import cupy
 
     spy = Spy(monkeypatch)
     g = gen("zero-copy")
     x = tensor((4, 32, 16, 16), torch.float16, g, requires_grad=True)
     w = tensor((64, 32, 3, 3), torch.float16, g, requires_grad=True)  # channels_last: already KRSC
-    b = tensor((64,), torch.float32, g, requires_grad=True)
+    b = tensor((64,), b_dtype, g, requires_grad=True)
     pool = cupy.get_default_memory_pool()
     pool_before = pool.total_bytes()
     torch_before = torch.cuda.memory_allocated()
@@ -255,7 +259,7 @@ def test_channels_last_half_is_zero_copy(monkeypatch):
     fwd = spy.calls[0]
     assert fwd["ptrs"][0] == x.data_ptr(), "x (channels_last fp16) must reach convgen.conv2d without a copy"
     assert fwd["ptrs"][1] == w.data_ptr(), "w (channels_last fp16) must reach convgen.conv2d without a copy"
-    assert fwd["ptrs"][2] == b.data_ptr(), "a float32 bias must reach convgen.conv2d without a copy"
+    assert fwd["ptrs"][2] == b.data_ptr(), f"a {b_dtype} bias must reach convgen.conv2d without a copy"
     assert fwd["result_ptr"] == y.data_ptr(), "y must be convgen's output, not a copy of it"
     assert torch.cuda.memory_allocated() - torch_before >= y.numel() * 2, "y must be PyTorch-allocated memory"
     y.backward(torch.randn_like(y))
@@ -473,16 +477,18 @@ def test_cuda_graph_capture_and_replay():
 def test_precompile_then_step_is_the_plain_step(monkeypatch):
     """precompile builds every op the step launches (the step builds none), and the step
     then gives bit for bit what the same model gives without it."""
-    monkeypatch.setattr(cgt, "_prepared", {})
+    monkeypatch.setattr(ctl, "_prepared", {})
+    monkeypatch.setattr(ctl, "fast_calls", {})
     model = _small_model()
     g = gen("precompile")
     x = tensor((4, 8, 16, 16), torch.float16, g)
     gy = tensor((4, 8, 8, 8), torch.float16, g)
     assert cgt.precompile(model, x.detach().requires_grad_()) == 9  # _step's input needs dx: 3 ops per layer
-    built = dict(cgt._prepared)
+    built = dict(ctl._prepared)
     got = [t.clone() for t in _step(model, x, gy)]
-    assert cgt._prepared == built, "the step built an op precompile had not"
-    monkeypatch.setattr(cgt, "_prepared", {})
+    assert ctl._prepared == built, "the step built an op precompile had not"
+    monkeypatch.setattr(ctl, "_prepared", {})
+    monkeypatch.setattr(ctl, "fast_calls", {})
     want = _step(model, x, gy)
     for i, (a, e) in enumerate(zip(got, want)):
         assert torch.isfinite(a).all() and torch.equal(a, e), f"output {i}"

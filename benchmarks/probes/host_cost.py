@@ -162,6 +162,26 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
                 return cgt.conv2d(cx, cw, None, p.stride, p.padding, p.dilation)
 
         add("fprop", "convgen.torch eager conv2d (no grad)", eager_fprop)
+        cb = torch.randn(p.k, device="cuda", dtype=torch.float16)
+
+        def eager_fprop_bias():
+            with torch.no_grad():
+                return cgt.conv2d(cx, cw, cb, p.stride, p.padding, p.dilation)
+
+        add("fprop", "convgen.torch eager conv2d, fp16 bias (no grad)", eager_fprop_bias)
+        add("fprop", "torch F.conv2d, fp16 bias, channels_last (cuDNN)", lambda: F.conv2d(
+            cx, cw, cb, p.stride, p.padding, p.dilation))
+        # a training layer's whole eager call: forward and backward (dx, dW, db) through autograd
+        tx, twt, tb = (cx.detach().requires_grad_(), cw.detach().requires_grad_(), cb.detach().requires_grad_())
+
+        def train_call(conv):
+            def run():
+                tx.grad = twt.grad = tb.grad = None  # no accumulation kernels on either side
+                conv(tx, twt, tb, p.stride, p.padding, p.dilation).backward(cgy)
+            return run
+
+        add("fwd+bwd", "convgen.torch forward+backward, dx dW db (autograd)", train_call(cgt.conv2d))
+        add("fwd+bwd", "torch F.conv2d forward+backward, dx dW db (cuDNN)", train_call(F.conv2d))
         add("dgrad", "convgen.torch eager dgrad (backward's call)", lambda: cgt._dgrad_impl(
             cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
         add("wgrad", "convgen.torch eager wgrad (backward's call)", lambda: cgt._wgrad_impl(
