@@ -182,6 +182,23 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
 
         add("fwd+bwd", "convgen.torch forward+backward, dx dW db (autograd)", train_call(cgt.conv2d))
         add("fwd+bwd", "torch F.conv2d forward+backward, dx dW db (cuDNN)", train_call(F.conv2d))
+
+        class _Noop(torch.autograd.Function):  # the least a layer written as a Python Function costs
+            @staticmethod
+            def forward(ctx, x, w, b):
+                return torch.empty_like(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, None, None
+
+        tn = cx.detach().requires_grad_()
+
+        def noop_call():
+            tn.grad = None
+            _Noop.apply(tn, cw, None).backward(cx)
+
+        add("fwd+bwd", "a no-op torch.autograd.Function forward+backward (a Python layer's floor)", noop_call)
         add("dgrad", "convgen.torch eager dgrad (backward's call)", lambda: cgt._dgrad_impl(
             cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
         add("wgrad", "convgen.torch eager wgrad (backward's call)", lambda: cgt._wgrad_impl(
