@@ -591,3 +591,21 @@ def test_the_fast_path_hands_off_what_it_cannot_read_as_it_is(fake):
     for name, got, want in (("y", y, ref[0]), ("dx", xx.grad, ref[1]), ("dw", w.grad, ref[2]), ("db", b.grad, ref[3])):
         assert rel_err(got, want) <= tol(torch.float16), name
     assert len(ctl.fast_calls) == 1
+
+
+def test_a_signatures_fast_path_is_never_taken_by_another_layout_or_dtype(fake):
+    """The FastConv kept for a channels_last float16 call is keyed by strides and dtypes too:
+    the same shapes in NCHW memory, in float32, or with a float32 bias beside a float16 one,
+    each take their own way and give the reference, never the kept FastConv's reading."""
+    x = make((2, 8, 9, 11), torch.float16, True, 1, requires_grad=False)
+    w = make((16, 8, 3, 3), torch.float16, True, 2, requires_grad=False)
+    b = make((16,), torch.float16, False, 3, requires_grad=False)
+    cgt._conv2d(x, w, b, 1, 1, 1)
+    assert len(ctl.fast_calls) == 1
+    for name, xx, ww, bb in (("nchw x", x.contiguous(), w, b), ("fp32 x", x.float(), w, b),
+                             ("nchw w", x, w.contiguous(), b), ("fp32 bias", x, w, b.float())):
+        y = cgt._conv2d(xx, ww, bb, 1, 1, 1)
+        ref = reference_grads(xx, ww, bb, torch.zeros_like(y, dtype=torch.float64), 1, 1, 1)[0]
+        assert rel_err(y, ref) <= tol(y.dtype), name
+    kept = {id(f) for f in ctl.fast_calls.values()}
+    assert len(kept) == len(ctl.fast_calls), "each signature has a FastConv of its own"
