@@ -49,7 +49,11 @@ allocator; under graph capture, the graph's private pool), and so is every conve
 operand: the kernels get the tensors' device pointers through a prepared op's
 :meth:`~convgen.prepared.PreparedConv.launch`, so a call builds no CuPy array, enters no
 CuPy context and allocates nothing outside PyTorch (the host cost this saves is measured
-in benchmarks/NOTES.md, thirteenth session).
+in benchmarks/NOTES.md, thirteenth session).  An eager call whose operands the kernels read
+as they are (channels_last float16) goes through a ``convgen.torch_launch.FastConv``, built
+on its signature's first call once the checks passed, which fixes the geometry and the ops:
+an eager training loop is host-bound, so a repeat call does no more than allocate and launch
+(fourteenth session).
 """
 
 from __future__ import annotations
