@@ -360,8 +360,8 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
     if b_name != "float32" and not (bias and p is Pass.FPROP):
         raise ValueError("bias_dtype is what fprop reads its bias as; it needs pass_='fprop' and bias=True")
     problem = _rt._problem(n, h, w, c, k, r, s, stride, padding, dilation)
-    epi = Epilogue(bias=bool(bias), relu=activation == "relu", out_dtype=_rt._out_dtype(out_dtype),  # type: ignore[arg-type]
-                   bias_dtype=b_name)  # type: ignore[arg-type]
+    epi = Epilogue(bias=bool(bias), relu=activation == "relu",  # type: ignore[arg-type]
+                   out_dtype=_rt._out_dtype(out_dtype), bias_dtype=b_name)  # type: ignore[arg-type]
     cupy = _rt._cupy()
     dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
     return p, problem, epi, in_name, dev, plan
@@ -382,8 +382,8 @@ def prepare(
     runs on ``device`` (default: CuPy's current device).
     """
     return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
-                               bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype, device=device,
-                               plan=plan))
+                               bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype,
+                               device=device, plan=plan))
 
 
 def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] = None) -> list[PreparedConv]:

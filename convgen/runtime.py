@@ -306,7 +306,8 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
         return _Call(problem, out, device)
     # A float16 bias is read as it is; any other is read as float32 (cast once if need be).
     b_dtype = "float16" if bias is not None and bias.dtype.name == "float16" else "float32"
-    epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out, bias_dtype=b_dtype)  # type: ignore[arg-type]
+    epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out,  # type: ignore[arg-type]
+                   bias_dtype=b_dtype)  # type: ignore[arg-type]
     return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out)
 
 

@@ -68,7 +68,8 @@ from torch.autograd.function import once_differentiable
 import convgen
 from convgen import torch_launch as _tl
 from convgen.ir import as_pair
-from convgen.torch_launch import _bias_key, _device_index, _dgrad_impl, _fprop_impl, _geo, _out_dtype, _output_hw, _wgrad_impl
+from convgen.torch_launch import (_bias_key, _device_index, _dgrad_impl, _fprop_impl, _geo, _out_dtype, _output_hw,
+                                  _wgrad_impl)
 
 __all__ = ["conv2d", "Conv2d", "precompile"]
 
@@ -339,6 +340,11 @@ def _differentiates(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
                                         or (bias is not None and bias.requires_grad))
 
 
+def _run_fast(fast: _tl.FastConv, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A FastConv's forward, through its autograd Function only when a gradient is recorded."""
+    return _FastEagerConv2d.apply(x, w, bias, fast) if _differentiates(x, w, bias) else fast(x, w, bias)
+
+
 def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: _PairArg,
             padding: Union[_PairArg, str], dilation: _PairArg) -> torch.Tensor:
     """Everything of :func:`conv2d` except the CUDA check (the CPU tests drive this with a NumPy bridge)."""
@@ -355,7 +361,7 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
         except (AttributeError, TypeError):  # not tensors (the checks say so), or list arguments
             sig = fast = None
         if fast is not None and not _autocasting():
-            return _FastEagerConv2d.apply(x, w, bias, fast) if _differentiates(x, w, bias) else fast(x, w, bias)
+            return _run_fast(fast, x, w, bias)
     _check_operands(x, w, bias)
     key = (stride, padding, dilation, w.shape[2], w.shape[3])
     remember = not compiling
@@ -379,7 +385,7 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     if _recording is None and not _autocasting():
         if sig is not None and extra == (0, 0) and _tl.FastConv.fits(x, w, bias):
             fast = _tl.fast_calls[sig] = _tl.FastConv(*args)
-            return _FastEagerConv2d.apply(x, w, bias, fast) if _differentiates(x, w, bias) else fast(x, w, bias)
+            return _run_fast(fast, x, w, bias)
         if not _differentiates(x, w, bias):
             return _fprop_impl(*args)  # nothing to differentiate: the autograd Function's apply is overhead
     return _EagerConv2d.apply(*args)
