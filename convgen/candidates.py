@@ -15,7 +15,7 @@ import math
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
-from .tma_rules import tma_eligible, tma_split, tma_tiles
+from .tma_rules import PERSISTENT_TILES, tma_eligible, tma_split, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -187,6 +187,16 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
         except ValueError:
             continue
         out.append(p)
+    if pass_ is Pass.FPROP:  # and each persistent tile no wider than N, whatever its tile count
+        widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
+        for bm, bn, stages in (t for t in PERSISTENT_TILES.values() if t[1] <= widest):
+            p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma(persistent=True),
+                     reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma, {stages} stages",))
+            try:
+                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+            except ValueError:
+                continue
+            out.append(p)
     return out
 
 

@@ -21,8 +21,9 @@ from .targets import Arch
 from .ir import KernelSpec, Pass
 from .planner import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
-    ring_stages, smem_bytes, staged_halo_halves,
+    resident_blocks, ring_stages, smem_bytes, staged_halo_halves,
 )
+from .mainloop import TmaWgmma
 from .residues import ResidueClass, residue_classes
 from .resources import templates_dir
 
@@ -46,10 +47,18 @@ class Launch:
     grid_rows_per_image: int = 0
     grid_fixed_rows: int = 0
     grid_groups: int = 1
+    # A persistent kernel's grid is one row of at most this many blocks (those the GPU
+    # holds at once), which walk the grid_x * grid_n_tiles tiles themselves; 0: one per tile.
+    grid_blocks: int = 0
 
     def grid_x(self, batch: int) -> int:
         rows = batch * self.grid_rows_per_image if self.grid_rows_per_image else self.grid_fixed_rows
         return self.grid_groups * max(1, -(-rows // self.grid_m_tile))
+
+    def grid(self, batch: int) -> tuple[int, int, int]:
+        if self.grid_blocks:
+            return (min(self.grid_x(batch) * self.grid_n_tiles, self.grid_blocks), 1, self.grid_z)
+        return (self.grid_x(batch), self.grid_n_tiles, self.grid_z)
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,7 @@ class KernelSource:
 
     def grid(self, batch: int) -> tuple[int, int, int]:
         """The main kernel's grid for ``batch``: the batch is a run-time argument."""
-        return (self.main.grid_x(batch), self.main.grid_n_tiles, self.main.grid_z)
+        return self.main.grid(batch)
 
     def workspace_elems(self, batch: int) -> int:
         """fp32 elements of split-K workspace for ``batch`` (0 without split-K)."""
@@ -93,16 +102,21 @@ class KernelSource:
                 {
                     "name": l.kernel, "args": list(l.args), "block": list(l.block),
                     "shared_mem": l.shared_mem,
-                    "grid": {
-                        "x": (f"{l.grid_groups} * " if l.grid_groups > 1 else "")
-                        + (f"ceil(batch * {l.grid_rows_per_image} / {l.grid_m_tile})" if l.grid_rows_per_image
-                           else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"),
-                        "y": l.grid_n_tiles, "z": l.grid_z,
-                    },
+                    "grid": _grid_text(l),
                 }
                 for l in launches
             ],
         }
+
+
+def _grid_text(l: Launch) -> dict[str, Any]:
+    """A launch's grid as the manifest writes it, for a launcher written in another language."""
+    x = ((f"{l.grid_groups} * " if l.grid_groups > 1 else "")
+         + (f"ceil(batch * {l.grid_rows_per_image} / {l.grid_m_tile})" if l.grid_rows_per_image
+            else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"))
+    if l.grid_blocks:
+        return {"x": f"min({x} * {l.grid_n_tiles}, {l.grid_blocks})", "y": 1, "z": l.grid_z}
+    return {"x": x, "y": l.grid_n_tiles, "z": l.grid_z}
 
 
 @functools.lru_cache(maxsize=1)
@@ -162,6 +176,7 @@ class Tile:
     warps_k: int  # > 1: sliced K (im2col WMMA only)
     stages: int
     ring: int  # stages allocated: planner.ring_stages
+    persistent: bool  # a TMA block walks tiles until none are left (TmaWgmma.persistent)
     pad: int  # halves of padding per staged row
     a_col: bool  # A staged [BK][BM] (wgrad's dy^T) rather than [BM][BK]
     b_col: bool  # B staged [BN][BK] (fprop's w) rather than [BK][BN]
@@ -332,6 +347,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         tile=Tile(
             block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
             warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
+            persistent=isinstance(plan.loop, TmaWgmma) and plan.loop.persistent,
             pad=stage_pad(plan), a_col=a_is_col(p), b_col=b_is_col(p),
         ),
         gathers=Gathers(
@@ -439,6 +455,8 @@ def emit(spec: KernelSpec) -> KernelSource:
                      else plan.block_m),
         grid_n_tiles=math.ceil(gemm_n / plan.block_n),
         grid_z=plan.split_k,
+        grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
+                     if isinstance(plan.loop, TmaWgmma) and plan.loop.persistent else 0),
         **rows,
     )
     reduce = None

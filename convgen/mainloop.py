@@ -65,6 +65,7 @@ class Flags(NamedTuple):
     warps_k: int = 1
     wgmma: bool = False
     tma: bool = False
+    persistent: bool = False
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -165,10 +166,19 @@ class TmaWgmma(MainLoop):
     reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``)."""
 
     producer_warps: ClassVar[int] = 4  # a whole warpgroup, so setmaxnreg can move its registers
+    # persistent: fprop's grid is as many blocks as run on the GPU at once, each walking
+    # every gridDim.x-th tile, so the producer copies the next tile's first stages while the
+    # consumers drain this one's (through scratch of their own, past the ring) and no block
+    # is launched, or fills its ring, per tile.
+    persistent: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.persistent, bool):
+            raise TypeError(f"TmaWgmma.persistent must be a bool, got {self.persistent!r}")
 
     @property
     def tag(self) -> str:
-        return "tma"
+        return "tmap" if self.persistent else "tma"
 
     def check(self, plan: "Plan") -> None:
         if plan.warps_n != 1 or plan.warps_m not in (4, 8) or plan.block_m != 16 * plan.warps_m:
@@ -181,15 +191,18 @@ class TmaWgmma(MainLoop):
         if plan.block_n % 16 or not 16 <= plan.block_n <= 256:
             raise ValueError(f"TmaWgmma's wgmma is m64nNk16 with N a multiple of 16 up to 256: got plan.block_n="
                              f"{plan.block_n}")
+        if self.persistent and plan.split_k != 1:
+            raise ValueError(f"TmaWgmma(persistent=True) walks whole tiles: plan.split_k must be 1, got {plan.split_k}")
 
     def flags(self) -> Flags:
-        return Flags(tma=True)
+        return Flags(tma=True, persistent=self.persistent)
 
     def layout(self) -> str:
-        return " tma"
+        return " tmap" if self.persistent else " tma"
 
     def describe(self, plan: "Plan") -> str:
-        return f", TMA + wgmma: a producer warpgroup and {plan.warps_m // 4} consumer warpgroup(s)"
+        return (f", TMA + wgmma: a producer warpgroup and {plan.warps_m // 4} consumer warpgroup(s)"
+                + (", persistent" if self.persistent else ""))
 
 
 def _tiles_suffix(tiles: int) -> str:
@@ -356,12 +369,12 @@ KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm
 
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
-               tma: Any = False, *, staged: bool = False) -> MainLoop:
+               tma: Any = False, persistent: Any = False, *, staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
     narrower than a fragment)."""
-    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma)):
+    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent)):
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
@@ -382,8 +395,10 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
     if tma and (wgmma or halo or warps_k != 1 or tiles != 1):
         raise ValueError(f"plan.tma=True names the TMA main loop alone, got wgmma={wgmma}, tile_w={tile_w}, "
                          f"flat={flat}, tiles={tiles}, warps_k={warps_k}")
+    if persistent and not tma:
+        raise ValueError("plan.persistent=True names a persistent TMA main loop: it needs plan.tma=True")
     if tma:
-        return TmaWgmma()
+        return TmaWgmma(persistent)
     if wgmma:
         return Wgmma()
     if flat:

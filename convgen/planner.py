@@ -24,7 +24,7 @@ from .ir import (
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .small_layer_rules import halo_default, split_k
-from .tma_rules import tma_eligible, tma_min_steps, tma_split, tma_steps, tma_tiles
+from .tma_rules import tma_eligible, tma_min_steps, tma_persistent, tma_split, tma_steps, tma_tiles
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -222,8 +222,9 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     pipeline = ring_stages(plan, pass_, geometry) * (a + b) * 2
     if isinstance(plan.loop, StagedHalo):
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
-    if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring; barriers follow it
-        pipeline = max(pipeline, plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4)
+    if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring, or follow it; then barriers
+        strips = plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
+        pipeline = pipeline + strips if plan.loop.persistent else max(pipeline, strips)
         barriers = ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
         if pass_ is Pass.WGRAD:  # and db's reader-done barrier, padded to 16 bytes
             barriers += TMA_BARRIER_BYTES
@@ -236,6 +237,16 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     if tiles_per_block(plan) > 1:  # [weights][halo slot 0][halo slot 1][epilogue scratch]: all live at once
         return (b + 2 * a) * 2 + epilogue
     return max(pipeline, epilogue)
+
+
+def resident_blocks(plan: Plan, pass_: Pass, target: Target, geometry: ConvGeometry | None = None) -> int:
+    """How many blocks of a persistent plan one SM holds at once, which sizes its grid: as
+    many as its shared memory allows (each block also reserves 1 KB), at most one with two
+    consumer warpgroups (384 threads at 168 registers fill the register file) and two with
+    one."""
+    per_block = smem_bytes(plan, pass_, target.warp_size, geometry) + 1024
+    by_regs = 1 if plan.warps_m > 4 else 2
+    return max(1, min(by_regs, (target.info.smem_limit + 1024) // per_block))
 
 
 def tiles_per_block(plan: Plan) -> int:
@@ -430,6 +441,8 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
                    f"plan.block_n={plan.block_n} must be a multiple of 64")
         if why is None and pass_ is not Pass.WGRAD and plan.split_k != 1:
             why = f"reduces the whole of {pass_.value}'s K in one block: plan.split_k must be 1, got {plan.split_k}"
+        if why is None and plan.loop.persistent and pass_ is not Pass.FPROP:
+            why = f"runs persistent (TmaWgmma(persistent=True)) in fprop only, not {pass_.value}"
         if why:
             raise ValueError(f"TmaWgmma: the TMA main loop {why}")
     tiles = tiles_per_block(plan)
@@ -464,7 +477,11 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
               for bm, bn, stages, rate in tma_tiles(gemm.n)]
     (split, blocks, us), bm, bn, stages, rate = min(costed, key=lambda c: c[0][2])
     waves = math.ceil(blocks / target.sm_count)
-    chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma())
+    modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
+    persistent, why_persistent = tma_persistent(problem, pass_, target, bm, bn)
+    if persistent:
+        bm, bn, stages = persistent
+    chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma(persistent is not None))
     gather = {
         Pass.FPROP: "x's im2col: the copy engine gathers the taps and the padding",
         Pass.DGRAD: ("dy's im2col under the flipped filter, w read as stored (N-major B, wgmma transposes it)"
@@ -478,7 +495,7 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
         f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps"
         f"{' in the heaviest class' if pass_ is Pass.DGRAD and problem.stride != (1, 1) else ''}; {gather}; a "
         "producer warpgroup feeds the consumers' asynchronous wgmma",
-        f"block N {bn}: with block M {bm}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "") + ", the least "
+        f"block N {modelled[1]}: with block M {modelled[0]}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "") + ", the least "
         f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "
         f"of K at the tile's measured rate{traffic}): "
         f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s (rates measured on "
@@ -487,7 +504,9 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
         f"K-step {TMA_BLOCK_K}: one 128-byte swizzle row of fp16 per pixel and tap",
         f"{chosen.warps} warps as {bm // 16}x1 consumer warps and a producer warpgroup (one thread issues the copies)",
         "vec A 8, vec B 8: the copy engine moves whole 128-byte rows, no gather in the kernel",
-        f"{stages} stages: the deepest ring of this tile that fits an H200 block's shared memory",
+        why_persistent,
+        f"{stages} stages: the deepest ring of this tile that fits an H200 block's shared memory"
+        + (" beside the epilogue's own scratch" if persistent else ""),
         (f"split-K {split}: the batch's pixels in {split} slices, reduced in fixed order (deterministic)"
          if split > 1 else "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers"),
         f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",

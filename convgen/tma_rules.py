@@ -27,6 +27,18 @@ from .residues import residue_classes
 TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
     (128, 256, 4, 704.0), (64, 256, 5, 647.0), (128, 128, 6, 625.0), (64, 128, 4, 525.0), (64, 64, 6, 349.0),
 )  # (128x64 on 8 stages was measured too: slower than 64x64 on every layer with N = 64)
+# fprop's persistent kernels (TmaWgmma(persistent=True)): the tile the cost model picks, as a
+# grid of resident blocks that walk the tiles, the producer copying the next tile's stages
+# while the consumers drain this one's through scratch of their own (so a stage fewer fits).
+# On the H200 (12 fprop layers, benchmarks/results/2026-12-02_h200_tma-persistent-probe_*):
+# 128x128 on 5 stages and 128x256 on 3 ran 1.02-1.24x the one-block-per-tile kernel on every
+# 3x3 layer with at least two tiles per SM, and 128x64 on 6 ran 1.28x and 1.32x the 64x64
+# tile on the N = 64 layers (VGG-16 conv1_2, UNet enc2b).  ResNet-50's l3-1x1 (98 tiles, fewer
+# than the SMs) lost 10% persistent: there is no next tile to overlap.
+PERSISTENT_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
+    (128, 256): (128, 256, 3), (128, 128): (128, 128, 5), (64, 64): (128, 64, 6),
+}
+MIN_PERSISTENT_TILES_PER_SM = 2
 # Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
 TMA_MIN_STEPS = 8
 # Strided dgrad needs twice that in its heaviest residue class: at 8 such steps the TMA loop
@@ -113,6 +125,27 @@ def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: in
     costs = ((split, *tma_tile_cost(problem, pass_, target, bm, bn, rate, split))
              for split in tma_splits(problem, pass_))
     return min(costs, key=lambda c: c[2])
+
+
+def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
+                   bn: int) -> tuple[tuple[int, int, int] | None, str]:
+    """The persistent fprop tile (block_m, block_n, stages) that replaces the cost model's
+    ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
+    if pass_ is not Pass.FPROP:
+        return None, "one block per tile: the persistent kernel runs fprop only"
+    tile = PERSISTENT_TILES.get((bm, bn))
+    if tile is None:
+        return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"
+    gemm = problem.gemm(pass_)
+    tiles = math.ceil(gemm.m / tile[0]) * math.ceil(gemm.n / tile[1])
+    if tiles < MIN_PERSISTENT_TILES_PER_SM * target.sm_count:
+        return None, (f"one block per tile: {tiles} {tile[0]}x{tile[1]} tiles are fewer than "
+                      f"{MIN_PERSISTENT_TILES_PER_SM} per SM, too few for a persistent block to overlap")
+    named = f"{tile[0]}x{tile[1]} tile" + (f" in place of the {bm}x{bn} tile" if tile[:2] != (bm, bn) else "")
+    return tile, (f"persistent {named}: {tiles} tiles "
+                  f"(at least {MIN_PERSISTENT_TILES_PER_SM} per SM) walked by the blocks the GPU holds at once, "
+                  "the producer copying the next tile's stages while the consumers drain this one's (measured "
+                  "faster on every such 3x3 layer: tma_rules.PERSISTENT_TILES)")
 
 
 def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:

@@ -348,7 +348,11 @@ def test_grid_and_workspace_for_a_batch_of_three(name, block_m, grid, grid_x, wo
 
 
 def _manifest_grid_x(text: str, batch: int) -> int:
-    """Evaluates the manifest's grid.x text, "[G * ]ceil(A / B)" with A "batch * R" or "R"."""
+    """Evaluates the manifest's grid.x text, "[G * ]ceil(A / B)" with A "batch * R" or "R", or
+    a persistent grid's "min(ceil(A / B) * T, BLOCKS)"."""
+    persistent = re.fullmatch(r"min\((.*) \* (\d+), (\d+)\)", text)
+    if persistent:
+        return min(_manifest_grid_x(persistent.group(1), batch) * int(persistent.group(2)), int(persistent.group(3)))
     m = re.fullmatch(r"(?:(\d+) \* )?ceil\((?:(batch) \* )?(\d+) / (\d+)\)", text)
     assert m, text
     groups, per, rows, tile = int(m.group(1) or 1), m.group(2), int(m.group(3)), int(m.group(4))
@@ -560,7 +564,7 @@ def test_manifest_entry_is_json(name, spec, sources):
     main = entry["kernels"][0]
     assert main["args"] == list(ks.main.args) and main["block"] == list(ks.main.block)
     assert main["shared_mem"] == ks.main.shared_mem
-    assert main["grid"]["y"] == ks.main.grid_n_tiles and main["grid"]["z"] == spec.plan.split_k
+    assert main["grid"]["y"] == ks.grid(1)[1] and main["grid"]["z"] == spec.plan.split_k
     if ks.reduce:
         gemm = spec.geometry.gemm(spec.pass_, 1)
         rows = f"{gemm.m * gemm.n}" if spec.pass_ is Pass.WGRAD else f"batch * {gemm.m * gemm.n}"

@@ -118,7 +118,71 @@ TMA_COMPILE = [
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 1), (1, 2), (2, 1), n=2), Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma()),
      Epilogue()),
     (LAYER, PLAN, Epilogue(bias=True, relu=True, bias_dtype="float16")),  # a float16 model's bias, read as it is
+    (LAYER, Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue(bias=True, relu=True)),
+    (dataclasses.replace(LAYER, k=64), Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue()),
+    (LAYER, Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue(out_dtype="float32")),
 ]
+
+
+PERSISTENT = Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True))
+
+
+def test_persistent_plan_round_trips_and_is_named():
+    d = PERSISTENT.as_dict()
+    assert d["tma"] is True and d["persistent"] is True
+    assert Plan.from_dict(d, LAYER.geometry, Pass.FPROP) == PERSISTENT
+    assert "persistent" not in PLAN.as_dict()  # the one-block-per-tile kernels keep their keys
+    assert "_tmap_128x128x64_s5_" in make_spec(LAYER, Pass.FPROP, target=SM90, plan_=PERSISTENT).name
+    with pytest.raises(ValueError, match="needs plan.tma=True"):
+        Plan.from_dict({**Plan(128, 128, 32, 4, 2, 3, 8, 8).as_dict(), "persistent": True})
+    with pytest.raises(TypeError, match="persistent must be a bool"):
+        TmaWgmma(persistent=1)
+
+
+@pytest.mark.parametrize("pass_,change,needle", [
+    (Pass.FPROP, dict(split_k=2), "split_k must be 1"),
+    (Pass.DGRAD, {}, "in fprop only, not dgrad"),
+    (Pass.WGRAD, {}, "in fprop only, not wgrad"),
+])
+def test_persistent_runs_fprop_whole_tiles_only(pass_, change, needle):
+    with pytest.raises(ValueError, match=needle):
+        check_plan(dataclasses.replace(PERSISTENT, **change), LAYER, pass_, SM90, "float16")
+
+
+def test_persistent_grid_is_the_blocks_the_gpu_holds():
+    """One row of as many blocks as fit at once (two of a small one-consumer tile on an SM,
+    one of a two-consumer tile), never more than there are tiles; the drain's scratch sits
+    past the ring, so the block needs both."""
+    from convgen.planner import smem_bytes
+
+    src = emit(make_spec(LAYER, Pass.FPROP, target=Target("sm_90", 132), plan_=PERSISTENT))
+    tiles = -(-64 * 28 * 28 // 128) * 2
+    assert src.grid(64) == (132, 1, 1) and src.grid(1) == (-(-28 * 28 // 128) * 2, 1, 1) and tiles > 132
+    assert src.manifest_entry()["kernels"][0]["grid"] == {"x": "min(ceil(batch * 784 / 128) * 2, 132)", "y": 1, "z": 1}
+    ring = 5 * (128 + 128) * 64 * 2
+    assert src.main.shared_mem >= ring + 8 * 16 * 16 * 4  # the ring, then eight warps' strips
+    assert smem_bytes(dataclasses.replace(PERSISTENT, loop=TmaWgmma()), Pass.FPROP, 32, LAYER.geometry) < src.main.shared_mem
+    small = Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))
+    assert emit(make_spec(LAYER, Pass.FPROP, target=Target("sm_90", 132), plan_=small)).grid(64) == (264, 1, 1)
+    one = emit(make_spec(LAYER, Pass.FPROP, target=Target("sm_90", 132), plan_=PLAN))
+    assert one.grid(64) == (392, 1, 1) and one.manifest_entry()["kernels"][0]["grid"]["y"] == 1
+
+
+def test_default_fprop_runs_persistent_where_tiles_outnumber_the_sms():
+    """The measured rule (tma_rules.PERSISTENT_TILES): a long run of tiles takes the
+    persistent kernel, 64x64 becoming 128x64; too few tiles, or another pass, keep one block
+    per tile, and each plan says why."""
+    from convgen.planner import plan as default_plan
+
+    vgg = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
+    assert vgg.loop == TmaWgmma(persistent=True) and (vgg.block_m, vgg.block_n, vgg.stages) == (128, 128, 5)
+    narrow = default_plan(ConvProblem(224, 224, 64, 64, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
+    assert narrow.loop.persistent and (narrow.block_m, narrow.block_n) == (128, 64)
+    assert any("in place of the 64x64 tile" in r for r in narrow.reasons)
+    few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)  # 98 tiles
+    assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)
+    dgrad = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
+    assert dgrad.tma and not dgrad.loop.persistent and any("fprop only" in r for r in dgrad.reasons)
 
 
 def test_wgrad_splits_its_pixels_and_takes_maps_of_x_and_dy():

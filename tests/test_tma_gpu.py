@@ -66,6 +66,50 @@ def test_tma_exact_tier(problem, plan):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
 
 
+# fprop's persistent kernels: a grid of the blocks the GPU holds, each walking tiles b,
+# b + gridDim.x, ... with the ring's stages and parities carried from tile to tile.  The
+# exact tier runs them as if the GPU had one SM, so one or two blocks walk every tile of
+# the layer (M and N tails among them) and the producer runs ahead across tile boundaries.
+PERSISTENT_PLANS = [
+    Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)),
+    Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True)),
+    Plan(128, 256, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),
+    Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),   # two blocks an SM
+    Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma(persistent=True)),   # a ring of 2 on 9+ steps a tile
+]
+
+
+@pytest.fixture
+def one_sm(monkeypatch):
+    """The runtime's target with one SM: a persistent grid of one or two blocks (with
+    kernel and call caches of its own, since neither is keyed by the SM count)."""
+    import cupy as cp
+
+    import convgen.runtime as rt
+    from convgen.compile import detect_target
+    from convgen.ir import Target
+
+    monkeypatch.setattr(rt, "_targets", {cp.cuda.Device().id: Target(detect_target().arch, 1)})
+    monkeypatch.setattr(rt, "_cache", {})
+    monkeypatch.setattr(rt, "_calls", {})
+
+
+@pytest.mark.parametrize("problem", TMA_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", PERSISTENT_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_persistent_exact_tier(problem, plan, one_sm):
+    res = run_pass(problem, Pass.FPROP, _seed("tma-persistent", problem, plan), out_dtype="float32", bias=True,
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
+
+
+def test_tma_persistent_grid_walks_a_real_layer():
+    """A layer of 7 to 8 tiles per SM on the whole GPU, normal data through fp16 with ReLU."""
+    problem = ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=40)
+    plan = PERSISTENT_PLANS[0]
+    res = run_pass(problem, Pass.FPROP, _seed("tma-persistent-big"), bias=True, relu=True, plan=plan)
+    check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
 # dgrad's TMA loop: per stride residue class, dy's im2col under the class's flipped
 # sub-filter, so each map's corners come from (its taps' reach - its offset); w as an
 # N-major 3-D tensor.  The shapes vary the flipped padding on each axis (negative where
@@ -216,7 +260,7 @@ def tma_dgrad_problems():  # K from the narrowest dy the loop takes (tma_rules.M
     return tma_problems(c=EIGHTS, k=st.integers(4, 24).map(lambda i: 8 * i), max_stride=2)  # (stride 3 in the exact tier: 9 classes compile slowly)
 
 
-@given(problem=tma_problems(), plan=st.sampled_from(TMA_PLANS), seed=st.integers(0, 2**32 - 1))
+@given(problem=tma_problems(), plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma(problem, plan, seed):
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")

@@ -23,6 +23,9 @@ CASES = [
     (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma())),
     (ConvProblem(10, 9, 128, 72, 3, 5, (2, 1), (1, 2), (1, 2), n=2), Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
     (ConvProblem(7, 7, 64, 256, 1, 1, 1, 0, 1, n=3), Plan(128, 256, 64, 8, 1, 2, 8, 8, loop=TmaWgmma())),
+    # persistent: 576 and 1,152 tiles on 132 SMs, so each block walks several, M and N tails among them
+    (ConvProblem(24, 24, 64, 72, 3, 3, 1, 1, 1, n=64), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
+    (ConvProblem(24, 24, 64, 40, 3, 3, 1, 1, 1, n=64), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
 ]
 
 DGRAD_CASES = [

@@ -223,43 +223,50 @@ __device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned read
   return ring;
 }
 
-// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
-// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
-template <class Load>
-__device__ __forceinline__ void produce(const Ring& ring, int steps, Load load) {
+// Where a loop over the ring stands: the next stage, and the parity its barrier completes
+// with on this pass over the ring.  A block that computes several tiles carries it from
+// one tile's reduction to the next, so the producer runs on into the next tile's stages.
+struct RingPos {
   int stage = 0;
   unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.empty[stage], parity ^ 1);  // the first pass over the ring finds every stage free
-    mbar_expect_bytes(&ring.full[stage], STAGE_BYTES);
-    load(step, ring.stage(stage), &ring.full[stage]);
+
+  __device__ __forceinline__ void next() {
     if (++stage == RING) {
       stage = 0;
       parity ^= 1;
     }
+  }
+};
+
+// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
+// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
+template <class Load>
+__device__ __forceinline__ void produce(const Ring& ring, RingPos& pos, int steps, Load load) {
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.empty[pos.stage], pos.parity ^ 1);  // the first pass over the ring finds every stage free
+    mbar_expect_bytes(&ring.full[pos.stage], STAGE_BYTES);
+    load(step, ring.stage(pos.stage), &ring.full[pos.stage]);
   }
 }
 
 // A consumer warpgroup: for each K-step, waits for its stage and issues `mma(stage)` as one
 // batch of wgmma.  One batch stays in flight while the next stage is awaited; the one
-// before it has finished reading its stage, which goes back to the producer.
+// before it has finished reading its stage, which goes back to the producer, and the last
+// stage goes back once every batch has finished.
 template <class Mma>
-__device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
-  int stage = 0;
-  unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.full[stage], parity);
+__device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int steps, Mma mma) {
+  int prev = 0;
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.full[pos.stage], pos.parity);
     wgmma_fence();
-    mma(static_cast<const unsigned char*>(ring.stage(stage)));
+    mma(static_cast<const unsigned char*>(ring.stage(pos.stage)));
     wgmma_commit();
     wgmma_wait<1>();
-    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[(stage + RING - 1) % RING]);
-    if (++stage == RING) {
-      stage = 0;
-      parity ^= 1;
-    }
+    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
+    prev = pos.stage;
   }
   wgmma_wait<0>();
+  if (steps > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
 }
 
 // One block's tile of class Cls: a producer warpgroup, of which one thread issues the
@@ -284,7 +291,8 @@ __device__ __forceinline__ void dgrad_class(const Ring& ring, const TmaMap* dy_m
       // copy engine walks BM class pixels on from there and reads zeros outside dy.
       const int n0 = static_cast<int>(tile_m / (Cls::HC * Cls::WC)), ij = static_cast<int>(tile_m % (Cls::HC * Cls::WC));
       const int h0 = ij / Cls::WC - F::FPH, w0 = ij % Cls::WC - F::FPW;
-      produce(ring, F::STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
+      RingPos pos;  // the block's one reduction, from the first stage
+      produce(ring, pos, F::STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
         const int tap = step / K_STEPS, k0 = step % K_STEPS * BK;  // the flipped tap (ta, tb)
         const int ta = tap / Cls::NS, tb = tap - ta * Cls::NS;
         tma_load_im2col(a, dy_map, bar, k0, w0, h0, n0, static_cast<unsigned short>(tb * F::QSTEP),
@@ -304,7 +312,8 @@ __device__ __forceinline__ void dgrad_class(const Ring& ring, const TmaMap* dy_m
     for (int j = 0; j < FN; ++j)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    consume(ring, F::STEPS, [&](const unsigned char* stage) {
+    RingPos pos;  // the block's one reduction, from the first stage
+    consume(ring, pos, F::STEPS, [&](const unsigned char* stage) {
       const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
       const unsigned char* b = stage + A_BYTES;           // 64 rows (filters) of 128 bytes, per box
 #pragma unroll

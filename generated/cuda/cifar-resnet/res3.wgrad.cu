@@ -176,43 +176,50 @@ __device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned read
   return ring;
 }
 
-// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
-// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
-template <class Load>
-__device__ __forceinline__ void produce(const Ring& ring, int steps, Load load) {
+// Where a loop over the ring stands: the next stage, and the parity its barrier completes
+// with on this pass over the ring.  A block that computes several tiles carries it from
+// one tile's reduction to the next, so the producer runs on into the next tile's stages.
+struct RingPos {
   int stage = 0;
   unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.empty[stage], parity ^ 1);  // the first pass over the ring finds every stage free
-    mbar_expect_bytes(&ring.full[stage], STAGE_BYTES);
-    load(step, ring.stage(stage), &ring.full[stage]);
+
+  __device__ __forceinline__ void next() {
     if (++stage == RING) {
       stage = 0;
       parity ^= 1;
     }
+  }
+};
+
+// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
+// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
+template <class Load>
+__device__ __forceinline__ void produce(const Ring& ring, RingPos& pos, int steps, Load load) {
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.empty[pos.stage], pos.parity ^ 1);  // the first pass over the ring finds every stage free
+    mbar_expect_bytes(&ring.full[pos.stage], STAGE_BYTES);
+    load(step, ring.stage(pos.stage), &ring.full[pos.stage]);
   }
 }
 
 // A consumer warpgroup: for each K-step, waits for its stage and issues `mma(stage)` as one
 // batch of wgmma.  One batch stays in flight while the next stage is awaited; the one
-// before it has finished reading its stage, which goes back to the producer.
+// before it has finished reading its stage, which goes back to the producer, and the last
+// stage goes back once every batch has finished.
 template <class Mma>
-__device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
-  int stage = 0;
-  unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.full[stage], parity);
+__device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int steps, Mma mma) {
+  int prev = 0;
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.full[pos.stage], pos.parity);
     wgmma_fence();
-    mma(static_cast<const unsigned char*>(ring.stage(stage)));
+    mma(static_cast<const unsigned char*>(ring.stage(pos.stage)));
     wgmma_commit();
     wgmma_wait<1>();
-    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[(stage + RING - 1) % RING]);
-    if (++stage == RING) {
-      stage = 0;
-      parity ^= 1;
-    }
+    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
+    prev = pos.stage;
   }
   wgmma_wait<0>();
+  if (steps > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
 }
 
 // A reader beside the consumers (whole warps, `threads` threads, one of them the `leader`):
@@ -220,18 +227,12 @@ __device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
 // one arrival once every one of its threads has read; at the end it completes reader_done,
 // which the consumers await before the drain reuses the stages.
 template <class Read>
-__device__ __forceinline__ void read_ring(const Ring& ring, int steps, int threads, bool leader, Read read) {
-  int stage = 0;
-  unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.full[stage], parity);
-    read(static_cast<const unsigned char*>(ring.stage(stage)));
+__device__ __forceinline__ void read_ring(const Ring& ring, RingPos& pos, int steps, int threads, bool leader, Read read) {
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.full[pos.stage], pos.parity);
+    read(static_cast<const unsigned char*>(ring.stage(pos.stage)));
     asm volatile("bar.sync 2, %0;\n" ::"r"(threads) : "memory");  // the reader's threads only
-    if (leader) mbar_arrive(&ring.empty[stage]);
-    if (++stage == RING) {
-      stage = 0;
-      parity ^= 1;
-    }
+    if (leader) mbar_arrive(&ring.empty[pos.stage]);
   }
   if (leader) mbar_arrive(ring.reader_done);  // every thread has read every stage (the bar.sync above)
 }
@@ -265,7 +266,8 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
       // ---- the producer: one thread walks the slice's pixels, 64 a step ----
       tma_prefetch_map(&x_map);
       tma_prefetch_map(&dy_map);
-      produce(ring, steps, [&](int i, unsigned char* a, unsigned long long* bar) {
+      RingPos pos;  // the block's one reduction, from the first stage
+      produce(ring, pos, steps, [&](int i, unsigned char* a, unsigned long long* bar) {
         const long long pix = static_cast<long long>(first + i) * BK;
         const int n = static_cast<int>(pix / (P * Q)), pq = static_cast<int>(pix % (P * Q));
         const int h0 = pq / Q * SH - PH, w0 = pq % Q * SW - PW;  // where tap (0, 0) of the step's first pixel reads
@@ -286,7 +288,8 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
       constexpr int DB_THREADS = 96, DB_PER = (BM + DB_THREADS - 1) / DB_THREADS;
       const int t = lane - 32;
       float sum[DB_PER] = {};
-      read_ring(ring, steps, DB_THREADS, t == 0, [&](const unsigned char* stage) {
+      RingPos pos;  // the block's one reduction, from the first stage
+      read_ring(ring, pos, steps, DB_THREADS, t == 0, [&](const unsigned char* stage) {
 #pragma unroll
         for (int d = 0; d < DB_PER; ++d) {
           const int m = t + d * DB_THREADS;  // filter m of the tile: box m / 64, column m % 64
@@ -313,7 +316,8 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
     for (int j = 0; j < FN; ++j)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    consume(ring, steps, [&](const unsigned char* stage) {
+    RingPos pos;  // the block's one reduction, from the first stage
+    consume(ring, pos, steps, [&](const unsigned char* stage) {
       const unsigned char* a = stage + group * BOX_BYTES;  // this group's 64 filters x 64 pixels
       const unsigned char* b = stage + A_BYTES;
 #pragma unroll

@@ -172,43 +172,56 @@ __device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned read
   return ring;
 }
 
-// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
-// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
-template <class Load>
-__device__ __forceinline__ void produce(const Ring& ring, int steps, Load load) {
+// Where a loop over the ring stands: the next stage, and the parity its barrier completes
+// with on this pass over the ring.  A block that computes several tiles carries it from
+// one tile's reduction to the next, so the producer runs on into the next tile's stages.
+struct RingPos {
   int stage = 0;
   unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.empty[stage], parity ^ 1);  // the first pass over the ring finds every stage free
-    mbar_expect_bytes(&ring.full[stage], STAGE_BYTES);
-    load(step, ring.stage(stage), &ring.full[stage]);
+
+  __device__ __forceinline__ void next() {
     if (++stage == RING) {
       stage = 0;
       parity ^= 1;
     }
+  }
+};
+
+// The producer thread: for each of `steps` K-steps, waits until its stage is free, announces
+// the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
+template <class Load>
+__device__ __forceinline__ void produce(const Ring& ring, RingPos& pos, int steps, Load load) {
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.empty[pos.stage], pos.parity ^ 1);  // the first pass over the ring finds every stage free
+    mbar_expect_bytes(&ring.full[pos.stage], STAGE_BYTES);
+    load(step, ring.stage(pos.stage), &ring.full[pos.stage]);
   }
 }
 
 // A consumer warpgroup: for each K-step, waits for its stage and issues `mma(stage)` as one
 // batch of wgmma.  One batch stays in flight while the next stage is awaited; the one
-// before it has finished reading its stage, which goes back to the producer.
+// before it has finished reading its stage, which goes back to the producer, and the last
+// stage goes back once every batch has finished.
 template <class Mma>
-__device__ __forceinline__ void consume(const Ring& ring, int steps, Mma mma) {
-  int stage = 0;
-  unsigned parity = 0;
-  for (int step = 0; step < steps; ++step) {
-    mbar_wait(&ring.full[stage], parity);
+__device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int steps, Mma mma) {
+  int prev = 0;
+  for (int step = 0; step < steps; ++step, pos.next()) {
+    mbar_wait(&ring.full[pos.stage], pos.parity);
     wgmma_fence();
-    mma(static_cast<const unsigned char*>(ring.stage(stage)));
+    mma(static_cast<const unsigned char*>(ring.stage(pos.stage)));
     wgmma_commit();
     wgmma_wait<1>();
-    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[(stage + RING - 1) % RING]);
-    if (++stage == RING) {
-      stage = 0;
-      parity ^= 1;
-    }
+    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
+    prev = pos.stage;
   }
   wgmma_wait<0>();
+  if (steps > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
+}
+
+// ---- the tile: one per block, blockIdx.x's BM rows and blockIdx.y's BN columns ----
+template <class Tile>
+__device__ __forceinline__ void for_each_tile(long long /* m_total: the grid covers it */, Tile tile) {
+  tile(static_cast<long long>(blockIdx.x) * BM, static_cast<int>(blockIdx.y) * BN);
 }
 }  // namespace
 
@@ -218,52 +231,54 @@ const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Ring ring = ring_init(smem_raw, CONSUMERS);
   const long long m_total = static_cast<long long>(batch) * (P * Q);
-  const long long tile_m = static_cast<long long>(blockIdx.x) * BM;
-  const int tile_n = static_cast<int>(blockIdx.y) * BN;
   const int group = static_cast<int>(threadIdx.x) / 128;
+  RingPos pos;  // carried from one tile's reduction to the next
 
   if (group == CONSUMERS) {
-    // ---- the producer: one thread walks the reduction, tap by tap, 64 channels a step ----
+    // ---- the producer: one thread walks each tile's reduction, tap by tap, 64 channels a step ----
     if constexpr (CONSUMERS == 2) regs_release<PRODUCER_REGS>();
     if (threadIdx.x % 128 == 0) {
       tma_prefetch_map(&x_map);
       tma_prefetch_map(&w_map);
-      // The tile's first output pixel, as the input pixel its tap (0, 0) reads.  The copy
-      // engine walks BM pixels on from there, through the bounding box the map describes
-      // (one step of the stride per output pixel, row by row, image by image), and reads
-      // zeros outside the image: the padding, and the rows past the batch's last pixel.
-      const int n0 = static_cast<int>(tile_m / (P * Q)), pq = static_cast<int>(tile_m % (P * Q));
-      const int h0 = pq / Q * SH - PH, w0 = pq % Q * SW - PW;
-      produce(ring, STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
-        const int tap = step / C_STEPS, c0 = step % C_STEPS * BK;
-        tma_load_im2col(a, &x_map, bar, c0, w0, h0, n0, static_cast<unsigned short>(tap % S * DW),
-                        static_cast<unsigned short>(tap / S * DH));
-        tma_load_2d(a + A_BYTES, &w_map, bar, tap * C + c0, tile_n);  // w as [K][R*S*C]
+      for_each_tile(m_total, [&](long long tile_m, int tile_n) {
+        // The tile's first output pixel, as the input pixel its tap (0, 0) reads.  The copy
+        // engine walks BM pixels on from there, through the bounding box the map describes
+        // (one step of the stride per output pixel, row by row, image by image), and reads
+        // zeros outside the image: the padding, and the rows past the batch's last pixel.
+        const int n0 = static_cast<int>(tile_m / (P * Q)), pq = static_cast<int>(tile_m % (P * Q));
+        const int h0 = pq / Q * SH - PH, w0 = pq % Q * SW - PW;
+        produce(ring, pos, STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
+          const int tap = step / C_STEPS, c0 = step % C_STEPS * BK;
+          tma_load_im2col(a, &x_map, bar, c0, w0, h0, n0, static_cast<unsigned short>(tap % S * DW),
+                          static_cast<unsigned short>(tap / S * DH));
+          tma_load_2d(a + A_BYTES, &w_map, bar, tap * C + c0, tile_n);  // w as [K][R*S*C]
+        });
       });
     }
   } else {
-    // ---- the consumers: warpgroup `group` multiplies rows 64*group.. of the tile ----
+    // ---- the consumers: warpgroup `group` multiplies rows 64*group.. of each tile ----
     if constexpr (CONSUMERS == 2) regs_claim<CONSUMER_REGS>();
-    Acc acc[FM][FN];
+    for_each_tile(m_total, [&](long long tile_m, int tile_n) {
+      Acc acc[FM][FN];
 #pragma unroll
-    for (int j = 0; j < FN; ++j)
+      for (int j = 0; j < FN; ++j)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    consume(ring, STEPS, [&](const unsigned char* stage) {
-      const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
-      const unsigned char* b = stage + A_BYTES;
+        for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
+      consume(ring, pos, STEPS, [&](const unsigned char* stage) {
+        const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
+        const unsigned char* b = stage + A_BYTES;
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_desc(b, kk * 32));
-    });
-    consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
-                                      // (the producer's copies have all landed: every stage was awaited)
-
-    drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
-      const long long m = tile_m + row;
-      const int n = tile_n + col;
-      if (m >= m_total) return;
-    add_run(v, bias + n, n, GEMM_N);
-    store_run<half_t>(y + m * GEMM_N + n, v, n, GEMM_N);
+        for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_desc(b, kk * 32));
+      });
+      consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
+                                        // (the producer's copies have all landed: every stage was awaited)
+      drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
+        const long long m = tile_m + row;
+        const int n = tile_n + col;
+        if (m >= m_total) return;
+        add_run(v, bias + n, n, GEMM_N);
+        store_run<half_t>(y + m * GEMM_N + n, v, n, GEMM_N);
+      });
     });
   }
 }
