@@ -187,7 +187,7 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
         except ValueError:
             continue
         out.append(p)
-    if pass_ is Pass.FPROP:  # and each persistent tile no wider than N, whatever its tile count
+    if pass_ is not Pass.WGRAD:  # and each persistent tile no wider than N, whatever its tile count
         widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
         for bm, bn, stages in (t for t in PERSISTENT_TILES.values() if t[1] <= widest):
             p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma(persistent=True),

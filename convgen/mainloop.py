@@ -166,7 +166,7 @@ class TmaWgmma(MainLoop):
     reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``)."""
 
     producer_warps: ClassVar[int] = 4  # a whole warpgroup, so setmaxnreg can move its registers
-    # persistent: fprop's grid is as many blocks as run on the GPU at once, each walking
+    # persistent: fprop's (or dgrad's) grid is as many blocks as run on the GPU at once, each walking
     # every gridDim.x-th tile, so the producer copies the next tile's first stages while the
     # consumers drain this one's (through scratch of their own, past the ring) and no block
     # is launched, or fills its ring, per tile.

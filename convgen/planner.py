@@ -441,8 +441,8 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
                    f"plan.block_n={plan.block_n} must be a multiple of 64")
         if why is None and pass_ is not Pass.WGRAD and plan.split_k != 1:
             why = f"reduces the whole of {pass_.value}'s K in one block: plan.split_k must be 1, got {plan.split_k}"
-        if why is None and plan.loop.persistent and pass_ is not Pass.FPROP:
-            why = f"runs persistent (TmaWgmma(persistent=True)) in fprop only, not {pass_.value}"
+        if why is None and plan.loop.persistent and pass_ is Pass.WGRAD:
+            why = "runs persistent (TmaWgmma(persistent=True)) in fprop and dgrad, not wgrad (its split-K slices)"
         if why:
             raise ValueError(f"TmaWgmma: the TMA main loop {why}")
     tiles = tiles_per_block(plan)

@@ -132,7 +132,9 @@ def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
     """The persistent fprop tile (block_m, block_n, stages) that replaces the cost model's
     ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
     if pass_ is not Pass.FPROP:
-        return None, "one block per tile: the persistent kernel runs fprop only"
+        return None, ("one block per tile: the persistent kernel is the default in fprop only (dgrad's is a "
+                      "tuning candidate until measured)" if pass_ is Pass.DGRAD else
+                      "one block per tile: wgrad's split-K slices are its blocks")
     tile = PERSISTENT_TILES.get((bm, bn))
     if tile is None:
         return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"

@@ -141,10 +141,9 @@ def test_persistent_plan_round_trips_and_is_named():
 
 @pytest.mark.parametrize("pass_,change,needle", [
     (Pass.FPROP, dict(split_k=2), "split_k must be 1"),
-    (Pass.DGRAD, {}, "in fprop only, not dgrad"),
-    (Pass.WGRAD, {}, "in fprop only, not wgrad"),
+    (Pass.WGRAD, {}, "not wgrad"),
 ])
-def test_persistent_runs_fprop_whole_tiles_only(pass_, change, needle):
+def test_persistent_runs_whole_tiles_of_fprop_and_dgrad(pass_, change, needle):
     with pytest.raises(ValueError, match=needle):
         check_plan(dataclasses.replace(PERSISTENT, **change), LAYER, pass_, SM90, "float16")
 
@@ -183,6 +182,8 @@ def test_default_fprop_runs_persistent_where_tiles_outnumber_the_sms():
     assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)
     dgrad = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
     assert dgrad.tma and not dgrad.loop.persistent and any("fprop only" in r for r in dgrad.reasons)
+    assert any(p.loop.persistent for p in candidates(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD,
+                                                     SM90) if p.tma)  # dgrad's persistent kernels: for the tuner
 
 
 def test_wgrad_splits_its_pixels_and_takes_maps_of_x_and_dy():
@@ -220,6 +221,10 @@ TMA_COMPILE_DGRAD = [
     # no tap reaches; odd sizes with stride (2, 3) and dilation (2, 1)
     (ConvProblem(56, 56, 128, 128, 3, 3, 2, 1, 1, n=2), Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), Epilogue()),
     (ConvProblem(14, 14, 256, 64, 1, 1, 2, 0, 1, n=2), Plan(64, 256, 64, 4, 1, 5, 8, 8, loop=TmaWgmma()),
+     Epilogue(out_dtype="float32")),
+    # persistent: one class, and four of unequal taps walked as one sequence
+    (LAYER, Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue()),
+    (ConvProblem(56, 56, 128, 128, 3, 3, 2, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True)),
      Epilogue(out_dtype="float32")),
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 3), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
      Epilogue()),

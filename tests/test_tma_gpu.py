@@ -145,6 +145,19 @@ def test_tma_dgrad_exact_tier(problem, plan):
     check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()}")
 
 
+# dgrad's persistent kernel walks one sequence of tiles through every residue class, the
+# classes with the most taps first (classes no tap reaches among them: zeros, no stages).
+PERSISTENT_DGRAD_PLANS = [p for p in PERSISTENT_PLANS if p.block_n % 64 == 0]
+
+
+@pytest.mark.parametrize("problem", DGRAD_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", PERSISTENT_DGRAD_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_persistent_dgrad_exact_tier(problem, plan, one_sm):
+    res = run_pass(problem, Pass.DGRAD, _seed("tma-persistent-dgrad", problem, plan), out_dtype="float32",
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()} on one SM")
+
+
 # wgrad's TMA loop: dy's tiles (A, M-major) and x's im2col (B, N-major), both read
 # transposed, the pixels split among slices.  The shapes vary what fprop's do (x's map is
 # fprop's, 64 pixels a box), and K (M) tails and whole boxes past K (K = 24 with 128-row
@@ -272,7 +285,7 @@ def test_fuzz_tma_wgrad(problem, plan, bias, seed):
     check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
 
 
-@given(problem=tma_dgrad_problems(), plan=st.sampled_from(DGRAD_PLANS), seed=st.integers(0, 2**32 - 1))
+@given(problem=tma_dgrad_problems(), plan=st.sampled_from(DGRAD_PLANS + PERSISTENT_DGRAD_PLANS), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_dgrad(problem, plan, seed):
     res = run_pass(problem, Pass.DGRAD, np.random.default_rng(seed), plan=plan)
     check(res, "float16", what=f"dgrad {problem.describe()} {plan.brief()}")

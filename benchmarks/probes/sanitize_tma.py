@@ -34,6 +34,9 @@ DGRAD_CASES = [
     # strided: residue classes of unequal taps and sizes, and (1x1) classes no tap reaches
     (ConvProblem(13, 11, 40, 72, 3, 3, 2, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma())),
     (ConvProblem(10, 9, 64, 136, 1, 1, 2, 0, 1, n=2), Plan(64, 64, 64, 4, 1, 2, 8, 8, loop=TmaWgmma())),
+    # persistent, walking several tiles a block: one class, then four of unequal taps
+    (ConvProblem(24, 24, 72, 64, 3, 3, 1, 1, 1, n=64), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
+    (ConvProblem(33, 31, 64, 64, 3, 3, 2, 1, 1, n=48), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
 ]
 WGRAD_CASES = [
     (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 3, 8, 8, split_k=3, loop=TmaWgmma())),

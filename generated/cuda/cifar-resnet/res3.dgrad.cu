@@ -85,6 +85,7 @@ static_assert(1024 + RING * 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the e
 constexpr int K_STEPS = (K + BK - 1) / BK;  // 64 filters of one tap a step
 constexpr int B_BOX_BYTES = 64 * BK * 2;    // 64 channels x 64 filters
 static_assert(BN % 64 == 0, "B is staged as boxes of 64 channels (one 128-byte swizzle row)");
+constexpr int TILE_GROUPS = SH * SW;  // the stride residue classes, in launch order
 
 // Class Cls as the copy engine walks it: the dy rows (columns) between its successive taps,
 // its flipped sub-filter's padding, and its K-steps.
@@ -269,29 +270,32 @@ __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int step
   if (steps > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
 }
 
-// One block's tile of class Cls: a producer warpgroup, of which one thread issues the
-// copies, and CONSUMERS warpgroups multiplying 64 rows each.
+constexpr int N_TILES = (GEMM_N + BN - 1) / BN;
+// ---- the tile: one per block; blockIdx.x = group * m_tiles + the group's row of tiles,
+//      blockIdx.y its column ----
+template <class Tile>
+__device__ __forceinline__ void for_each_tile(long long m_tiles, Tile tile) {
+  const int group = TILE_GROUPS == 1 ? 0 : static_cast<int>(blockIdx.x / m_tiles);
+  tile(group, (blockIdx.x - group * m_tiles) * BM, static_cast<int>(blockIdx.y) * BN);
+}
+
+// One tile of class Cls, in each role: the producer warpgroup, of which one thread issues
+// the copies, and CONSUMERS warpgroups multiplying 64 rows each.
 template <class Cls>
-__device__ __forceinline__ void dgrad_class(const Ring& ring, const TmaMap* dy_map, const TmaMap* w_map,
-                                            half_t* __restrict__ dx, int batch, long long tile) {
+__device__ __forceinline__ void dgrad_class(const Ring& ring, RingPos& pos, const TmaMap* dy_map, const TmaMap* w_map,
+                                            half_t* __restrict__ dx, int batch, long long tile_m, int tile_n) {
   typedef Flipped<Cls> F;
   const long long m_class = static_cast<long long>(batch) * (Cls::HC * Cls::WC);
-  const long long tile_m = tile * BM;
   if (tile_m >= m_class) return;  // smaller classes need fewer tiles than the largest
-  const int tile_n = static_cast<int>(blockIdx.y) * BN;
   const int group = static_cast<int>(threadIdx.x) / 128;
 
   if (group == CONSUMERS) {
     // ---- the producer: one thread walks the class's flipped taps, 64 filters a step ----
-    if constexpr (CONSUMERS == 2) regs_release<PRODUCER_REGS>();
     if (F::STEPS > 0 && threadIdx.x % 128 == 0) {  // a class no tap reaches is all zeros
-      tma_prefetch_map(dy_map);
-      tma_prefetch_map(w_map);
       // The tile's first class pixel, as the dy pixel the flipped tap (0, 0) reads; the
       // copy engine walks BM class pixels on from there and reads zeros outside dy.
       const int n0 = static_cast<int>(tile_m / (Cls::HC * Cls::WC)), ij = static_cast<int>(tile_m % (Cls::HC * Cls::WC));
       const int h0 = ij / Cls::WC - F::FPH, w0 = ij % Cls::WC - F::FPW;
-      RingPos pos;  // the block's one reduction, from the first stage
       produce(ring, pos, F::STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
         const int tap = step / K_STEPS, k0 = step % K_STEPS * BK;  // the flipped tap (ta, tb)
         const int ta = tap / Cls::NS, tb = tap - ta * Cls::NS;
@@ -306,13 +310,11 @@ __device__ __forceinline__ void dgrad_class(const Ring& ring, const TmaMap* dy_m
     }
   } else {
     // ---- the consumers: warpgroup `group` multiplies rows 64*group.. of the tile ----
-    if constexpr (CONSUMERS == 2) regs_claim<CONSUMER_REGS>();
     Acc acc[FM][FN];
 #pragma unroll
     for (int j = 0; j < FN; ++j)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    RingPos pos;  // the block's one reduction, from the first stage
     consume(ring, pos, F::STEPS, [&](const unsigned char* stage) {
       const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
       const unsigned char* b = stage + A_BYTES;           // 64 rows (filters) of 128 bytes, per box
@@ -321,7 +323,6 @@ __device__ __forceinline__ void dgrad_class(const Ring& ring, const TmaMap* dy_m
         wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_mn_desc(b + kk * 2048, B_BOX_BYTES));
     });
     consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
-
     drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
       const long long m = tile_m + row;
       const int n = tile_n + col;
@@ -338,13 +339,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64
     half_t* __restrict__ dx, int batch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Ring ring = ring_init(smem_raw, CONSUMERS);
-  // blockIdx.x = class * tiles + tile, with as many tiles per class as the largest needs
-  const unsigned tiles = static_cast<unsigned>((static_cast<long long>(batch) * (HC_MAX * WC_MAX) + BM - 1) / BM);
-  const int cls = SH * SW == 1 ? 0 : static_cast<int>(blockIdx.x / tiles);
-  const long long tile = blockIdx.x - static_cast<unsigned>(cls) * tiles;
-  switch (cls) {  // the classes with the most taps first: the longest blocks start first; a class
-                  // with no pixels (an image fewer rows or columns than the stride) has no case
-    case 0: dgrad_class<Class<0, 0>>(ring, &dy_map.cls[0], &w_map, dx, batch, tile); break;
-    default: break;
+  if constexpr (CONSUMERS == 2) {
+    if (threadIdx.x / 128 == CONSUMERS) regs_release<PRODUCER_REGS>();
+    else regs_claim<CONSUMER_REGS>();
   }
+  if (threadIdx.x == CONSUMERS * 128) {
+    tma_prefetch_map(&w_map);
+    for (int c = 0; c < SH * SW; ++c) tma_prefetch_map(&dy_map.cls[c]);
+  }
+  RingPos pos;  // carried from one tile's reduction to the next
+  // each class has as many rows of tiles as the largest needs
+  const long long m_tiles = (static_cast<long long>(batch) * (HC_MAX * WC_MAX) + BM - 1) / BM;
+  for_each_tile(m_tiles, [&](int cls, long long tile_m, int tile_n) {
+    switch (cls) {  // the classes with the most taps first: the longest tiles start first; a class
+                    // with no pixels (an image fewer rows or columns than the stride) has no case
+      case 0: dgrad_class<Class<0, 0>>(ring, pos, &dy_map.cls[0], &w_map, dx, batch, tile_m, tile_n); break;
+      default: break;
+    }
+  });
 }

@@ -50,6 +50,7 @@ static_assert(1024 + RING * (STAGE_BYTES + 16) <= SMEM_BYTES, "the ring and its 
 static_assert(1024 + RING * 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the epilogue's scratch overflows shared memory");
 constexpr int C_STEPS = C / BK, STEPS = R * S * C_STEPS;  // the reduction: 64 channels of one tap a step
 static_assert(C % BK == 0, "a stage is 64 channels of one tap");
+constexpr int TILE_GROUPS = 1;
 
 // One 16x16 block of a warp's accumulators: x[e] is row lane/4 + 8*(e%4/2), column
 // 8*(e/4) + 2*(lane%4) + e%2 of the block (PTX's D fragment of m16n8k16, and of each warp's
@@ -218,10 +219,13 @@ __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int step
   if (steps > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
 }
 
-// ---- the tile: one per block, blockIdx.x's BM rows and blockIdx.y's BN columns ----
+constexpr int N_TILES = (GEMM_N + BN - 1) / BN;
+// ---- the tile: one per block; blockIdx.x = group * m_tiles + the group's row of tiles,
+//      blockIdx.y its column ----
 template <class Tile>
-__device__ __forceinline__ void for_each_tile(long long /* m_total: the grid covers it */, Tile tile) {
-  tile(static_cast<long long>(blockIdx.x) * BM, static_cast<int>(blockIdx.y) * BN);
+__device__ __forceinline__ void for_each_tile(long long m_tiles, Tile tile) {
+  const int group = TILE_GROUPS == 1 ? 0 : static_cast<int>(blockIdx.x / m_tiles);
+  tile(group, (blockIdx.x - group * m_tiles) * BM, static_cast<int>(blockIdx.y) * BN);
 }
 }  // namespace
 
@@ -230,7 +234,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_fprop_tma_128x1
 const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Ring ring = ring_init(smem_raw, CONSUMERS);
-  const long long m_total = static_cast<long long>(batch) * (P * Q);
+  const long long m_total = static_cast<long long>(batch) * (P * Q), m_tiles = (m_total + BM - 1) / BM;
   const int group = static_cast<int>(threadIdx.x) / 128;
   RingPos pos;  // carried from one tile's reduction to the next
 
@@ -240,7 +244,7 @@ const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
     if (threadIdx.x % 128 == 0) {
       tma_prefetch_map(&x_map);
       tma_prefetch_map(&w_map);
-      for_each_tile(m_total, [&](long long tile_m, int tile_n) {
+      for_each_tile(m_tiles, [&](int, long long tile_m, int tile_n) {
         // The tile's first output pixel, as the input pixel its tap (0, 0) reads.  The copy
         // engine walks BM pixels on from there, through the bounding box the map describes
         // (one step of the stride per output pixel, row by row, image by image), and reads
@@ -258,7 +262,7 @@ const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
   } else {
     // ---- the consumers: warpgroup `group` multiplies rows 64*group.. of each tile ----
     if constexpr (CONSUMERS == 2) regs_claim<CONSUMER_REGS>();
-    for_each_tile(m_total, [&](long long tile_m, int tile_n) {
+    for_each_tile(m_tiles, [&](int, long long tile_m, int tile_n) {
       Acc acc[FM][FN];
 #pragma unroll
       for (int j = 0; j < FN; ++j)
