@@ -27,14 +27,15 @@ from .residues import residue_classes
 TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
     (128, 256, 4, 704.0), (64, 256, 5, 647.0), (128, 128, 6, 625.0), (64, 128, 4, 525.0), (64, 64, 6, 349.0),
 )  # (128x64 on 8 stages was measured too: slower than 64x64 on every layer with N = 64)
-# fprop's persistent kernels (TmaWgmma(persistent=True)): the tile the cost model picks, as a
-# grid of resident blocks that walk the tiles, the producer copying the next tile's stages
-# while the consumers drain this one's through scratch of their own (so a stage fewer fits).
-# On the H200 (12 fprop layers, benchmarks/results/2026-12-02_h200_tma-persistent-probe_*):
-# 128x128 on 5 stages and 128x256 on 3 ran 1.02-1.24x the one-block-per-tile kernel on every
-# 3x3 layer with at least two tiles per SM, and 128x64 on 6 ran 1.28x and 1.32x the 64x64
-# tile on the N = 64 layers (VGG-16 conv1_2, UNet enc2b).  ResNet-50's l3-1x1 (98 tiles, fewer
-# than the SMs) lost 10% persistent: there is no next tile to overlap.
+# The persistent kernels (TmaWgmma(persistent=True)), fprop and dgrad: the tile the cost model
+# picks, as a grid of resident blocks that walk the tiles, the producer copying the next tile's
+# stages while the consumers drain this one's through scratch of their own (so a stage fewer
+# fits).  On the H200 (benchmarks/results/2026-12-02_h200_tma-persistent-probe_*): in fprop
+# (12 layers) 128x128 on 5 stages and 128x256 on 3 ran 1.02-1.24x the one-block-per-tile
+# kernel on every 3x3 layer with at least two tiles per SM, and 128x64 on 6 ran 1.28x and
+# 1.32x the 64x64 tile on the N = 64 layers (VGG-16 conv1_2, UNet enc2b); in dgrad (13 layers)
+# the same tiles ran 1.01-1.20x, and 128x64 1.13-1.21x the 64x64 tile.  ResNet-50's l3-1x1
+# fprop (98 tiles, fewer than the SMs) lost 10% persistent: there is no next tile to overlap.
 PERSISTENT_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (128, 256): (128, 256, 3), (128, 128): (128, 128, 5), (64, 64): (128, 64, 6),
 }
@@ -129,12 +130,10 @@ def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: in
 
 def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
                    bn: int) -> tuple[tuple[int, int, int] | None, str]:
-    """The persistent fprop tile (block_m, block_n, stages) that replaces the cost model's
+    """The persistent tile (block_m, block_n, stages) that replaces the cost model's
     ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
-    if pass_ is not Pass.FPROP:
-        return None, ("one block per tile: the persistent kernel is the default in fprop only (dgrad's is a "
-                      "tuning candidate until measured)" if pass_ is Pass.DGRAD else
-                      "one block per tile: wgrad's split-K slices are its blocks")
+    if pass_ is Pass.WGRAD:
+        return None, "one block per tile: wgrad's split-K slices are its blocks"
     tile = PERSISTENT_TILES.get((bm, bn))
     if tile is None:
         return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"

@@ -167,10 +167,10 @@ def test_persistent_grid_is_the_blocks_the_gpu_holds():
     assert one.grid(64) == (392, 1, 1) and one.manifest_entry()["kernels"][0]["grid"]["y"] == 1
 
 
-def test_default_fprop_runs_persistent_where_tiles_outnumber_the_sms():
+def test_defaults_run_persistent_where_tiles_outnumber_the_sms():
     """The measured rule (tma_rules.PERSISTENT_TILES): a long run of tiles takes the
-    persistent kernel, 64x64 becoming 128x64; too few tiles, or another pass, keep one block
-    per tile, and each plan says why."""
+    persistent kernel in fprop and dgrad, 64x64 becoming 128x64; too few tiles, or wgrad,
+    keep one block per tile, and each plan says why."""
     from convgen.planner import plan as default_plan
 
     vgg = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
@@ -180,10 +180,12 @@ def test_default_fprop_runs_persistent_where_tiles_outnumber_the_sms():
     assert any("in place of the 64x64 tile" in r for r in narrow.reasons)
     few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)  # 98 tiles
     assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)
-    dgrad = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
-    assert dgrad.tma and not dgrad.loop.persistent and any("fprop only" in r for r in dgrad.reasons)
-    assert any(p.loop.persistent for p in candidates(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD,
-                                                     SM90) if p.tma)  # dgrad's persistent kernels: for the tuner
+    dgrad = default_plan(ConvProblem(112, 112, 128, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
+    assert dgrad.loop.persistent and (dgrad.block_m, dgrad.block_n, dgrad.stages) == (128, 128, 5)
+    strided = default_plan(ConvProblem(64, 64, 128, 256, 3, 3, 2, 1, 1, n=64), Pass.DGRAD, SM90)  # Darknet's down3
+    assert strided.loop.persistent
+    wgrad = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.WGRAD, SM90)
+    assert wgrad.tma and not wgrad.loop.persistent and any("split-K slices" in r for r in wgrad.reasons)
 
 
 def test_wgrad_splits_its_pixels_and_takes_maps_of_x_and_dy():

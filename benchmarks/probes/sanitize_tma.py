@@ -1,6 +1,6 @@
 """Probe: run a sample of TMA main-loop kernels (TmaWgmma) once each, for compute-sanitizer.
 
-    compute-sanitizer --tool memcheck python3 benchmarks/probes/sanitize_tma.py
+    compute-sanitizer --tool memcheck --report-api-errors no python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
 
 Small shapes with M, N and padding tails, both consumer counts, all three passes (dgrad
