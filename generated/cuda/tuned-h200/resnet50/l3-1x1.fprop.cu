@@ -192,31 +192,29 @@ struct RingPos {
 // the stage's bytes and issues `load(step, stage, barrier)`, whose copies complete on it.
 template <class Load>
 __device__ __forceinline__ void produce(const Ring& ring, RingPos& pos, int steps, Load load) {
-  for (int step = 0; step < steps; ++step, pos.next()) {
+  for (int step = 0; step < steps; ++step) {
     mbar_wait(&ring.empty[pos.stage], pos.parity ^ 1);  // the first pass over the ring finds every stage free
     mbar_expect_bytes(&ring.full[pos.stage], STAGE_BYTES);
     load(step, ring.stage(pos.stage), &ring.full[pos.stage]);
+    pos.next();
   }
 }
 
 // A consumer warpgroup: for each K-step, waits for its stage and issues `mma(stage)` as one
 // batch of wgmma.  One batch stays in flight while the next stage is awaited; the one
-// before it has finished reading its stage, which goes back to the producer, and the last
-// stage goes back once every batch has finished.
+// before it has finished reading its stage, which goes back to the producer.
 template <class Mma>
 __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int steps, Mma mma) {
-  int prev = 0;
-  for (int step = 0; step < steps; ++step, pos.next()) {
+  for (int step = 0; step < steps; ++step) {
     mbar_wait(&ring.full[pos.stage], pos.parity);
     wgmma_fence();
     mma(static_cast<const unsigned char*>(ring.stage(pos.stage)));
     wgmma_commit();
     wgmma_wait<1>();
-    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
-    prev = pos.stage;
+    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[(pos.stage + RING - 1) % RING]);
+    pos.next();
   }
   wgmma_wait<0>();
-  if (steps > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[prev]);
 }
 
 constexpr int N_TILES = (GEMM_N + BN - 1) / BN;
