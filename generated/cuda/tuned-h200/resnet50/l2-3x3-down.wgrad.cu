@@ -205,7 +205,9 @@ __device__ __forceinline__ void produce(const Ring& ring, RingPos& pos, int step
 
 // A consumer warpgroup: for each K-step, waits for its stage and issues `mma(stage)` as one
 // batch of wgmma.  One batch stays in flight while the next stage is awaited; the one
-// before it has finished reading its stage, which goes back to the producer.
+// before it has finished reading its stage, which goes back to the producer.  (The two
+// spellings of "the stage before" are what ptxas scheduled fastest for each kind of block,
+// as the H200 measured them: benchmarks/NOTES.md, fifteenth session.)
 template <class Mma>
 __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int steps, Mma mma) {
   for (int step = 0; step < steps; ++step) {
