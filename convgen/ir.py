@@ -270,15 +270,23 @@ class Epilogue:
     ``relu``: fprop only.  ``out_dtype``: float16 (the default, for speed) or float32.
     ``bias_dtype``: what fprop's epilogue reads the bias as, float32 or float16: a float16
     model's bias goes in as it is, with no cast kernel launched before each forward.
+    ``residual`` (fprop): y = act(alpha * conv + bias + beta * residual), a tensor of y's
+    shape and dtype read in the epilogue, so a ResNet block's skip connection costs no
+    extra pass over y; alpha and beta are the kernel's run-time arguments.  ``gelu``
+    (fprop): GELU (the erf form, PyTorch's default) instead of ReLU.
     """
 
     bias: bool = False
     relu: bool = False
     out_dtype: DType = "float16"
     bias_dtype: DType = "float32"
+    residual: bool = False
+    gelu: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("bias", "relu"):
+        if self.relu and self.gelu:
+            raise ValueError("epilogue relu and gelu are two activations; choose one")
+        for name in ("bias", "relu", "residual", "gelu"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"epilogue {name} must be True or False, got {getattr(self, name)!r}")
         if self.out_dtype not in DTYPES:
@@ -293,11 +301,15 @@ class Epilogue:
         d = dataclasses.asdict(self)
         if d["bias_dtype"] == "float32":
             del d["bias_dtype"]
+        for name in ("residual", "gelu"):  # likewise, only where set
+            if not d[name]:
+                del d[name]
         return d
 
     def check_pass(self, pass_: Pass) -> None:
-        if self.relu and pass_ is not Pass.FPROP:
-            raise ValueError(f"relu is an fprop epilogue; {pass_.value} cannot apply it")
+        for name in ("relu", "gelu", "residual"):
+            if getattr(self, name) and pass_ is not Pass.FPROP:
+                raise ValueError(f"{name} is an fprop epilogue; {pass_.value} cannot apply it")
         if self.bias and pass_ is Pass.DGRAD:
             raise ValueError("bias does not apply to dgrad (dx does not depend on the bias)")
         if self.bias_dtype != "float32" and not (self.bias and pass_ is Pass.FPROP):

@@ -71,10 +71,11 @@ _ARENA = _Arena()
 
 
 # The values a launch may pass, by slot: the two inputs, bias, the two outputs, the two
-# workspaces, the batch (int32) and the reduction's row count (int64), then a TMA kernel's
-# tensor maps of the two inputs (convgen/tma.py).
+# workspaces, the batch (int32), the reduction's row count (int64), fprop's residual scales
+# alpha and beta (float32) and its residual, then a TMA kernel's tensor maps of the two
+# inputs (convgen/tma.py).
 _SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8,
-         "a_map": 9, "b_map": 10}
+         "alpha": 9, "beta": 10, "residual": 11, "a_map": 12, "b_map": 13}
 _ARG_SLOT = {
     Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0", "x_map": "a_map", "w_map": "b_map"},
     Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0", "dy_map": "a_map", "w_map": "b_map"},
@@ -114,7 +115,7 @@ class PreparedConv:
     """One pass of one conv2d shape, ready to launch: see :func:`prepare`."""
 
     def __init__(self, pass_: Pass, problem: ConvProblem, epilogue: Epilogue, in_dtype: str, device: int,
-                 plan: Optional[Plan], scalar: bool = False) -> None:
+                 plan: Optional[Plan], scalar: bool = False, alpha: float = 1.0, beta: float = 1.0) -> None:
         self.pass_, self.problem, self.epilogue, self.device = pass_, problem, epilogue, device
         self.in_dtype = in_dtype
         self.out_dtype = np.dtype(epilogue.out_dtype)
@@ -158,7 +159,7 @@ class PreparedConv:
         if src.reduce is not None:
             self._launchers.append(_Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block,
                                              0, src.reduce.args, pass_))
-        self._scalars = (np.int32(batch), np.int64(self._kernel.gemm_m(batch)))
+        self._scalars = (np.int32(batch), np.int64(self._kernel.gemm_m(batch)), np.float32(alpha), np.float32(beta))
         self._maps = None
         if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
@@ -190,6 +191,18 @@ class PreparedConv:
             raise ValueError(f"{name} is on device {a.data.device_id}; this op was built for device {self.device}")
         return _rt._operand(name, a, read, vec)
 
+    def _residual(self, r: Any) -> Any:
+        """fprop's residual, as the epilogue reads it: y's shape and dtype, C-contiguous,
+        on the op's device (it is read, never written)."""
+        cupy = _rt._cupy()
+        shape = self.out_shapes[0]
+        if (not isinstance(r, cupy.ndarray) or r.shape != shape or r.dtype != self.out_dtype
+                or r.strides != self._out_strides[0] or r.data.device_id != self.device):
+            raise ValueError(f"residual must be a C-contiguous {self.out_dtype.name} cupy.ndarray of y's shape "
+                             f"{shape} on device {self.device}, got "
+                             f"{getattr(r, 'dtype', type(r).__name__)} {getattr(r, 'shape', '')}")
+        return r
+
     def _output(self, out: Any, i: int) -> Any:
         shape = self.out_shapes[i]
         if out is None:
@@ -210,8 +223,10 @@ class PreparedConv:
         raise ValueError(f"{name} must be a C-contiguous, 16-byte aligned {self.out_dtype.name} array of shape "
                          f"{shape}, got {out.dtype.name} {out.shape} with strides {out.strides}")
 
-    def __call__(self, a: Any, b: Any, bias: Any = None, *, out: Any = None, workspace: Any = None) -> Any:
-        """fprop: ``op(x, w[, bias], out=y)`` -> y.  dgrad: ``op(dy, w, out=dx)`` -> dx.
+    def __call__(self, a: Any, b: Any, bias: Any = None, *, residual: Any = None, out: Any = None,
+                 workspace: Any = None) -> Any:
+        """fprop: ``op(x, w[, bias], out=y)`` -> y, and ``residual=r`` (y's shape and dtype)
+        when the op was prepared with one.  dgrad: ``op(dy, w, out=dx)`` -> dx.
         wgrad: ``op(x, dy, out=(dw, db))`` -> (dw, db) (db None without bias).
 
         ``workspace``: an fp32 CuPy array of at least :attr:`workspace_elems` elements that
@@ -226,6 +241,9 @@ class PreparedConv:
         if (bias is not None) != self._bias:
             raise ValueError("bias: this prepared op was built " + ("with" if self.epilogue.bias else "without")
                              + " a bias" + ("" if self.pass_ is Pass.FPROP else f"; {self.pass_.value} takes none"))
+        if (residual is not None) != self.epilogue.residual:
+            raise ValueError("residual: this prepared op was built " + ("with" if self.epilogue.residual else "without")
+                             + " a residual" + ("" if self.pass_ is Pass.FPROP else f"; {self.pass_.value} takes none"))
         cupy = _rt._cupy()
         if self._kernel is None:  # an empty batch: no output element, and zero gradients
             res = [self._output(o, i) for i, o in enumerate(outs)]
@@ -243,8 +261,10 @@ class PreparedConv:
             res = [self._output(o, i) for i, o in enumerate(outs)]
             if bias is not None:
                 bias = _rt._operand("bias", bias, self.epilogue.bias_dtype, self._bias_vec)
+            if residual is not None:
+                residual = self._residual(residual)
             ws, dbws = self._workspaces(workspace)
-            objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars]
+            objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars, residual]
             if self._maps is not None:
                 objs += (self._maps.a(a.data.ptr), self._maps.b(b.data.ptr))
             for launcher in self._launchers:
@@ -254,7 +274,7 @@ class PreparedConv:
                 ctx.__exit__(None, None, None)
         return self._result(res)
 
-    def launch(self, a: int, b: int, out: tuple[int, ...], *, bias: int = 0, workspace: int = 0,
+    def launch(self, a: int, b: int, out: tuple[int, ...], *, bias: int = 0, residual: int = 0, workspace: int = 0,
                stream: int = 0) -> None:
         """The call for a framework that owns its memory (convgen.torch): device pointers, on
         the op's device (current), of dense arrays of exactly the op's shapes and dtypes (the
@@ -278,6 +298,9 @@ class PreparedConv:
             raise ValueError("bias: this prepared op was built " + ("with" if self._bias else "without") + " a bias")
         if bias % 16:
             raise ValueError(f"bias must be aligned to 16 bytes, got {bias:#x}")
+        if bool(residual) != self.epilogue.residual:
+            raise ValueError("residual: this prepared op was built " + ("with" if self.epilogue.residual else "without")
+                             + " a residual")
         ws = dbws = None
         if self._ws_elems:
             if not workspace or workspace % 16:
@@ -286,7 +309,7 @@ class PreparedConv:
             ws = _U64(workspace)
             dbws = _U64(workspace + 4 * self._ws_elems) if self._db_ws_elems else None
         objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out[0]),
-                _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars]
+                _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _U64(residual) if residual else None]
         if self._maps is not None:
             objs += (self._maps.a(a), self._maps.b(b))
         handle = _STREAMS.get(stream)
@@ -334,7 +357,8 @@ def _check_workspace(ws: Any, elems: int, device: int) -> None:
 def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
           stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
           bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
-          out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None) -> tuple:
+          out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None,
+          residual: bool = False, alpha: float = 1.0, beta: float = 1.0) -> tuple:
     """prepare()'s arguments checked and turned into what PreparedConv takes."""
     p = Pass.parse(pass_)
     for name, shape in (("x_shape", x_shape), ("w_shape", w_shape)):
@@ -345,10 +369,20 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
     k, r, s, wc = w_shape
     if wc != c:
         raise ValueError(f"w_shape has {wc} input channels (w_shape[3]) but x_shape has {c} (x_shape[3])")
-    if activation not in (None, "relu"):
-        raise ValueError(f"activation must be None or 'relu', got {activation!r}")
+    if activation not in (None, "relu", "gelu"):
+        raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
     if activation is not None and p is not Pass.FPROP:
         raise ValueError(f"activation is an fprop epilogue; {p.value} cannot apply it")
+    if not isinstance(residual, bool):
+        raise ValueError(f"residual must be True or False, got {residual!r}")
+    if residual and p is not Pass.FPROP:
+        raise ValueError(f"residual is an fprop epilogue; {p.value} cannot add one")
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not np.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if (alpha != 1.0 or beta != 1.0) and not residual:
+        raise ValueError("alpha and beta scale the convolution and the residual: they need residual=True "
+                         "(without one, scale w instead)")
     if bias and p is Pass.DGRAD:
         raise ValueError("bias does not apply to dgrad (dx does not depend on the bias)")
     in_name = np.dtype(in_dtype).name if isinstance(in_dtype, (str, np.dtype, type)) else None
@@ -360,11 +394,11 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
     if b_name != "float32" and not (bias and p is Pass.FPROP):
         raise ValueError("bias_dtype is what fprop reads its bias as; it needs pass_='fprop' and bias=True")
     problem = _rt._problem(n, h, w, c, k, r, s, stride, padding, dilation)
-    epi = Epilogue(bias=bool(bias), relu=activation == "relu",  # type: ignore[arg-type]
-                   out_dtype=_rt._out_dtype(out_dtype), bias_dtype=b_name)  # type: ignore[arg-type]
+    epi = Epilogue(bias=bool(bias), relu=activation == "relu", gelu=activation == "gelu",  # type: ignore[arg-type]
+                   out_dtype=_rt._out_dtype(out_dtype), bias_dtype=b_name, residual=residual)  # type: ignore[arg-type]
     cupy = _rt._cupy()
     dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
-    return p, problem, epi, in_name, dev, plan
+    return p, problem, epi, in_name, dev, plan, False, float(alpha), float(beta)
 
 
 def prepare(
@@ -372,18 +406,20 @@ def prepare(
     stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
     bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
     out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None,
+    residual: bool = False, alpha: float = 1.0, beta: float = 1.0,
 ) -> PreparedConv:
     """Bind one pass of one conv2d (NHWC ``x_shape``, KRSC ``w_shape``) and its options.
 
     fprop takes ``bias`` (the op then wants a bias array, read as ``bias_dtype``: float32,
-    or float16 for a float16 model's bias with no cast first) and ``activation`` (None or
-    "relu"); wgrad's ``bias`` makes it return db too.  ``in_dtype`` is the dtype the op's
+    or float16 for a float16 model's bias with no cast first), ``activation`` (None, "relu"
+    or "gelu") and ``residual`` (the op then wants ``residual=r`` of y's shape and dtype, and
+    computes ``act(alpha * conv + bias + beta * r)``); wgrad's ``bias`` makes it return db too.  ``in_dtype`` is the dtype the op's
     inputs will have (float16, or float32 to let the plan read it in the gather).  The op
     runs on ``device`` (default: CuPy's current device).
     """
     return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
                                bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype,
-                               device=device, plan=plan))
+                               device=device, plan=plan, residual=residual, alpha=alpha, beta=beta))
 
 
 def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] = None) -> list[PreparedConv]:
@@ -400,7 +436,7 @@ def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] 
 
     bound = [_bind(**dict(layer)) for layer in layers]
     sources = [_rt._planned_source(problem, pass_, epi, in_name, dev, plan, scalar=False, tune=False)
-               for pass_, problem, epi, in_name, dev, plan in bound if problem.n]
+               for pass_, problem, epi, in_name, dev, plan, *_ in bound if problem.n]
     for fut in compile_async([(src.source, src.compile_arch) for src in sources], workers):
         fut.result()  # re-raises a failure (a CompileError names its source)
     return [PreparedConv(*args) for args in bound]

@@ -28,6 +28,7 @@ Why float64, and why this shape of code:
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import numpy as np
@@ -152,8 +153,13 @@ def fprop(
     padding: PairLike = 0,
     dilation: PairLike = 1,
     relu: bool = False,
+    *,
+    residual: Optional[ArrayLike] = None,
+    alpha: float = 1.0,
+    beta: float = 1.0,
+    gelu: bool = False,
 ) -> F64Array:
-    """Forward convolution ``y = relu?(conv(x, w) + bias)`` in float64.
+    """Forward convolution ``y = act(alpha * conv(x, w) + bias + beta * residual)`` in float64.
 
     Args:
         x: activations, shape ``(N, H, W, C)``.
@@ -161,6 +167,9 @@ def fprop(
         bias: per-output-channel bias, shape ``(K,)``, or None.
         stride, padding, dilation: an int or a ``(height, width)`` pair.
         relu: apply ``max(., 0)`` after the bias, as the fused epilogue does.
+        residual: a tensor of y's shape ``(N, P, Q, K)``, added times ``beta`` (``alpha``
+            scales the convolution); None adds nothing and leaves alpha unused.
+        gelu: apply GELU in its erf form (``torch.nn.functional.gelu``'s default) instead.
 
     Returns:
         y, shape ``(N, P, Q, K)``, float64.
@@ -182,10 +191,19 @@ def fprop(
             y += xp[_tap(prob, r, s)].reshape(-1, c) @ w[:, r, s, :].T
     y = y.reshape(prob.y_shape)
 
+    if relu and gelu:
+        raise ValueError("relu and gelu are two activations; choose one")
+    if residual is not None:
+        res = _as_float64("residual", residual, "(N, P, Q, K)")
+        if res.shape != y.shape:
+            raise ValueError(f"residual shape {res.shape} does not match y's {y.shape}")
+        y = float(alpha) * y + float(beta) * res
     if b is not None:
         y += b  # broadcasts over N, P, Q
     if relu:
         np.maximum(y, 0.0, out=y)
+    if gelu:
+        y = 0.5 * y * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(y / math.sqrt(2.0)))
     return y
 
 

@@ -11,6 +11,8 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import math
+
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -233,12 +235,12 @@ class _Call:
 
 
 def _prepared_call(pass_: Pass, problem: ConvProblem, epi: Epilogue, in_dtype: str, device: int,
-                   plan: Optional[Plan], scalar: bool, out: str) -> _Call:
+                   plan: Optional[Plan], scalar: bool, out: str, alpha: float = 1.0, beta: float = 1.0) -> _Call:
     """A call signature bound to a prepared op: the plain functions' repeat path is then the
     prepared op's (a few attribute checks and the launch), so they cost no more than it."""
     from .prepared import PreparedConv
 
-    op = PreparedConv(pass_, problem, epi, in_dtype, device, plan, scalar=scalar)
+    op = PreparedConv(pass_, problem, epi, in_dtype, device, plan, scalar=scalar, alpha=alpha, beta=beta)
     return _Call(problem, out, device, op)
 
 
@@ -265,33 +267,50 @@ def _remember(key: Optional[tuple], call: _Call) -> _Call:
 def conv2d(
     x: Any, w: Any, bias: Any = None, stride: PairLike = 1, padding: PairLike | str = 0,
     dilation: PairLike = 1, activation: Optional[str] = None, out_dtype: Any = "float16",
-    *, plan: Optional[Plan] = None, scalar: bool = False,
+    *, residual: Any = None, alpha: float = 1.0, beta: float = 1.0, plan: Optional[Plan] = None,
+    scalar: bool = False,
 ) -> Any:
-    """y = conv(x, w) [+ bias] [relu], NHWC activations and KRSC weights.
+    """y = act(alpha * conv(x, w) [+ bias] [+ beta * residual]), NHWC activations and KRSC weights.
 
     x: (N, H, W, C), w: (K, R, S, C), bias: (K,) or None; float16 inputs are read as
     they are, float32 too where the plan reads them in the gather, else cast once (the bias
     is read as float16 or float32, whichever it is; other dtypes as float32).
-    ``activation``: None or "relu".  Returns y: (N, P, Q, K) of ``out_dtype``.
+    ``activation``: None, "relu" or "gelu" (erf form).  ``residual``: None, or an array of y's
+    shape (N, P, Q, K) and ``out_dtype`` (a ResNet block's skip connection), read in the
+    epilogue; ``alpha`` and ``beta`` scale the convolution and the residual (they need one).
+    Returns y: (N, P, Q, K) of ``out_dtype``.
     ``plan`` takes a hand-made :class:`Plan`; ``scalar`` forces the scalar staging path.
     """
     cupy = _cupy()
-    key = _call_key("fprop", (x, w, bias), stride, padding, dilation, activation, out_dtype, plan, scalar)
+    key = _call_key("fprop", (x, w, bias, residual), stride, padding, dilation, activation, out_dtype, alpha, beta,
+                    plan, scalar)
     call = _calls.get(key) if key is not None else None
     if call is None:
-        call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar))
+        call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar,
+                                           residual, alpha, beta))
     if call.op is None:
         return cupy.empty(call.problem.y_shape, dtype=call.out_dtype)
-    return call.op(x, w, bias)
+    if residual is None:
+        return call.op(x, w, bias)
+    return call.op(x, w, bias, residual=residual)
 
 
-def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar) -> _Call:
+def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar, residual=None,
+                 alpha=1.0, beta=1.0) -> _Call:
     _check_array("x", x, 4)
     _check_array("w", w, 4)
     if bias is not None:
         _check_array("bias", bias, 1)
-    if activation not in (None, "relu"):
-        raise ValueError(f"activation must be None or 'relu', got {activation!r}")
+    if residual is not None:
+        _check_array("residual", residual, 4)
+    if activation not in (None, "relu", "gelu"):
+        raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if residual is None and (alpha != 1.0 or beta != 1.0):
+        raise ValueError("alpha and beta scale the convolution and the residual: they need a residual "
+                         "(without one, scale w instead)")
     _check_options(plan, scalar)
     n, h, wd, c = x.shape
     kk, r, s, wc = w.shape
@@ -301,14 +320,18 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
         raise ValueError(f"bias must have shape ({kk},) to match w's {kk} output channels, got {bias.shape}")
     problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
     out = _out_dtype(out_dtype)
-    device = _same_device(x=x, w=w, bias=bias)
+    if residual is not None and (residual.shape != problem.y_shape or residual.dtype.name != out):
+        raise ValueError(f"residual must have y's shape {problem.y_shape} and dtype {out} (out_dtype), got "
+                         f"{residual.shape} {residual.dtype.name}")
+    device = _same_device(x=x, w=w, bias=bias, residual=residual)
     if n == 0:
         return _Call(problem, out, device)
     # A float16 bias is read as it is; any other is read as float32 (cast once if need be).
     b_dtype = "float16" if bias is not None and bias.dtype.name == "float16" else "float32"
-    epi = Epilogue(bias=bias is not None, relu=activation == "relu", out_dtype=out,  # type: ignore[arg-type]
-                   bias_dtype=b_dtype)  # type: ignore[arg-type]
-    return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out)
+    epi = Epilogue(bias=bias is not None, relu=activation == "relu", gelu=activation == "gelu",  # type: ignore[arg-type]
+                   out_dtype=out, bias_dtype=b_dtype, residual=residual is not None)  # type: ignore[arg-type]
+    return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out, float(alpha),
+                          float(beta))
 
 
 def conv2d_dgrad(

@@ -53,6 +53,7 @@ def run_pass(
     problem: ConvProblem, pass_: Pass | str, rng: np.random.Generator, *,
     in_dtype: str = "float16", out_dtype: str = "float16", bias: bool = False, relu: bool = False,
     scalar: bool = False, plan: Plan | None = None, exact: bool = False,
+    gelu: bool = False, residual: bool = False, alpha: float = 1.0, beta: float = 1.0,
 ) -> Result:
     import cupy as cp
 
@@ -64,9 +65,12 @@ def run_pass(
         x = draw(rng, problem.x_shape, in_dtype, exact)
         w = draw(rng, problem.w_shape, in_dtype, exact)
         b = draw(rng, (problem.k,), "float32", exact) if bias else None
+        r = draw(rng, problem.y_shape, out_dtype, exact) if residual else None
+        scales = dict(residual=cp.asarray(r), alpha=alpha, beta=beta) if residual else {}
         y = convgen.conv2d(cp.asarray(x), cp.asarray(w), None if b is None else cp.asarray(b),
-                           activation="relu" if relu else None, **geo, **opts)
-        ref = reference.fprop(kernel_view(x), kernel_view(w), b, relu=relu, **geo)
+                           activation="relu" if relu else "gelu" if gelu else None, **geo, **opts, **scales)
+        ref = reference.fprop(kernel_view(x), kernel_view(w), b, relu=relu, gelu=gelu, **geo,
+                              **(dict(residual=r.astype(np.float64), alpha=alpha, beta=beta) if residual else {}))
         return Result([cp.asnumpy(y).astype(np.float64)], [ref], gemm.k)
     if pass_ is Pass.DGRAD:
         dy = draw(rng, problem.y_shape, in_dtype, exact)

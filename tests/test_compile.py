@@ -316,6 +316,39 @@ def test_a_float16_bias_compiles_in_every_fprop_loop_without_warnings(plan_):
     assert binary and log.strip() == "", log[:2000]
 
 
+@pytest.mark.parametrize("plan_", [None, "split", "halo", "halo-tiles", "staged-halo", "tma", "tma-persistent"])
+@pytest.mark.parametrize("epi", [dict(bias=True, gelu=True, residual=True),
+                                 dict(relu=True, residual=True, out_dtype="float32")], ids=["gelu-fp16", "relu-fp32"])
+def test_a_residual_and_gelu_compile_in_every_fprop_loop_without_warnings(plan_, epi):
+    """The residual epilogue (act(alpha * conv + bias + beta * residual)) and GELU: the
+    residual's parameter in y's type and its two scales, read in the main kernel's drain and
+    in the split-K reduction, compile cleanly in each fprop main-loop kind."""
+    from convgen.emit import emit
+    from convgen.ir import ConvProblem, Epilogue, Plan
+    from convgen.mainloop import HaloTile, StagedHalo, TmaWgmma
+    from convgen.planner import make_spec
+    from convgen.resources import include_dir
+
+    c = {"staged-halo": 3, "halo-tiles": 16}.get(plan_, 64)  # (one-step reductions for two tiles a block)
+    prob = ConvProblem(32 if c == 3 else 12, 32 if c == 3 else 12, c, 24, 3, 3, 1, 1, 1, n=2)
+    hand = {None: None, "split": Plan(64, 32, 16, 2, 2, 2, 8, 8, split_k=3),
+            "halo": Plan(64, 32, 16, 2, 2, 2, 8, 8, loop=HaloTile(16)),
+            "halo-tiles": Plan(64, 32, 16, 2, 2, 2, 8, 8, loop=HaloTile(16, 2)),
+            "staged-halo": Plan(64, 32, 32, 4, 1, 2, 1, 1, loop=StagedHalo(16)),
+            "tma": Plan(64, 32, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
+            "tma-persistent": Plan(128, 32, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))}[plan_]
+    src = emit(make_spec(prob, "fprop", epilogue=Epilogue(**epi), plan_=hand))
+    out_t = "float" if epi.get("out_dtype") == "float32" else "half_t"
+    assert f"const {out_t}* __restrict__ residual, float alpha, float beta" in src.source
+    assert ("gelu(" in src.source) == ("gelu" in epi)
+    assert src.main.args[2 + ("bias" in epi):5 + ("bias" in epi)] == ("residual", "alpha", "beta")
+    assert (src.reduce is not None) == (plan_ == "split")
+    arch = "sm_90a" if plan_ and plan_.startswith("tma") else "sm_90"
+    opts = cc._fixed_flags(arch, False) + [f"-I{d}" for d in [include_dir(), *cc.cuda_include_dirs()]]
+    binary, log = cc._nvrtc_compile(src.source, src.filename, opts)
+    assert binary and log.strip() == "", log[:2000]
+
+
 def test_gpu_unavailable_reason_tells_no_device_from_an_old_driver(monkeypatch):
     cupy = pytest.importorskip("cupy")
     runtime = cupy.cuda.runtime

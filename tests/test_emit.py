@@ -58,6 +58,7 @@ def cases():
             variants["relu"] = dict(epilogue=Epilogue(bias=True, relu=True))
             variants["relu-nobias"] = dict(epilogue=Epilogue(relu=True))
             variants["bias16"] = dict(epilogue=Epilogue(bias=True, bias_dtype="float16"))
+            variants["residual-gelu"] = dict(epilogue=Epilogue(bias=True, gelu=True, residual=True))
         for name, kw in variants.items():
             for arch in ("sm_90", "sm_75"):
                 out.append((f"cifar-resnet/conv1/{pass_.value}/{arch}/{name}", make_spec(prob, pass_, target=Target(arch), **kw)))
@@ -65,7 +66,8 @@ def cases():
     big = ConvProblem(8, 8, 64, 64, 3, 3, 1, 1, n=2)
     for pass_ in (Pass.FPROP, Pass.DGRAD):
         hand = Plan(64, 64, 32, 2, 2, 2, 8, 8, split_k=3)
-        for epi in ({"relu": True, "bias": True}, {"bias": True, "bias_dtype": "float16"}, {}) \
+        for epi in ({"relu": True, "bias": True}, {"bias": True, "bias_dtype": "float16"}, {},
+                    {"residual": True, "relu": True, "out_dtype": "float32"}) \
                 if pass_ is Pass.FPROP else ({},):
             out.append((f"split/{pass_.value}/{'-'.join(epi) or 'plain'}",
                         make_spec(big, pass_, epilogue=Epilogue(**epi), plan_=hand)))
@@ -286,7 +288,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
     expected = {
         a_name: f"const {ta}*", b_name: f"const {tb}*", "bias": f"const {C_TYPE[spec.epilogue.bias_dtype]}*",
         out_name: f"{out_t}*", "db": f"{out_t}*", "workspace": "float*", "db_workspace": "float*",
-        "batch": "int", "m_rows": "long long",
+        "batch": "int", "m_rows": "long long", "residual": f"const {out_t}*", "alpha": "float", "beta": "float",
         **{m: "const __grid_constant__ TmaMap" for m in ("x_map", "w_map", "dy_map")},  # by value (tma.py)
     }
     if spec.pass_ is Pass.DGRAD:  # one map of dy per stride residue class

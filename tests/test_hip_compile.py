@@ -103,7 +103,7 @@ class Case:
     layer: str
     pass_: Pass
     arch: str
-    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "bias-fp16", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
+    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "bias-fp16", "residual-gelu", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
 
 
 VARIANT_LAYERS = (("cifar-resnet", "conv1"), ("resnet50", "l1-3x3"), ("resnet50", "l4-1x1"))
@@ -127,6 +127,9 @@ def _cases() -> list[Case]:
     for suite, name in VARIANT_LAYERS:  # fprop reading a float16 bias as it is
         for arch in ARCHES:
             cases.append(Case(f"bias-fp16/{suite}/{name}-fprop-{arch}", suite, name, Pass.FPROP, arch, "bias-fp16"))
+            # the residual epilogue with GELU: y = gelu(conv + bias + residual)
+            cases.append(Case(f"residual-gelu/{suite}/{name}-fprop-{arch}", suite, name, Pass.FPROP, arch,
+                              "residual-gelu"))
     for suite, name in HALO_LAYERS:  # the halo path (a tuning candidate, never the default plan)
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             for arch in ARCHES:
@@ -170,9 +173,10 @@ def _emit(case: Case) -> KernelSource:
         target=Target(case.arch),
         epilogue=Epilogue(
             bias=p is not Pass.DGRAD,
-            relu=p is Pass.FPROP,
+            relu=p is Pass.FPROP and case.variant != "residual-gelu",
             out_dtype="float32" if case.variant == "out-fp32" else "float16",
             bias_dtype="float16" if case.variant == "bias-fp16" else "float32",
+            gelu=case.variant == "residual-gelu", residual=case.variant == "residual-gelu",
         ),
         in_dtype="float32" if case.variant == "in-fp32" else "float16",
         scalar=case.variant == "scalar",

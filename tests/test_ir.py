@@ -732,3 +732,22 @@ def test_plan_brief_names_the_halo_tile():
     assert Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=StagedHalo(32)).brief() == "256x32x32 w4x1 s2 k1 halo32"
     assert Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=HaloLdsm(8, 2)).brief() == "128x32x32 w4x1 s2 k1 halo8x2"
     assert Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=FlatHalo(2)).brief() == "128x32x32 w4x1 s2 k1 flatx2"
+
+
+def test_residual_and_gelu_are_fprop_epilogues_that_keep_other_kernels_keys():
+    """A residual (act(alpha * conv + bias + beta * residual)) and GELU: fprop only, GELU or
+    ReLU and not both, and left out of the key when off, so every kernel without them keeps
+    its key, name and cache entry (the emission hashes hold the source)."""
+    assert "residual" not in Epilogue(bias=True).as_dict() and "gelu" not in Epilogue().as_dict()
+    assert Epilogue(residual=True, gelu=True).as_dict()["residual"] is True
+    with pytest.raises(ValueError, match="two activations"):
+        Epilogue(relu=True, gelu=True)
+    with pytest.raises(ValueError, match="epilogue residual must be True or False"):
+        Epilogue(residual=1)
+    for name in ("residual", "gelu"):
+        for pass_ in (Pass.DGRAD, Pass.WGRAD):
+            with pytest.raises(ValueError, match=f"{name} is an fprop epilogue; {pass_.value} cannot apply it"):
+                Epilogue(**{name: True}).check_pass(pass_)
+    keys = {Epilogue(**kw).as_dict().__repr__() for kw in ({}, {"residual": True}, {"gelu": True},
+                                                            {"residual": True, "gelu": True})}
+    assert len(keys) == 4

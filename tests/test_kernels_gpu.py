@@ -336,7 +336,13 @@ def test_bad_arguments_name_the_problem():
     with pytest.raises(ValueError, match="dy shape"):
         convgen.conv2d_dgrad(cp.zeros((2, 7, 7, 8), cp.float16), w, x.shape)
     with pytest.raises(ValueError, match="activation"):
-        convgen.conv2d(x, w, activation="gelu")
+        convgen.conv2d(x, w, activation="tanh")
+    with pytest.raises(ValueError, match=r"residual must have y's shape \(2, 6, 6, 8\) and dtype float16"):
+        convgen.conv2d(x, w, residual=cp.zeros((2, 6, 6, 8), cp.float32))
+    with pytest.raises(ValueError, match="residual must have y's shape"):
+        convgen.conv2d(x, w, residual=cp.zeros((2, 8, 8, 8), cp.float16))
+    with pytest.raises(ValueError, match="they need a residual"):
+        convgen.conv2d(x, w, alpha=0.5)
 
 
 def _tuned_cases():

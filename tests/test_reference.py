@@ -392,3 +392,23 @@ DY = np.ones((2, 3, 3, 4))  # fprop(X, W) with no padding
 def test_bad_inputs_raise_value_error_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_residual_and_gelu_match_torch():
+    """The reference's residual epilogue and GELU against PyTorch's own ops (float64, CPU):
+    gelu(alpha * conv2d(x, w) + bias + beta * residual), GELU in its erf form."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((2, 7, 6, 3)), rng.standard_normal((4, 3, 2, 3))
+    b = rng.standard_normal(4)
+    y0 = fprop(x, w, stride=(2, 1), padding=1)
+    res = rng.standard_normal(y0.shape)
+    got = fprop(x, w, b, stride=(2, 1), padding=1, residual=res, alpha=0.5, beta=-2.0, gelu=True)
+    tx, tw = torch.from_numpy(x).permute(0, 3, 1, 2), torch.from_numpy(w).permute(0, 3, 1, 2)
+    conv = torch.nn.functional.conv2d(tx, tw, stride=(2, 1), padding=1).permute(0, 2, 3, 1)
+    want = torch.nn.functional.gelu(0.5 * conv + torch.from_numpy(b) - 2.0 * torch.from_numpy(res)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="residual shape"):
+        fprop(x, w, residual=res[:, :1])
+    with pytest.raises(ValueError, match="two activations"):
+        fprop(x, w, relu=True, gelu=True)

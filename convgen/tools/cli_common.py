@@ -52,6 +52,9 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dtype", default="float16", choices=("float16", "float32"))
     p.add_argument("--no-bias", action="store_true", help="fprop without bias, wgrad without db")
     p.add_argument("--relu", action="store_true", help="fused ReLU in fprop")
+    p.add_argument("--gelu", action="store_true", help="fused GELU (erf form) in fprop")
+    p.add_argument("--residual", action="store_true",
+                   help="fprop adds a residual of y's shape: act(alpha * conv + bias + beta * residual)")
 
 
 def target(args: argparse.Namespace) -> Target:
@@ -86,8 +89,12 @@ def passes(args: argparse.Namespace) -> list[Pass]:
 
 
 def epilogue(args: argparse.Namespace, pass_: Pass) -> Epilogue:
+    if args.relu and args.gelu:
+        raise UsageError("--relu and --gelu are two activations; choose one")
     return Epilogue(
         bias=not args.no_bias and pass_ is not Pass.DGRAD,
         relu=args.relu and pass_ is Pass.FPROP,
+        gelu=args.gelu and pass_ is Pass.FPROP,
+        residual=args.residual and pass_ is Pass.FPROP,
         out_dtype=args.out_dtype,
     )
