@@ -141,6 +141,32 @@ def _fake_torch(rec):
                            ops=SimpleNamespace(aten=SimpleNamespace(convolution_backward=rec("convolution_backward"))))
 
 
+def test_residual_rows_are_apart_and_add_the_residual_on_both_sides(monkeypatch):
+    """--residual: one fprop row per layer, reported apart; convgen fuses bias, residual and
+    ReLU, PyTorch adds the residual to conv2d(x, w, b) and applies ReLU as separate ops; the
+    floor counts the residual's read."""
+    import convgen
+
+    _, items = command.resolve_items(_args(["--suite", "cifar-resnet", "--layers", "res3", "--residual"]))
+    assert [(it.pass_.value, it.variant) for it in items][3:] == [("fprop", "residual")]
+    row = rows.new_row(items[3], target=None, with_cudnn=True)
+    assert row["traffic"]["residual"] == row["traffic"]["y"] and "+ r)" in row["cudnn"]["computes"]
+    assert rows.epilogue_for(Pass.FPROP, rows.RESIDUAL) == rows.Epilogue(bias=True, relu=True, residual=True)
+    with pytest.raises(ValueError, match="no residual comparison"):
+        rows.Item("s", Layer("l", PROB), Pass.WGRAD, rows.RESIDUAL)
+    rec = _Recorder()
+    monkeypatch.setattr(convgen, "conv2d", rec("conv2d"))
+    session = harness.Session(None, _fake_torch(rec), FakeDevice(), Target("sm_90", 132), _args(["--suite", "cifar-vgg"]))
+    data = {k: k for k in ("x", "w", "dy", "b32", "x_t", "w_t", "dy_t", "b_t")}
+    cg, cd = session.ops(PROB, Pass.FPROP, data, rows.RESIDUAL)
+    cg(), cd()
+    (_, a, kw), (_, ta, _), (_, relu_args, _) = rec.calls
+    assert a[2] == "b32" and kw["residual"] == "dy" and kw["activation"] == "relu"
+    assert ta[2] == "b_t" and relu_args == ("conv2d" + "dy_t",)  # relu(conv2d(x, w, b) + r)
+    text = report.format_report(fake_result(residual=True))
+    assert "apart from the means above: " + rows.LABELS[rows.RESIDUAL] in text
+
+
 @pytest.mark.parametrize("variant", ["same", "fused"])
 def test_the_harness_hands_both_sides_the_same_work(variant, monkeypatch):
     """Session.ops with convgen's and torch's calls recorded: the same-work rows give neither
@@ -192,8 +218,8 @@ def fake_row(suite: str, layer: Layer, pass_: Pass, cg_us, cd_us, err=1e-3, cudn
     return rows.finish_row(row, CEILINGS)
 
 
-def fake_result(cudnn=True, fused=False):
-    by_suite, fused_by_suite = {}, {}
+def fake_result(cudnn=True, fused=False, residual=False):
+    by_suite, fused_by_suite, residual_by_suite = {}, {}, {}
     for suite in ("cifar-resnet", "cifar-vgg"):
         rs = []
         for i, layer in enumerate(SUITES[suite][:3]):
@@ -203,9 +229,12 @@ def fake_result(cudnn=True, fused=False):
         if fused:
             fused_by_suite[suite] = [fake_row(suite, SUITES[suite][0], p, 10.0, 1000.0, cudnn=cudnn, variant="fused")
                                      for p in (Pass.FPROP, Pass.WGRAD)]
+        if residual:
+            residual_by_suite[suite] = [fake_row(suite, SUITES[suite][0], Pass.FPROP, 10.0, 30.0, cudnn=cudnn,
+                                                 variant="residual")]
     by_suite["cifar-vgg"][0] = fake_row("cifar-vgg", SUITES["cifar-vgg"][0], Pass.FPROP, 5.0, 50.0, err=0.5, cudnn=cudnn)
     return report.build_result(
-        list(by_suite.items()), list(fused_by_suite.items()), date="2026-01-02",
+        list(by_suite.items()), list(fused_by_suite.items()), list(residual_by_suite.items()), date="2026-01-02",
         timestamp="2026-01-02T00:00:00+00:00",
         git={"commit": "abc1234", "dirty": False}, gpu={"name": "NVIDIA H200", "sm_count": 132},
         versions={}, settings={"reps": 3, "eager_calls": 50, "eager_trials": 5}, ceilings=CEILINGS,

@@ -19,7 +19,7 @@ from . import harness
 from .plot import plot
 from ...fsio import atomic_write
 from .report import default_out_dir, format_report, group, result_filename, run_tag, write_json
-from .rows import FUSED, FUSED_PASSES, LABELS, SAME, Item, computes, new_row
+from .rows import FUSED, FUSED_PASSES, LABELS, RESIDUAL, RESIDUAL_PASSES, SAME, Item, computes, new_row
 
 DEFAULT_REPS = 30
 DEFAULT_WARMUP = 5
@@ -60,6 +60,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--fused", action="store_true",
                    help="also compare the fused epilogue, reported apart from the same-work means: "
                         "fprop bias+ReLU fused vs PyTorch relu(conv2d(x, w, b)); wgrad dW+db on both sides")
+    p.add_argument("--residual", action="store_true",
+                   help="also compare the residual epilogue, reported apart: fprop bias+residual+ReLU fused "
+                        "vs PyTorch relu(conv2d(x, w, b) + r)")
     p.add_argument("--no-compile-time", action="store_true",
                    help="skip the cold/warm compile timing (uses the normal kernel cache; faster)")
     p.add_argument("--json-only", action="store_true", help="print only the JSON path, no table")
@@ -107,6 +110,8 @@ def resolve_items(args: argparse.Namespace) -> tuple[list[str], list[Item]]:
             items += [Item(s, l, p) for p in passes]
             if fused:
                 items += [Item(s, l, p, FUSED) for p in passes if p in FUSED_PASSES]
+            if getattr(args, "residual", False):
+                items += [Item(s, l, p, RESIDUAL) for p in passes if p in RESIDUAL_PASSES]
     if not items:
         raise UsageError("nothing to run")
     for name, v, low in (("--reps", args.reps, 1), ("--warmup", args.warmup, 0), ("--host-calls", args.host_calls, 0),
@@ -120,7 +125,7 @@ def dry_run(items: Sequence[Item]) -> int:
     target = Target("sm_90", 132)
     rows = [new_row(it, target=target, with_cudnn=True) for it in items]
     print(f"convgen bench --dry-run: {len(rows)} rows (plans for {target.arch}, {target.sm_count} SMs); nothing is timed")
-    sections = [(SAME, group(items, rows, SAME)), (FUSED, group(items, rows, FUSED))]
+    sections = [(v, group(items, rows, v)) for v in (SAME, FUSED, RESIDUAL)]
     for variant, groups in sections:
         if not groups:
             continue
@@ -129,7 +134,7 @@ def dry_run(items: Sequence[Item]) -> int:
             if any(r["pass"] == p.value for _, g in groups for r in g):
                 what = computes(p, variant)
                 print(f"  {p.value}: convgen {what['convgen']}\n  {' ' * len(p.value)}  cuDNN   {what['cudnn']}")
-        _dry_tables(groups, " fused" if variant == FUSED else "")
+        _dry_tables(groups, "" if variant == SAME else f" {variant}")
     return 0
 
 

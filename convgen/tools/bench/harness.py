@@ -33,7 +33,7 @@ from ... import config
 from ...ir import ConvProblem, Pass, Target
 from ..timing import L2_FLUSH_BYTES, MIN_SPIN_US, CudaDevice, eager_interleaved, host_overhead, time_interleaved
 from .report import build_result, git_info, group
-from .rows import (FUSED, LABELS, LOW_RATE_TFLOPS, REFERENCE_GBPS, REFERENCE_SOURCE, REFERENCE_TFLOPS, SAME,
+from .rows import (FUSED, LABELS, RESIDUAL, LOW_RATE_TFLOPS, REFERENCE_GBPS, REFERENCE_SOURCE, REFERENCE_TFLOPS, SAME,
                    TOLERANCE, Item, _err, finish_row, new_row, work)
 from .stats import time_stats
 
@@ -252,7 +252,12 @@ class Session:
         st, pad, dil = problem.stride, problem.padding, problem.dilation
         torch = self.torch
         bias, relu = work(pass_, variant)
-        if pass_ is Pass.FPROP:
+        residual = variant == RESIDUAL  # the residual r is dy's data: fp16, y's shape, NHWC (channels_last)
+        if pass_ is Pass.FPROP and residual:
+            def cg() -> Any:
+                return convgen.conv2d(d["x"], d["w"], d["b32"], stride=st, padding=pad, dilation=dil,
+                                      activation="relu", residual=d["dy"])
+        elif pass_ is Pass.FPROP:
             b32 = d["b32"] if bias else None
             act = "relu" if relu else None
 
@@ -273,7 +278,10 @@ class Session:
         F = torch.nn.functional
         aten = torch.ops.aten
         sl, pl, dl = list(st), list(pad), list(dil)
-        if pass_ is Pass.FPROP:
+        if pass_ is Pass.FPROP and residual:
+            def cd() -> Any:
+                return F.relu(F.conv2d(d["x_t"], d["w_t"], d["b_t"], sl, pl, dl) + d["dy_t"])
+        elif pass_ is Pass.FPROP:
             bt = d["b_t"] if bias else None
             if relu:
                 def cd() -> Any:
@@ -522,7 +530,8 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
         "reps": args.reps, "warmup": args.warmup, "host_calls": args.host_calls,
         "eager_calls": args.eager_calls, "eager_trials": args.eager_trials,
         "work": LABELS[SAME], "fused": any(it.variant == FUSED for it in items),
-        "fused_work": LABELS[FUSED], "low_rate_tflops": LOW_RATE_TFLOPS,
+        "fused_work": LABELS[FUSED], "residual": any(it.variant == RESIDUAL for it in items),
+        "residual_work": LABELS[RESIDUAL], "low_rate_tflops": LOW_RATE_TFLOPS,
         "passes": sorted({it.pass_.value for it in items}, key=[p.value for p in Pass].index),
         "suites": list(suites), "layers_filter": args.layers, "torch": torch is not None,
         "cudnn_benchmark": True if torch is not None else None, "tolerance": TOLERANCE,
@@ -536,7 +545,7 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
         "data": "fp16 N(0,1) x and dy, w scaled by 1/sqrt(R*S*C), bias N(0,1) (fp16 values; convgen reads them as fp32)",
     }
     return build_result(
-        group(items, rows, SAME), group(items, rows, FUSED),
+        group(items, rows, SAME), group(items, rows, FUSED), group(items, rows, RESIDUAL),
         reference={"gemm_tflops": REFERENCE_TFLOPS, "copy_gbps": REFERENCE_GBPS, "source": REFERENCE_SOURCE},
         launch_floor=launch,
         date=now.strftime("%Y-%m-%d"), timestamp=now.isoformat(timespec="seconds"), git=git,

@@ -19,6 +19,9 @@ def _panels(result: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     fused = result.get("fused") or {}
     panels += [(s["name"] + "  (fused bias+ReLU vs conv2d+relu; dW+db)", s)
                for s in fused.get("suites", []) if s["rows"]]
+    residual = result.get("residual") or {}
+    panels += [(s["name"] + "  (fused bias+residual+ReLU vs relu(conv2d + r))", s)
+               for s in residual.get("suites", []) if s["rows"]]
     return panels
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 from ...fsio import atomic_write
 from ...ir import Pass
 from ...suites import SUITES, Layer
-from .rows import FUSED, LABELS, LOW_RATE_TFLOPS, REGIME_COMPUTE, REGIME_LOW, SAME, Item, mismatch
+from .rows import FUSED, LABELS, LOW_RATE_TFLOPS, REGIME_COMPUTE, REGIME_LOW, RESIDUAL, SAME, Item, mismatch
 from .stats import _median_of, geomean
 
 RESULT_FORMAT = 2  # 2: same-work rows by default, fused rows apart, eager time, cuDNN regime
@@ -218,11 +218,12 @@ def format_report(result: dict[str, Any]) -> str:
     for note in result.get("notes", []):
         out.append(f"note: {note}")
     _section(out, result["suites"], result.get("summary"), "")
-    fused = result.get("fused")
-    if fused:
-        out.append("")
-        out.append(f"=== apart from the means above: {fused['label']} ===")
-        _section(out, fused["suites"], fused.get("summary"), " fused")
+    for key in ("fused", "residual"):
+        apart = result.get(key)
+        if apart:
+            out.append("")
+            out.append(f"=== apart from the means above: {apart['label']} ===")
+            _section(out, apart["suites"], apart.get("summary"), f" {key}")
     return "\n".join(out) + "\n"
 
 
@@ -307,21 +308,24 @@ def git_info(root: Path | None = None, override: Optional[str] = None) -> dict[s
 
 
 def build_result(rows_by_suite: Sequence[tuple[str, list[dict[str, Any]]]],
-                 fused_by_suite: Sequence[tuple[str, list[dict[str, Any]]]] = (), **meta: Any) -> dict[str, Any]:
-    """The result: same-work suites and their means (the headline); fused rows, when there
-    are any, under ``fused`` with means of their own."""
+                 fused_by_suite: Sequence[tuple[str, list[dict[str, Any]]]] = (),
+                 residual_by_suite: Sequence[tuple[str, list[dict[str, Any]]]] = (), **meta: Any) -> dict[str, Any]:
+    """The result: same-work suites and their means (the headline); fused rows, and the
+    residual epilogue's rows, when there are any, under ``fused`` and ``residual`` with means
+    of their own."""
     all_rows = [r for _, rows in rows_by_suite for r in rows]
     result = {"format": RESULT_FORMAT, "tool": "convgen bench", **meta}
     result["suites"] = [{"name": name, "rows": rows, "summary": summarize(rows)} for name, rows in rows_by_suite]
     result["summary"] = summarize(all_rows)
-    result["fused"] = None
-    if fused_by_suite:
-        fused_rows = [r for _, rows in fused_by_suite for r in rows]
-        result["fused"] = {
-            "label": LABELS[FUSED],
-            "suites": [{"name": name, "rows": rows, "summary": summarize(rows)} for name, rows in fused_by_suite],
-            "summary": summarize(fused_rows),
-        }
+    for key, variant, by_suite in (("fused", FUSED, fused_by_suite), ("residual", RESIDUAL, residual_by_suite)):
+        result[key] = None
+        if by_suite:
+            apart = [r for _, rows in by_suite for r in rows]
+            result[key] = {
+                "label": LABELS[variant],
+                "suites": [{"name": name, "rows": rows, "summary": summarize(rows)} for name, rows in by_suite],
+                "summary": summarize(apart),
+            }
     return result
 
 

@@ -40,12 +40,15 @@ REGIME_COMPUTE = "compute"
 
 SAME = "same"
 FUSED = "fused"
-VARIANTS = (SAME, FUSED)
+RESIDUAL = "residual"
+VARIANTS = (SAME, FUSED, RESIDUAL)
 LABELS = {
     SAME: "same work: fprop conv(x, w) without bias on both sides, dgrad dx alone, wgrad dW alone",
     FUSED: "fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu (fprop); dW+db on both sides (wgrad)",
+    RESIDUAL: "fused bias+residual+ReLU (a ResNet block's epilogue) vs PyTorch relu(conv2d(x,w,b) + r) (fprop)",
 }
 FUSED_PASSES = (Pass.FPROP, Pass.WGRAD)  # dgrad has no epilogue to fuse: its same-work row is the row
+RESIDUAL_PASSES = (Pass.FPROP,)
 
 
 @dataclass(frozen=True)
@@ -62,10 +65,12 @@ class Item:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.variant == FUSED and self.pass_ not in FUSED_PASSES:
             raise ValueError(f"{self.pass_.value} has no fused comparison")
+        if self.variant == RESIDUAL and self.pass_ not in RESIDUAL_PASSES:
+            raise ValueError(f"{self.pass_.value} has no residual comparison")
 
     @property
     def label(self) -> str:
-        return f"{self.suite}/{self.layer.name} {self.pass_.value}" + (" fused" if self.variant == FUSED else "")
+        return f"{self.suite}/{self.layer.name} {self.pass_.value}" + ("" if self.variant == SAME else f" {self.variant}")
 
 
 def work(pass_: Pass, variant: str) -> tuple[bool, bool]:
@@ -77,7 +82,7 @@ def work(pass_: Pass, variant: str) -> tuple[bool, bool]:
 
 
 def traffic(problem: ConvProblem, pass_: Pass | str, *, bias: bool = False, in_dtype: str = "float16",
-            out_dtype: str = "float16", bias_dtype: str = "float32") -> dict[str, int]:
+            out_dtype: str = "float16", bias_dtype: str = "float32", residual: bool = False) -> dict[str, int]:
     """Bytes each tensor of one pass moves at the least: every input read once, every
     output written once.  fprop reads x, w (and, with bias, the bias, fp32 as convgen reads
     it) and writes y; dgrad reads dy, w and writes dx; wgrad reads x, dy and writes dw (and,
@@ -93,6 +98,8 @@ def traffic(problem: ConvProblem, pass_: Pass | str, *, bias: bool = False, in_d
         t = {"x": x * i, "w": wt * i}
         if bias:
             t["bias"] = k * _BYTES[bias_dtype]
+        if residual:  # read once, y's dtype
+            t["residual"] = y * o
         t["y"] = y * o
         return t
     if p is Pass.DGRAD:
@@ -165,13 +172,20 @@ def finish_row(row: dict[str, Any], ceilings: dict[str, Any]) -> dict[str, Any]:
 def epilogue_for(pass_: Pass, variant: str = SAME) -> Epilogue:
     """The epilogue of convgen's kernel in a row (it decides which plan and kernel run)."""
     bias, relu = work(pass_, variant)
-    return Epilogue(bias=bias and pass_ is not Pass.DGRAD, relu=relu, out_dtype="float16")
+    return Epilogue(bias=bias and pass_ is not Pass.DGRAD, relu=relu, out_dtype="float16", residual=variant == RESIDUAL)
 
 
 def computes(pass_: Pass, variant: str = SAME) -> dict[str, str]:
     """What each side computes in a row, in words, for the JSON and the report."""
     bias, relu = work(pass_, variant)
     if pass_ is Pass.FPROP:
+        if variant == RESIDUAL:
+            return {
+                "convgen": "convgen.conv2d(x, w, bias, residual=r, activation='relu'): x NHWC, w KRSC fp16, bias "
+                           "fp32, the residual r (y's shape, fp16), bias and ReLU fused in the epilogue, y fp16",
+                "cudnn": "torch.nn.functional.relu(torch.nn.functional.conv2d(x, w, bias) + r): fp16 channels_last, "
+                         "bias fp16, the add and ReLU separate ops, y fp16",
+            }
         if relu:
             return {
                 "convgen": "convgen.conv2d(x, w, bias, activation='relu'): x NHWC, w KRSC fp16, bias fp32 "
@@ -220,7 +234,8 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
         "gemm": {"m": g.m, "n": g.n, "k": g.k},
         "flops": useful_flops(prob),
         "gemm_flops": g.flops,
-        "traffic": traffic(prob, item.pass_, bias=bias and item.pass_ is not Pass.DGRAD),
+        "traffic": traffic(prob, item.pass_, bias=bias and item.pass_ is not Pass.DGRAD,
+                           residual=item.variant == RESIDUAL),
         "convgen": _side(what["convgen"], cudnn=False),
         "cudnn": _side(what["cudnn"], cudnn=True) if with_cudnn else None,
         "check": None, "floor_us": None, "floor_bound": None, "floor_ref_us": None, "floor_ref_bound": None,
