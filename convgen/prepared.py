@@ -377,12 +377,7 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
         raise ValueError(f"residual must be True or False, got {residual!r}")
     if residual and p is not Pass.FPROP:
         raise ValueError(f"residual is an fprop epilogue; {p.value} cannot add one")
-    for name, v in (("alpha", alpha), ("beta", beta)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not np.isfinite(v):
-            raise ValueError(f"{name} must be a finite number, got {v!r}")
-    if (alpha != 1.0 or beta != 1.0) and not residual:
-        raise ValueError("alpha and beta scale the convolution and the residual: they need residual=True "
-                         "(without one, scale w instead)")
+    _rt._check_scales(alpha, beta, residual, "residual=True")
     if bias and p is Pass.DGRAD:
         raise ValueError("bias does not apply to dgrad (dx does not depend on the bias)")
     in_name = np.dtype(in_dtype).name if isinstance(in_dtype, (str, np.dtype, type)) else None

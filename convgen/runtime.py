@@ -11,8 +11,6 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
-import math
-
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -295,6 +293,17 @@ def conv2d(
     return call.op(x, w, bias, residual=residual)
 
 
+def _check_scales(alpha: Any, beta: Any, residual: bool, needs: str) -> None:
+    """alpha and beta (fprop's residual epilogue) are finite numbers, and stay 1 without a
+    residual: the kernel without one has no scales (``needs`` names what to pass)."""
+    for name, v in (("alpha", alpha), ("beta", beta)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if not residual and (alpha != 1.0 or beta != 1.0):
+        raise ValueError(f"alpha and beta scale the convolution and the residual: they need {needs} "
+                         "(without one, scale w instead)")
+
+
 def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar, residual=None,
                  alpha=1.0, beta=1.0) -> _Call:
     _check_array("x", x, 4)
@@ -305,12 +314,7 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
         _check_array("residual", residual, 4)
     if activation not in (None, "relu", "gelu"):
         raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
-    for name, v in (("alpha", alpha), ("beta", beta)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"{name} must be a finite number, got {v!r}")
-    if residual is None and (alpha != 1.0 or beta != 1.0):
-        raise ValueError("alpha and beta scale the convolution and the residual: they need a residual "
-                         "(without one, scale w instead)")
+    _check_scales(alpha, beta, residual is not None, "a residual")
     _check_options(plan, scalar)
     n, h, wd, c = x.shape
     kk, r, s, wc = w.shape
