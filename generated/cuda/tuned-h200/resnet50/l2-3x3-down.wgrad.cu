@@ -222,6 +222,14 @@ __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int step
   wgmma_wait<0>();
 }
 
+// Where a consumer warpgroup drains its accumulators, once its last batch has finished:
+// the ring itself, once no consumer's MMA reads it any more
+// (the producer's copies have all landed: every stage was awaited).
+__device__ __forceinline__ unsigned char* drain_scratch(const Ring& ring) {
+  consumers_sync(CONSUMERS * 128);
+  return ring.stages;
+}
+
 // A reader beside the consumers (whole warps, `threads` threads, one of them the `leader`):
 // for each K-step, waits for its stage, calls `read(stage)`, and releases the stage with
 // one arrival once every one of its threads has read; at the end it completes reader_done,
@@ -325,10 +333,8 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
       for (int kk = 0; kk < BK / 16; ++kk)  // 16 pixels: two of each box's 8-row atoms
         wgmma_m64(acc[0], sw128_mn_desc(a + kk * 2048, BOX_BYTES), sw128_mn_desc(b + kk * 2048, BOX_BYTES));
     });
-    if (db_block) mbar_wait(ring.reader_done, 0);  // nor do the db warps
-    consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
-
-    drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
+    if (db_block) mbar_wait(ring.reader_done, 0);  // the db warps have read their last stage: the ring is free
+    drain(acc, drain_scratch(ring), [&](int row, int col, float (&v)[EPT]) {
       const int m = tile_m + row;
       const int n = tile_n + col;
       if (m >= K) return;

@@ -219,6 +219,14 @@ __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int step
   wgmma_wait<0>();
 }
 
+// Where a consumer warpgroup drains its accumulators, once its last batch has finished:
+// the ring itself, once no consumer's MMA reads it any more
+// (the producer's copies have all landed: every stage was awaited).
+__device__ __forceinline__ unsigned char* drain_scratch(const Ring& ring) {
+  consumers_sync(CONSUMERS * 128);
+  return ring.stages;
+}
+
 constexpr int N_TILES = (GEMM_N + BN - 1) / BN;
 // ---- the tile: one per block; blockIdx.x = group * m_tiles + the group's row of tiles,
 //      blockIdx.y its column ----
@@ -274,9 +282,7 @@ const float* __restrict__ bias, half_t* __restrict__ y, int batch) {
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_desc(b, kk * 32));
       });
-      consumers_sync(CONSUMERS * 128);  // no MMA reads the ring any more: it becomes the drain's scratch
-                                        // (the producer's copies have all landed: every stage was awaited)
-      drain(acc, ring.stages, [&](int row, int col, float (&v)[EPT]) {
+      drain(acc, drain_scratch(ring), [&](int row, int col, float (&v)[EPT]) {
         const long long m = tile_m + row;
         const int n = tile_n + col;
         if (m >= m_total) return;
