@@ -192,15 +192,18 @@ class PreparedConv:
         return _rt._operand(name, a, read, vec)
 
     def _residual(self, r: Any) -> Any:
-        """fprop's residual, as the epilogue reads it: y's shape and dtype, C-contiguous,
-        on the op's device (it is read, never written)."""
+        """fprop's residual, as the epilogue reads it: y's shape and dtype on the op's device,
+        dense and 16-byte aligned (the drain reads it in y's vector runs).  A view that is
+        not is copied, as the inputs are (it is read, never written)."""
         cupy = _rt._cupy()
         shape = self.out_shapes[0]
         if (not isinstance(r, cupy.ndarray) or r.shape != shape or r.dtype != self.out_dtype
-                or r.strides != self._out_strides[0] or r.data.device_id != self.device):
-            raise ValueError(f"residual must be a C-contiguous {self.out_dtype.name} cupy.ndarray of y's shape "
+                or r.data.device_id != self.device):
+            raise ValueError(f"residual must be a {self.out_dtype.name} cupy.ndarray of y's shape "
                              f"{shape} on device {self.device}, got "
                              f"{getattr(r, 'dtype', type(r).__name__)} {getattr(r, 'shape', '')}")
+        if r.strides != self._out_strides[0] or r.data.ptr % 16:
+            r = cupy.ascontiguousarray(r) if r.strides != self._out_strides[0] else r.copy()
         return r
 
     def _output(self, out: Any, i: int) -> Any:
@@ -301,6 +304,8 @@ class PreparedConv:
         if bool(residual) != self.epilogue.residual:
             raise ValueError("residual: this prepared op was built " + ("with" if self.epilogue.residual else "without")
                              + " a residual")
+        if residual % 16:
+            raise ValueError(f"residual must be aligned to 16 bytes, got {residual:#x}")
         ws = dbws = None
         if self._ws_elems:
             if not workspace or workspace % 16:

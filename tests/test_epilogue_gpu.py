@@ -61,3 +61,30 @@ def test_gelu_with_and_without_residual(name, problem, plan, sm90):
         rng = np.random.default_rng(zlib.crc32(repr(("gelu", name, residual)).encode()))
         res = run_pass(problem, Pass.FPROP, rng, bias=True, gelu=True, plan=plan, residual=residual, beta=0.5)
         check(res, "float16", what=f"fprop {problem.describe()} {name} gelu residual={residual}")
+
+
+@pytest.mark.parametrize("view", ["strided", "offset"])
+def test_residual_views_are_read_as_dense_arrays(view):
+    """A residual the drain cannot read in vector runs (a channel slice of a wider array, or
+    an array 2 bytes past a 16-byte boundary) gives the same y as its dense copy."""
+    import cupy as cp
+    import convgen
+    from convgen import reference
+    from gpu_helpers import draw, kernel_view
+
+    problem = ConvProblem(9, 11, 16, 24, 3, 3, 1, 1, 1, n=3)
+    rng = np.random.default_rng(zlib.crc32(repr(("residual-view", view)).encode()))
+    x, w = draw(rng, problem.x_shape, "float16", True), draw(rng, problem.w_shape, "float16", True)
+    r = draw(rng, problem.y_shape, "float16", True)
+    if view == "strided":
+        wide = cp.asarray(np.concatenate([r, r[..., :8]], axis=-1))
+        r_dev = wide[..., :problem.k]
+        assert not r_dev.flags.c_contiguous
+    else:
+        flat = cp.empty(r.size + 1, cp.float16)
+        flat[1:] = cp.asarray(r.ravel())
+        r_dev = flat[1:].reshape(r.shape)
+        assert r_dev.data.ptr % 16
+    y = convgen.conv2d(cp.asarray(x), cp.asarray(w), residual=r_dev, beta=-1.0, padding=1, out_dtype="float32")
+    ref = reference.fprop(kernel_view(x), kernel_view(w), None, padding=1, residual=r.astype(np.float64), beta=-1.0)
+    np.testing.assert_array_equal(cp.asnumpy(y), ref)

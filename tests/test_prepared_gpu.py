@@ -221,6 +221,9 @@ def test_prepared_launch_refuses_bad_pointers():
         op.launch(x.data.ptr, w.data.ptr, (y.data.ptr, y.data.ptr))
     with pytest.raises(ValueError, match="built without a bias"):
         op.launch(x.data.ptr, w.data.ptr, (y.data.ptr,), bias=y.data.ptr)
+    rop = convgen.prepare("fprop", p.x_shape, p.w_shape, residual=True)
+    with pytest.raises(ValueError, match="residual must be aligned to 16 bytes"):
+        rop.launch(x.data.ptr, w.data.ptr, (y.data.ptr,), residual=y.data.ptr + 8)
     wg = convgen.prepare("wgrad", p.x_shape, p.w_shape)
     assert wg.workspace_elems > 0, "this layer's wgrad is expected to split K"
     with pytest.raises(ValueError, match="workspace: this op needs"):

@@ -187,6 +187,26 @@ __device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
   }
 }
 
+// Reads N values of T at p (aligned to the run, or to 16 bytes) as floats, in the widest
+// loads the run allows: the residual's runs, read as y's are stored (store_vec).
+template <typename T, int N>
+__device__ __forceinline__ void load_run(const T* __restrict__ p, float (&v)[N]) {
+  constexpr int BYTES = N * static_cast<int>(sizeof(T));
+  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; T e[N]; };
+  Words tmp;
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < BYTES / 16; ++b) tmp.w16[b] = reinterpret_cast<const uint4*>(p)[b];
+  } else if constexpr (BYTES == 8) {
+    tmp.w8 = *reinterpret_cast<const uint2*>(p);
+  } else {
+#pragma unroll
+    for (int e = 0; e < N; ++e) tmp.e[e] = p[e];
+  }
+#pragma unroll
+  for (int e = 0; e < N; ++e) v[e] = static_cast<float>(tmp.e[e]);
+}
+
 // ---- the split-K reduction's sums ----
 template <int V> struct Sum { float v[V]; };
 
