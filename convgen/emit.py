@@ -177,6 +177,7 @@ class Tile:
     stages: int
     ring: int  # stages allocated: planner.ring_stages
     persistent: bool  # a TMA block walks tiles until none are left (TmaWgmma.persistent)
+    pingpong: bool  # and its two consumer warpgroups take those tiles in turn (TmaWgmma.pingpong)
     pad: int  # halves of padding per staged row
     a_col: bool  # A staged [BK][BM] (wgrad's dy^T) rather than [BM][BK]
     b_col: bool  # B staged [BN][BK] (fprop's w) rather than [BK][BN]
@@ -351,6 +352,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
             block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
             warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
             persistent=isinstance(plan.loop, TmaWgmma) and plan.loop.persistent,
+            pingpong=isinstance(plan.loop, TmaWgmma) and plan.loop.pingpong,
             pad=stage_pad(plan), a_col=a_is_col(p), b_col=b_is_col(p),
         ),
         gathers=Gathers(

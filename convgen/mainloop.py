@@ -66,6 +66,7 @@ class Flags(NamedTuple):
     wgmma: bool = False
     tma: bool = False
     persistent: bool = False
+    pingpong: bool = False
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -171,17 +172,33 @@ class TmaWgmma(MainLoop):
     # consumers drain this one's (through scratch of their own, past the ring) and no block
     # is launched, or fills its ring, per tile.
     persistent: bool = False
+    # pingpong (persistent only, two consumer warpgroups): each consumer warpgroup computes a
+    # whole block_m x block_n tile of its own, the two taking the block's tiles in turn, so
+    # one drains its accumulators while the other multiplies (CUTLASS's "ping-pong" schedule);
+    # the cooperative default splits one tile's rows between them, and both drain at once.
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.persistent, bool):
-            raise TypeError(f"TmaWgmma.persistent must be a bool, got {self.persistent!r}")
+        for name in ("persistent", "pingpong"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"TmaWgmma.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.pingpong and not self.persistent:
+            raise ValueError("TmaWgmma(pingpong=True) hands a persistent block's tiles to its warpgroups in "
+                             "turn: it needs persistent=True")
 
     @property
     def tag(self) -> str:
-        return "tmap" if self.persistent else "tma"
+        return "tmapp" if self.pingpong else "tmap" if self.persistent else "tma"
 
     def check(self, plan: "Plan") -> None:
-        if plan.warps_n != 1 or plan.warps_m not in (4, 8) or plan.block_m != 16 * plan.warps_m:
+        if self.pingpong:
+            # a warpgroup's accumulators: 2 x (block_n / 16) fragments of 8 fp32, at most 128
+            if plan.warps_n != 1 or plan.warps_m != 8 or plan.block_m != 128 or plan.block_n > 128:
+                raise ValueError(f"TmaWgmma(pingpong=True) runs two consumer warpgroups (plan.warps_m = 8, "
+                                 f"warps_n = 1), each with a whole 128 x block_n tile of at most 128 "
+                                 f"accumulators a thread: block_m = 128 and block_n <= 128, got "
+                                 f"{plan.block_m}x{plan.block_n} and {plan.warps_m}x{plan.warps_n} warps")
+        elif plan.warps_n != 1 or plan.warps_m not in (4, 8) or plan.block_m != 16 * plan.warps_m:
             raise ValueError(f"TmaWgmma needs one or two consumer warpgroups of 64 rows each: plan.warps_m in "
                              f"(4, 8), plan.warps_n = 1 and plan.block_m = 16 * warps_m, got block_m="
                              f"{plan.block_m} and {plan.warps_m}x{plan.warps_n} warps")
@@ -195,14 +212,15 @@ class TmaWgmma(MainLoop):
             raise ValueError(f"TmaWgmma(persistent=True) walks whole tiles: plan.split_k must be 1, got {plan.split_k}")
 
     def flags(self) -> Flags:
-        return Flags(tma=True, persistent=self.persistent)
+        return Flags(tma=True, persistent=self.persistent, pingpong=self.pingpong)
 
     def layout(self) -> str:
-        return " tmap" if self.persistent else " tma"
+        return " " + self.tag
 
     def describe(self, plan: "Plan") -> str:
         return (f", TMA + wgmma: a producer warpgroup and {plan.warps_m // 4} consumer warpgroup(s)"
-                + (", persistent" if self.persistent else ""))
+                + (", persistent" if self.persistent else "")
+                + (", ping-pong (a tile per warpgroup, in turn)" if self.pingpong else ""))
 
 
 def _tiles_suffix(tiles: int) -> str:
@@ -369,12 +387,12 @@ KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm
 
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
-               tma: Any = False, persistent: Any = False, *, staged: bool = False) -> MainLoop:
+               tma: Any = False, persistent: Any = False, pingpong: Any = False, *, staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
     narrower than a fragment)."""
-    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent)):
+    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent), ("pingpong", pingpong)):
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
@@ -397,8 +415,10 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
                          f"flat={flat}, tiles={tiles}, warps_k={warps_k}")
     if persistent and not tma:
         raise ValueError("plan.persistent=True names a persistent TMA main loop: it needs plan.tma=True")
+    if pingpong and not persistent:
+        raise ValueError("plan.pingpong=True names a persistent ping-pong TMA main loop: it needs plan.persistent=True")
     if tma:
-        return TmaWgmma(persistent)
+        return TmaWgmma(persistent, pingpong)
     if wgmma:
         return Wgmma()
     if flat:

@@ -226,8 +226,8 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
         strips = plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
         pipeline = pipeline + strips if plan.loop.persistent else max(pipeline, strips)
         barriers = ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
-        if pass_ is Pass.WGRAD:  # and db's reader-done barrier, padded to 16 bytes
-            barriers += TMA_BARRIER_BYTES
+        if pass_ is Pass.WGRAD or plan.loop.pingpong:  # and db's reader-done barrier, or ping-pong's two
+            barriers += TMA_BARRIER_BYTES                  # issued barriers: 16 bytes
         return TMA_ALIGN_SLACK + pipeline + barriers
     # The drain's per-warp strips (slice 0's warps drain), and with sliced K the sums the
     # other slices park for slice 0 (mainloop), which use the same freed stages first.

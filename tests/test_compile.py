@@ -316,7 +316,8 @@ def test_a_float16_bias_compiles_in_every_fprop_loop_without_warnings(plan_):
     assert binary and log.strip() == "", log[:2000]
 
 
-@pytest.mark.parametrize("plan_", [None, "split", "halo", "halo-tiles", "staged-halo", "tma", "tma-persistent"])
+@pytest.mark.parametrize("plan_", [None, "split", "halo", "halo-tiles", "staged-halo", "tma", "tma-persistent",
+                                   "tma-pingpong"])
 @pytest.mark.parametrize("epi", [dict(bias=True, gelu=True, residual=True),
                                  dict(relu=True, residual=True, out_dtype="float32")], ids=["gelu-fp16", "relu-fp32"])
 def test_a_residual_and_gelu_compile_in_every_fprop_loop_without_warnings(plan_, epi):
@@ -336,7 +337,8 @@ def test_a_residual_and_gelu_compile_in_every_fprop_loop_without_warnings(plan_,
             "halo-tiles": Plan(64, 32, 16, 2, 2, 2, 8, 8, loop=HaloTile(16, 2)),
             "staged-halo": Plan(64, 32, 32, 4, 1, 2, 1, 1, loop=StagedHalo(16)),
             "tma": Plan(64, 32, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
-            "tma-persistent": Plan(128, 32, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))}[plan_]
+            "tma-persistent": Plan(128, 32, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),
+            "tma-pingpong": Plan(128, 32, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True))}[plan_]
     src = emit(make_spec(prob, "fprop", epilogue=Epilogue(**epi), plan_=hand))
     out_t = "float" if epi.get("out_dtype") == "float32" else "half_t"
     assert f"const {out_t}* __restrict__ residual, float alpha, float beta" in src.source

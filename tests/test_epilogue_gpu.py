@@ -28,6 +28,8 @@ KINDS = [
     ("tma", ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=3), Plan(64, 48, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()), True),
     ("tma-persistent", ConvProblem(14, 13, 64, 40, 3, 3, 1, 1, 1, n=24),
      Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)), True),
+    ("tma-pingpong", ConvProblem(14, 13, 64, 40, 3, 3, 1, 1, 1, n=24),
+     Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)), True),
 ]
 
 

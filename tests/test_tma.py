@@ -121,6 +121,10 @@ TMA_COMPILE = [
     (LAYER, Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue(bias=True, relu=True)),
     (dataclasses.replace(LAYER, k=64), Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue()),
     (LAYER, Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue(out_dtype="float32")),
+    (LAYER, Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
+     Epilogue(bias=True, relu=True)),
+    (dataclasses.replace(LAYER, k=40), Plan(128, 64, 64, 8, 1, 2, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
+     Epilogue(out_dtype="float32")),
 ]
 
 
@@ -137,6 +141,38 @@ def test_persistent_plan_round_trips_and_is_named():
         Plan.from_dict({**Plan(128, 128, 32, 4, 2, 3, 8, 8).as_dict(), "persistent": True})
     with pytest.raises(TypeError, match="persistent must be a bool"):
         TmaWgmma(persistent=1)
+
+
+PINGPONG = Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True))
+
+
+def test_pingpong_plan_round_trips_and_is_checked():
+    d = PINGPONG.as_dict()
+    assert d["pingpong"] is True and d["persistent"] is True
+    assert Plan.from_dict(d, LAYER.geometry, Pass.FPROP) == PINGPONG
+    assert "pingpong" not in PERSISTENT.as_dict()  # the cooperative kernels keep their keys
+    assert "_tmapp_128x128x64_s5_" in make_spec(LAYER, Pass.FPROP, target=SM90, plan_=PINGPONG).name
+    with pytest.raises(ValueError, match="needs persistent=True"):
+        TmaWgmma(pingpong=True)
+    with pytest.raises(ValueError, match="needs plan.persistent=True"):
+        Plan.from_dict({**PLAN.as_dict(), "pingpong": True})
+    with pytest.raises(TypeError, match="pingpong must be a bool"):
+        TmaWgmma(persistent=True, pingpong=1)
+    for bad in (dict(block_n=256, stages=3), dict(block_m=64, warps_m=4)):
+        with pytest.raises(ValueError, match="block_m = 128 and block_n <= 128"):
+            check_plan(dataclasses.replace(PINGPONG, **bad), LAYER, Pass.FPROP, SM90, "float16")
+
+
+def test_pingpong_gives_each_warpgroup_whole_tiles():
+    """One reader a stage (the warpgroup whose tile it is), two turn barriers past the ring's,
+    and each warpgroup's accumulators the tile's 128 rows (two m64 steps); the cooperative
+    kernel of the same tile keeps two readers and one m64 step a warpgroup."""
+    pp = emit(make_spec(LAYER, Pass.FPROP, target=SM90, plan_=PINGPONG)).source
+    co = emit(make_spec(LAYER, Pass.FPROP, target=SM90, plan_=PERSISTENT)).source
+    assert "ring_init(smem_raw, 1)" in pp and "ring_init(smem_raw, CONSUMERS)" in co
+    assert "constexpr int FM = BM / 64, FN = BN / 16, WG_ROWS = 0;" in pp
+    assert "constexpr int FM = 1, FN = BN / 16, WG_ROWS = 64;" in co
+    assert "pos.skip(STEPS)" in pp and "turns.wait(ring, group)" in pp and "skip(" not in co
 
 
 @pytest.mark.parametrize("pass_,change,needle", [
@@ -228,6 +264,9 @@ TMA_COMPILE_DGRAD = [
     (LAYER, Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue()),
     (ConvProblem(56, 56, 128, 128, 3, 3, 2, 1, 1, n=2), Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True)),
      Epilogue(out_dtype="float32")),
+    # ping-pong: the classes' tiles (those with pixels) handed to the two warpgroups in turn
+    (ConvProblem(56, 56, 128, 128, 3, 3, 2, 1, 1, n=2),
+     Plan(128, 128, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)), Epilogue()),
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 3), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
      Epilogue()),
     # one column, stride (2, 2): the classes of odd columns have no pixels (the GPU fuzz's

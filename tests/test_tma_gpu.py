@@ -76,6 +76,12 @@ PERSISTENT_PLANS = [
     Plan(128, 256, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),
     Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),   # two blocks an SM
     Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma(persistent=True)),   # a ring of 2 on 9+ steps a tile
+    # ping-pong: the two consumer warpgroups take whole tiles in turn, each skipping the
+    # other's stages; a ring of 2 or 3 on 9+ steps a tile wraps it an odd number of times a tile
+    Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
+    Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
+    Plan(128, 128, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
+    Plan(128, 64, 64, 8, 1, 2, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
 ]
 
 
@@ -102,10 +108,10 @@ def test_tma_persistent_exact_tier(problem, plan, one_sm):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
 
 
-def test_tma_persistent_grid_walks_a_real_layer():
+@pytest.mark.parametrize("plan", [PERSISTENT_PLANS[0], PERSISTENT_PLANS[5]], ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_persistent_grid_walks_a_real_layer(plan):
     """A layer of 7 to 8 tiles per SM on the whole GPU, normal data through fp16 with ReLU."""
     problem = ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=40)
-    plan = PERSISTENT_PLANS[0]
     res = run_pass(problem, Pass.FPROP, _seed("tma-persistent-big"), bias=True, relu=True, plan=plan)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
 

@@ -1,10 +1,10 @@
-"""Probe: TMA tiles at several stage counts, one block per tile and persistent
-(TmaWgmma(persistent=True)), on layers of the built-in suites, beside the planner's default
-and cuDNN, GPU time only (tools/timing's interleaved CUDA-event method, L2 flushed).  It
-prints each kernel's resident blocks per SM (the driver's occupancy) and its error against
-cuDNN's output.
+"""Probe: TMA tiles at several stage counts, one block per tile, persistent
+(TmaWgmma(persistent=True)) and ping-pong (TmaWgmma(persistent=True, pingpong=True)), on
+layers of the built-in suites, beside the planner's default and cuDNN, GPU time only
+(tools/timing's interleaved CUDA-event method, L2 flushed).  It prints each kernel's
+resident blocks per SM (the driver's occupancy) and its error against cuDNN's output.
 
-    python3 benchmarks/probes/tma_persistent_probe.py --pass fprop   # writes $OUT/probe.json
+    python3 benchmarks/probes/tma_persistent_probe.py --pass fprop [--set pingpong]   # writes $OUT/probe.json
 
 Where the measurements behind tma_rules.PERSISTENT_TILES came from
 (benchmarks/results/2026-12-02_h200_tma-persistent-probe_*)."""
@@ -24,9 +24,14 @@ from convgen.tools.timing import CudaDevice, time_interleaved
 FPROP_LAYERS = [("vgg16", "conv1_2"), ("vgg16", "conv2_1"), ("vgg16", "conv2_2"), ("vgg16", "conv3_1"), ("vgg16", "conv4_2"),
           ("resnet50", "l2-3x3"), ("resnet18", "l2-3x3"), ("unet", "enc3b"), ("unet", "enc2b"), ("darknet53-down", "down2"),
           ("resnet50", "l3-1x1"), ("resnet50", "l4-1x1")]
-VARIANTS = [(64, 64, 6, 0), (128, 64, 6, 0), (128, 128, 6, 0), (64, 256, 5, 0), (128, 256, 4, 0),
-            (64, 64, 3, 1), (64, 64, 6, 1), (64, 128, 3, 1), (64, 128, 6, 1), (128, 64, 6, 1), (128, 128, 4, 1),
-            (128, 128, 5, 1), (64, 256, 4, 1), (128, 256, 3, 1)]
+# (block_m, block_n, stages, 0 one block per tile | 1 persistent | 2 ping-pong)
+VARIANTS = {
+    "persistent": [(64, 64, 6, 0), (128, 64, 6, 0), (128, 128, 6, 0), (64, 256, 5, 0), (128, 256, 4, 0),
+                   (64, 64, 3, 1), (64, 64, 6, 1), (64, 128, 3, 1), (64, 128, 6, 1), (128, 64, 6, 1), (128, 128, 4, 1),
+                   (128, 128, 5, 1), (64, 256, 4, 1), (128, 256, 3, 1)],
+    "pingpong": [(128, 64, 6, 1), (128, 128, 5, 1), (128, 256, 3, 1),
+                 (128, 64, 4, 2), (128, 64, 6, 2), (128, 128, 3, 2), (128, 128, 4, 2), (128, 128, 5, 2)],
+}
 DGRAD_LAYERS = [("vgg16", "conv1_2"), ("vgg16", "conv2_1"), ("vgg16", "conv2_2"), ("vgg16", "conv3_1"), ("vgg16", "conv4_2"),
                 ("resnet50", "l2-3x3"), ("resnet18", "l2-3x3"), ("unet", "enc3b"), ("unet", "enc2b"),
                 ("unet", "dec2-cat192"), ("darknet53-down", "down3"), ("darknet53-down", "down4"), ("resnet18", "l3-3x3")]
@@ -35,7 +40,9 @@ torch.backends.cudnn.benchmark = True
 todo = []
 ap = argparse.ArgumentParser()
 ap.add_argument("--pass", dest="pass_", choices=("fprop", "dgrad"), default="fprop")
-PASS = Pass.parse(ap.parse_args().pass_)
+ap.add_argument("--set", dest="set_", choices=tuple(VARIANTS), default="persistent")
+args = ap.parse_args()
+PASS = Pass.parse(args.pass_)
 for ps in (PASS,):
     for s, name in (FPROP_LAYERS if ps is Pass.FPROP else DGRAD_LAYERS):
         layer = next(l for l in SUITES[s] if l.name == name)
@@ -43,10 +50,11 @@ for ps in (PASS,):
         if tma_eligible(p.geometry, ps, target) is not None:
             continue
         plans = [("default", None)]
-        for bm, bn, st, pers in VARIANTS:
+        for bm, bn, st, mode in VARIANTS[args.set_]:
             if bn > max(64, p.gemm(ps).n * 2) or (ps is Pass.DGRAD and bn % 64):
                 continue
-            plans.append((f"{bm}x{bn}s{st}{'P' if pers else ''}", Plan(bm, bn, 64, bm // 16, 1, st, 8, 8, loop=TmaWgmma(bool(pers)))))
+            plans.append((f"{bm}x{bn}s{st}{'P' * mode}",
+                          Plan(bm, bn, 64, 8 if mode == 2 else bm // 16, 1, st, 8, 8, loop=TmaWgmma(mode > 0, mode == 2))))
         todo.append((ps, s, name, p, plans))
 srcs = []
 for ps, s, name, p, plans in todo:
