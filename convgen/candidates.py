@@ -189,9 +189,12 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
         out.append(p)
     if pass_ is not Pass.WGRAD:  # and each persistent tile no wider than N, whatever its tile count
         widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
-        for bm, bn, stages in (t for t in PERSISTENT_TILES.values() if t[1] <= widest):
-            p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, loop=TmaWgmma(persistent=True),
-                     reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma, {stages} stages",))
+        tiles = sorted(set(PERSISTENT_TILES.values()))  # both passes': the tuner times them all
+        for bm, bn, stages, pingpong in (t for t in tiles if t[1] <= widest):
+            p = Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8,
+                     loop=TmaWgmma(persistent=True, pingpong=pingpong),
+                     reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma"
+                              f"{', ping-pong' if pingpong else ''}, {stages} stages",))
             try:
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
             except ValueError:

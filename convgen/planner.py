@@ -479,9 +479,11 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
     persistent, why_persistent = tma_persistent(problem, pass_, target, bm, bn)
+    pingpong = False
     if persistent:
-        bm, bn, stages = persistent
-    chosen = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma(persistent is not None))
+        bm, bn, stages, pingpong = persistent
+    chosen = Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, split_k=split,
+                  loop=TmaWgmma(persistent is not None, pingpong))
     gather = {
         Pass.FPROP: "x's im2col: the copy engine gathers the taps and the padding",
         Pass.DGRAD: ("dy's im2col under the flipped filter, w read as stored (N-major B, wgmma transposes it)"
@@ -500,9 +502,10 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
         f"of K at the tile's measured rate{traffic}): "
         f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s (rates measured on "
         f"fprop), {us:.0f} us predicted",
-        f"block M {bm}: {bm // 64} consumer warpgroup(s) of 64 rows",
+        f"block M {bm}: " + ("2 consumer warpgroups of a whole tile each" if pingpong else
+                             f"{bm // 64} consumer warpgroup(s) of 64 rows"),
         f"K-step {TMA_BLOCK_K}: one 128-byte swizzle row of fp16 per pixel and tap",
-        f"{chosen.warps} warps as {bm // 16}x1 consumer warps and a producer warpgroup (one thread issues the copies)",
+        f"{chosen.warps} warps as {chosen.warps_m}x1 consumer warps and a producer warpgroup (one thread issues the copies)",
         "vec A 8, vec B 8: the copy engine moves whole 128-byte rows, no gather in the kernel",
         why_persistent,
         f"{stages} stages: the deepest ring of this tile that fits an H200 block's shared memory"

@@ -36,8 +36,18 @@ TMA_TILES: tuple[tuple[int, int, int, float], ...] = (
 # 1.32x the 64x64 tile on the N = 64 layers (VGG-16 conv1_2, UNet enc2b); in dgrad (13 layers)
 # the same tiles ran 1.01-1.20x, and 128x64 1.13-1.21x the 64x64 tile.  ResNet-50's l3-1x1
 # fprop (98 tiles, fewer than the SMs) lost 10% persistent: there is no next tile to overlap.
-PERSISTENT_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
-    (128, 256): (128, 256, 3), (128, 128): (128, 128, 5), (64, 64): (128, 64, 6),
+# Ping-pong (TmaWgmma(pingpong=True): each consumer warpgroup a whole 128-row tile, the two in
+# turn, one draining while the other multiplies), probed on the same layers at 3c489f8
+# (benchmarks/results/2026-12-02_h200_tma-pingpong-probe_3c489f8-*): in fprop 128x128 on 4
+# stages ran 1.02-1.07x the cooperative 128x128 on all six 128-filter 3x3 layers and 128x64
+# on 6 ran 1.04x and 1.08x on the N = 64 ones; 128x256 stayed faster cooperative (VGG-16
+# conv4_2 4%).  In dgrad 128x64 on 6 ran 1.19x on UNet enc2b, while 128x128 ping-pong was
+# within 4% of cooperative either way, so dgrad keeps its cooperative 128x128.
+PERSISTENT_TILES: dict[tuple[Pass, int, int], tuple[int, int, int, bool]] = {
+    (Pass.FPROP, 128, 256): (128, 256, 3, False), (Pass.FPROP, 128, 128): (128, 128, 4, True),
+    (Pass.FPROP, 64, 64): (128, 64, 6, True),
+    (Pass.DGRAD, 128, 256): (128, 256, 3, False), (Pass.DGRAD, 128, 128): (128, 128, 5, False),
+    (Pass.DGRAD, 64, 64): (128, 64, 6, True),
 }
 MIN_PERSISTENT_TILES_PER_SM = 2
 # Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
@@ -129,12 +139,12 @@ def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: in
 
 
 def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
-                   bn: int) -> tuple[tuple[int, int, int] | None, str]:
-    """The persistent tile (block_m, block_n, stages) that replaces the cost model's
-    ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
+                   bn: int) -> tuple[tuple[int, int, int, bool] | None, str]:
+    """The persistent tile (block_m, block_n, stages, ping-pong) that replaces the cost
+    model's ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
     if pass_ is Pass.WGRAD:
         return None, "one block per tile: wgrad's split-K slices are its blocks"
-    tile = PERSISTENT_TILES.get((bm, bn))
+    tile = PERSISTENT_TILES.get((pass_, bm, bn))
     if tile is None:
         return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"
     gemm = problem.gemm(pass_)
@@ -143,10 +153,12 @@ def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
         return None, (f"one block per tile: {tiles} {tile[0]}x{tile[1]} tiles are fewer than "
                       f"{MIN_PERSISTENT_TILES_PER_SM} per SM, too few for a persistent block to overlap")
     named = f"{tile[0]}x{tile[1]} tile" + (f" in place of the {bm}x{bn} tile" if tile[:2] != (bm, bn) else "")
+    how = ("ping-pong: the two consumer warpgroups take whole tiles in turn, one draining while the other "
+           "multiplies" if tile[3] else "the producer copying the next tile's stages while the consumers drain "
+           "this one's")
     return tile, (f"persistent {named}: {tiles} tiles "
                   f"(at least {MIN_PERSISTENT_TILES_PER_SM} per SM) walked by the blocks the GPU holds at once, "
-                  "the producer copying the next tile's stages while the consumers drain this one's (measured "
-                  "faster on every such 3x3 layer: tma_rules.PERSISTENT_TILES)")
+                  f"{how} (measured faster on such 3x3 layers: tma_rules.PERSISTENT_TILES)")
 
 
 def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:

@@ -87,6 +87,7 @@ def test_residual_views_are_read_as_dense_arrays(view):
         flat[1:] = cp.asarray(r.ravel())
         r_dev = flat[1:].reshape(r.shape)
         assert r_dev.data.ptr % 16
-    y = convgen.conv2d(cp.asarray(x), cp.asarray(w), residual=r_dev, beta=-1.0, padding=1, out_dtype="float32")
+    y = convgen.conv2d(cp.asarray(x), cp.asarray(w), residual=r_dev, beta=-1.0, padding=1)  # small integers: exact in fp16
     ref = reference.fprop(kernel_view(x), kernel_view(w), None, padding=1, residual=r.astype(np.float64), beta=-1.0)
-    np.testing.assert_array_equal(cp.asnumpy(y), ref)
+    assert np.abs(ref).max() < 2048
+    np.testing.assert_array_equal(cp.asnumpy(y).astype(np.float64), ref)

@@ -205,19 +205,25 @@ def test_persistent_grid_is_the_blocks_the_gpu_holds():
 
 def test_defaults_run_persistent_where_tiles_outnumber_the_sms():
     """The measured rule (tma_rules.PERSISTENT_TILES): a long run of tiles takes the
-    persistent kernel in fprop and dgrad, 64x64 becoming 128x64; too few tiles, or wgrad,
-    keep one block per tile, and each plan says why."""
+    persistent kernel in fprop and dgrad, 64x64 becoming 128x64 ping-pong, fprop's 128x128
+    ping-pong and dgrad's cooperative; too few tiles, or wgrad, keep one block per tile, and
+    each plan says why."""
     from convgen.planner import plan as default_plan
 
     vgg = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
-    assert vgg.loop == TmaWgmma(persistent=True) and (vgg.block_m, vgg.block_n, vgg.stages) == (128, 128, 5)
+    assert vgg.loop == TmaWgmma(persistent=True, pingpong=True) and vgg.warps_m == 8
+    assert (vgg.block_m, vgg.block_n, vgg.stages) == (128, 128, 4) and any("ping-pong" in r for r in vgg.reasons)
     narrow = default_plan(ConvProblem(224, 224, 64, 64, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
-    assert narrow.loop.persistent and (narrow.block_m, narrow.block_n) == (128, 64)
+    assert narrow.loop.pingpong and (narrow.block_m, narrow.block_n) == (128, 64)
     assert any("in place of the 64x64 tile" in r for r in narrow.reasons)
+    wide = default_plan(ConvProblem(28, 28, 512, 512, 3, 3, 1, 1, 1, n=64), Pass.FPROP, SM90)  # VGG-16 conv4_2
+    assert wide.loop == TmaWgmma(persistent=True) and (wide.block_m, wide.block_n) == (128, 256)
+    narrow_dgrad = default_plan(ConvProblem(128, 128, 64, 64, 3, 3, 1, 1, 1, n=16), Pass.DGRAD, SM90)  # UNet enc2b
+    assert narrow_dgrad.loop.pingpong and (narrow_dgrad.block_m, narrow_dgrad.block_n) == (128, 64)
     few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)  # 98 tiles
     assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)
     dgrad = default_plan(ConvProblem(112, 112, 128, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
-    assert dgrad.loop.persistent and (dgrad.block_m, dgrad.block_n, dgrad.stages) == (128, 128, 5)
+    assert dgrad.loop == TmaWgmma(persistent=True) and (dgrad.block_m, dgrad.block_n, dgrad.stages) == (128, 128, 5)
     strided = default_plan(ConvProblem(64, 64, 128, 256, 3, 3, 2, 1, 1, n=64), Pass.DGRAD, SM90)  # Darknet's down3
     assert strided.loop.persistent
     wgrad = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.WGRAD, SM90)
