@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .dtypes import BF16_HINT, dtype_name, np_dtype, resolve_mma_dtype
+from .dtypes import BF16_HINT, default_mma_dtype, dtype_name, np_dtype, resolve_mma_dtype
 from .emit import KernelSource, emit
 from .ir import ConvProblem, Epilogue, Pass, Plan, PairLike, resolve_padding
 from .limits import check_launch
@@ -167,7 +167,10 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     Without a hand plan, a tuned plan for this GPU and shape wins over the planner's
     (``convgen tune``; set CONVGEN_TUNED=0 to plan only), and with autotune on, a shape
     no database covers is tuned here first (convgen/autotune.py)."""
-    key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar, mma_dtype)
+    mma_dtype = resolve_mma_dtype(in_dtype, mma_dtype)
+    # the MMAs' type only where it is not the inputs' default, so a float16 kernel keeps the key it had
+    key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar) + (
+        (mma_dtype,) if mma_dtype != default_mma_dtype(in_dtype) else ())
     k = _cache.get(key)
     if k is not None:
         check_launch(k.source, problem.n)  # built for another batch: check this one (convgen/limits.py)
