@@ -148,7 +148,7 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                       seen: set[Plan]) -> list[Plan]:
     """Warpgroup-MMA plans where they apply, with a one-wave split-K twin when the tiles
     leave most SMs idle."""
-    if (not target.info.wgmma or pass_ is Pass.WGRAD or in_dtype != "float16"
+    if (not target.info.wgmma or pass_ is Pass.WGRAD or in_dtype not in ("float16", "bfloat16")
             or (base.vec_a, base.vec_b) != (8, 8)):
         return []
     gemm = problem.gemm(pass_)
@@ -162,7 +162,7 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
                         if tiles < target.sm_count // 2 and steps >= 8 else [])
         for split in splits:
             try:
-                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, split_k=split, loop=Wgmma(),
+                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=Wgmma(),
                          reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
                                   f"split-K {split}",))
                 check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
@@ -180,7 +180,7 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed
         try:
             split = tma_split(problem, pass_, target, bm, bn, rate)[0]  # the planner's split for this tile
-            p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, split_k=split, loop=TmaWgmma(),
+            p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=TmaWgmma(),
                      reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {bm // 64} consumer "
                               f"warpgroup(s), {stages} stages, split-K {split}",))
             check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
@@ -191,7 +191,7 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
         widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
         tiles = sorted(set(PERSISTENT_TILES.values()))  # both passes': the tuner times them all
         for bm, bn, stages, pingpong in (t for t in tiles if t[1] <= widest):
-            p = Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8,
+            p = Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, in_dtype, in_dtype,
                      loop=TmaWgmma(persistent=True, pingpong=pingpong),
                      reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma"
                               f"{', ping-pong' if pingpong else ''}, {stages} stages",))
@@ -248,7 +248,7 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
                 continue
             tile = f"halo tile {bm // tile_w}x{tile_w}" if tile_w else "flat halo tile"
             try:
-                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, loop=layout,
+                p = Plan(bm, bn, bk, wm, wn, stages, va, vb, in_dtype, in_dtype, 1, loop=layout,
                          reasons=(f"tuning candidate: {tile}, {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages",))
                 if narrow and bm > 64 and halo_images(p, g, pass_) == 1:
                     continue  # a tile taller than an image that does not stack whole images

@@ -19,7 +19,7 @@ from .ir import ConvProblem, Pass, Plan
 from .suites import SUITE_INFO, SUITES, Layer
 from .tools import cache, sass, tune
 from .tools.bench import command as bench_command
-from .tools.cli_common import UsageError, add_shape_args, add_target_args, epilogue, layers, passes, target
+from .tools.cli_common import UsageError, add_shape_args, add_target_args, dtypes, epilogue, layers, passes, target
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -60,6 +60,7 @@ def _specs(args: argparse.Namespace) -> Iterable[tuple[Layer, Pass, "object"]]:
     from .planner import make_spec
 
     tgt = target(args)
+    dtypes(args)
     tuned = _shipped_plans(args.tuned, tgt.arch) if getattr(args, "tuned", None) else None
     for layer in layers(args):
         for pass_ in passes(args):
@@ -69,7 +70,7 @@ def _specs(args: argparse.Namespace) -> Iterable[tuple[Layer, Pass, "object"]]:
                 if plan_ is None:
                     continue  # `--tuned`: only the kernels the database runs
             yield layer, pass_, make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),
-                                          in_dtype=args.in_dtype, plan_=plan_)
+                                          in_dtype=args.in_dtype, plan_=plan_, mma_dtype=args.dtype)
 
 
 def cmd_emit(args: argparse.Namespace) -> int:

@@ -27,7 +27,8 @@ from .mainloop import TmaWgmma
 from .residues import ResidueClass, residue_classes
 from .resources import templates_dir
 
-_C_TYPES = {"float16": "half_t", "float32": "float"}
+# half_t is the kernel's one 16-bit type (fp16 or bf16: spec.mma_dtype, convgen/dtypes.py).
+_C_TYPES = {"float16": "half_t", "bfloat16": "half_t", "float32": "float"}
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,28 @@ class Epilogue:
 
 
 @dataclass(frozen=True)
+class Elem:
+    """The kernel's 16-bit element type (the templates' ``half_t``) and how it is spelled: the
+    fp16 spellings are the ones every kernel had before bf16, so fp16 kernels stay byte-identical."""
+
+    bf16: bool
+    c_type: str  # what half_t is
+    frag: str  # the fragments' element type (frag_half_t)
+    ptx: str  # the operand type of mma.sync and wgmma: "f16" or "bf16"
+    to_float: str  # a function (or cast) from half_t to float
+    from_float: str  # and from float to half_t
+    include: str  # a header the bf16 type needs beyond the backend's ("" for fp16)
+
+
+def _elem(mma_dtype: str, be: Arch) -> Elem:
+    if mma_dtype == "bfloat16":
+        return Elem(bf16=True, c_type=be.bf16_type, frag=be.frag_bf16, ptx="bf16", to_float="static_cast<float>",
+                    from_float="static_cast<half_t>", include=be.bf16_include)
+    return Elem(bf16=False, c_type="__half", frag=be.frag_half, ptx="f16", to_float="__half2float",
+                from_float="__float2half", include="")
+
+
+@dataclass(frozen=True)
 class SplitK:
     """The split-K reduction kernel's layout."""
 
@@ -252,6 +275,7 @@ class Context:
     mma: str
     banner: tuple[str, ...]  # the header comment's lines
     be: Arch
+    elem: Elem
     shape: Shape
     tile: Tile
     gathers: Gathers
@@ -347,6 +371,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         mma="wgmma" if plan.wgmma or plan.tma else "ldsm" if kind == "halo_ldsm" else "wmma",
         banner=_banner(spec),
         be=be,
+        elem=_elem(spec.mma_dtype or "float16", be),
         shape=Shape(h=g.h, w=g.w, c=g.c, k=g.k, r=g.r, s=g.s, p=g.p, q=g.q, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw),
         tile=Tile(
             block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
@@ -360,8 +385,8 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
             tb=_C_TYPES[plan.read_b],
             vec_a=plan.vec_a,
             vec_b=plan.vec_b,
-            async_a=be.cp_async and plan.read_a == "float16" and plan.vec_a >= 2,
-            async_b=be.cp_async and plan.read_b == "float16" and plan.vec_b >= 2,
+            async_a=be.cp_async and plan.read_a != "float32" and plan.vec_a >= 2,
+            async_b=be.cp_async and plan.read_b != "float32" and plan.vec_b >= 2,
             # The im2col-like operands (fprop's and dgrad's A, wgrad's B) of a scalar gather.
             rowmap_a=p is not Pass.WGRAD and _row_map(plan.vec_a, plan.block_m, plan.block_k, threads),
             rowmap_b=p is Pass.WGRAD and _row_map(plan.vec_b, plan.block_k, plan.block_n, threads),

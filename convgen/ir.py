@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence, Union
 
 from ._valid import as_int as _int
+from .dtypes import check_dtypes, resolve_mma_dtype
 from .mainloop import KINDS, Flags, Im2col, MainLoop, from_flags
 from .targets import ARCHES, Arch
 
 Pair = tuple[int, int]
 PairLike = Union[int, Sequence[int]]
-DType = Literal["float16", "float32"]
-DTYPES: tuple[str, ...] = ("float16", "float32")
+DType = Literal["float16", "bfloat16", "float32"]
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")  # which go together: convgen/dtypes.py
 
 
 def as_pair(name: str, value: PairLike) -> Pair:
@@ -267,8 +268,8 @@ class Epilogue:
     """What happens to the accumulator before it is stored.
 
     ``bias``: fprop adds a per-output-channel bias; wgrad also returns db.
-    ``relu``: fprop only.  ``out_dtype``: float16 (the default, for speed) or float32.
-    ``bias_dtype``: what fprop's epilogue reads the bias as, float32 or float16: a float16
+    ``relu``: fprop only.  ``out_dtype``: float16 (the default, for speed), bfloat16 or float32.
+    ``bias_dtype``: what fprop's epilogue reads the bias as, float32 or float16 (bfloat16): a float16
     model's bias goes in as it is, with no cast kernel launched before each forward.
     ``residual`` (fprop): y = act(alpha * conv + bias + beta * residual), a tensor of y's
     shape and dtype read in the epilogue, so a ResNet block's skip connection costs no
@@ -545,6 +546,7 @@ class KernelSpec:
     in_dtype: DType
     target: Target
     plan: Plan
+    mma_dtype: DType | None = None  # the MMA's 16-bit input type; None: in_dtype's (convgen/dtypes.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.geometry, ConvProblem):  # drop the batch: it is a run-time argument
@@ -552,6 +554,8 @@ class KernelSpec:
         object.__setattr__(self, "pass_", Pass.parse(self.pass_))
         if self.in_dtype not in DTYPES:
             raise ValueError(f"in_dtype must be one of {DTYPES}, got {self.in_dtype!r}")
+        object.__setattr__(self, "mma_dtype", resolve_mma_dtype(self.in_dtype, self.mma_dtype))
+        check_dtypes(self.in_dtype, self.mma_dtype, self.epilogue.out_dtype, self.epilogue.bias_dtype)
         self.epilogue.check_pass(self.pass_)
 
     def as_dict(self) -> dict[str, Any]:
@@ -563,6 +567,8 @@ class KernelSpec:
             "in_dtype": self.in_dtype,
             "target": self.target.as_dict(),
             "plan": self.plan.as_dict(),
+            # only where not float16, so every earlier kernel keeps its key, name and cache entries
+            **({"mma_dtype": self.mma_dtype} if self.mma_dtype != "float16" else {}),
         }
 
     @property

@@ -21,6 +21,7 @@ from .ir import (
     Target,
     stages_whole_halo,
 )
+from .dtypes import MMA_DTYPES, mma_dtype_for
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .small_layer_rules import halo_default, split_k
@@ -285,14 +286,17 @@ def plan(
     in_dtype: DType = "float16",
     *,
     scalar: bool = False,
+    mma_dtype: DType | None = None,
 ) -> Plan:
     """Choose a plan for ``problem`` (its batch size only sizes split-K and tiles).
 
     ``scalar=True`` renders the scalar staging path whatever the channel counts,
-    so tests can compare it with the vector path on the same shape.
+    so tests can compare it with the vector path on the same shape.  ``mma_dtype``: the
+    MMA's 16-bit type (:mod:`convgen.dtypes`; None: in_dtype's); a target without it is refused.
     """
     pass_ = Pass.parse(pass_)
     target = target or Target()
+    elem = mma_dtype_for(in_dtype, mma_dtype, target)
     gemm = problem.gemm(pass_)
     reasons: list[str] = [
         f"GEMM M={gemm.m} ({gemm.m_axis}) x N={gemm.n} ({gemm.n_axis}) x K={gemm.k} ({gemm.k_axis})"
@@ -306,7 +310,7 @@ def plan(
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
         if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64):
-            return _tma_plan(problem, pass_, target, reasons, steps)
+            return _replace(_tma_plan(problem, pass_, target, reasons, steps), read_a=elem, read_b=elem)
         if why is None or target.info.tma:  # on other targets the TMA loop is not a candidate worth naming
             reasons.append("not the TMA main loop: " + (
                 why if why is not None else
@@ -356,11 +360,11 @@ def plan(
     reads: list[DType] = []
     for name, v in (("A", va), ("B", vb)):
         direct = in_dtype == "float32" and v == 1
-        reads.append("float32" if direct else "float16")
+        reads.append("float32" if direct else elem)
         if in_dtype == "float32":
             reasons.append(
                 f"read {name} as "
-                + ("float32, cast in the scalar gather" if direct else "float16 after one cast pass (cheaper than a wide fp32 gather)")
+                + ("float32, cast in the scalar gather" if direct else f"{elem} after one cast pass (cheaper than a wide fp32 gather)")
             )
 
     cp_async = target.info.cp_async
@@ -395,7 +399,7 @@ def plan(
         else f"shared memory {smem_bytes(candidate, pass_, target.warp_size, problem)} bytes"
     )
     final = _replace(candidate, reasons=tuple(reasons))
-    check_plan(final, problem, pass_, target, in_dtype)
+    check_plan(final, problem, pass_, target, in_dtype, mma_dtype=elem)
     halo = None if scalar else halo_default(problem, pass_, target, in_dtype, final)
     if halo is not None:
         return halo
@@ -408,9 +412,11 @@ def _replace(p: Plan, **changes) -> Plan:
     return dataclasses.replace(p, **changes)
 
 
-def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Target, in_dtype: DType) -> None:
+def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Target, in_dtype: DType, *,
+               mma_dtype: DType | None = None) -> None:
     """Reject a plan this kernel cannot run, naming what is wrong.  Used for hand plans too."""
     pass_ = Pass.parse(pass_)
+    elem = mma_dtype_for(in_dtype, mma_dtype, target)
     ca, cb = gathered_channels(geometry, pass_)
     for name, vec, run in (("vec_a", plan.vec_a, ca), ("vec_b", plan.vec_b, cb)):
         if run % vec:
@@ -420,6 +426,8 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     for name, read in (("read_a", plan.read_a), ("read_b", plan.read_b)):
         if read == "float32" and in_dtype != "float32":
             raise ValueError(f"plan.{name}='float32' needs float32 inputs, but in_dtype is {in_dtype}")
+        if read not in ("float32", elem):
+            raise ValueError(f"plan.{name}={read!r}: a kernel with {elem} MMAs reads {elem} or float32")
     threads = plan.warps * target.warp_size
     if threads > 1024:
         raise ValueError(f"plan has {plan.warps} warps = {threads} threads; a block holds at most 1024")
@@ -434,7 +442,7 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         _check_wgmma(plan, pass_, target)
     if isinstance(plan.loop, TmaWgmma):
         why = tma_eligible(geometry, pass_, target, in_dtype)
-        if why is None and (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16"):
+        if why is None and (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, in_dtype, in_dtype):
             why = "copies fp16 operands as they are: vec_a = vec_b = 8, read_a = read_b = 'float16'"
         if why is None and pass_ is not Pass.FPROP and plan.block_n % 64:
             why = (f"stages {pass_.value}'s B as boxes of 64 channels (one 128-byte swizzle row, N-major): "
@@ -466,7 +474,7 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
     why = (f"needs warpgroup MMAs, which {target.arch} does not have" if not target.info.wgmma
            else "computes fprop and dgrad only" if pass_ is Pass.WGRAD
            else "reads both operands as fp16 in 16-byte runs (vec_a = vec_b = 8, read fp16)"
-           if (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, "float16", "float16") else None)
+           if (plan.vec_a, plan.vec_b) != (8, 8) or plan.read_a != plan.read_b or plan.read_a == "float32" else None)
     if why:
         raise ValueError(f"Wgmma: the wgmma main loop {why}")
 
@@ -526,7 +534,7 @@ def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float1
     `stages_whole_halo`, else HaloTile, HaloLdsm and FlatHalo)."""
     if pass_ is Pass.WGRAD:
         return "the halo path computes fprop and dgrad only (wgrad reduces over pixels)"
-    if in_dtype != "float16":
+    if in_dtype not in MMA_DTYPES:
         return "the halo path reads fp16 inputs"
     if stages_whole_halo(geometry, pass_):
         return None  # StagedHalo: any stride
@@ -551,7 +559,7 @@ def _check_halo(plan: Plan, geometry: ConvGeometry, pass_: Pass, target: Target,
                "are read in place: use HaloTile")
     if why:
         raise ValueError(f"{name}: {why}")
-    if (plan.read_a, plan.read_b) != ("float16", "float16"):
+    if (plan.read_a, plan.read_b) != (in_dtype, in_dtype):
         raise ValueError(f"a halo plan ({name}) reads fp16 inputs as they are: read_a = read_b = 'float16'")
     if isinstance(loop, HaloLdsm) and (staged_layer or not (target.info.ldmatrix and target.info.mma_sync)):
         raise ValueError(f"{name}: tiles narrower than a 16-pixel fragment need ldmatrix and mma.sync.m16n8k16 "
@@ -583,15 +591,17 @@ def make_spec(
     in_dtype: DType = "float16",
     plan_: Plan | None = None,
     scalar: bool = False,
+    mma_dtype: DType | None = None,
 ) -> KernelSpec:
     """The one way to build a :class:`KernelSpec`: plans it unless a plan is given, and checks a given plan."""
     pass_ = Pass.parse(pass_)
     target = target or Target()
     epilogue = epilogue or Epilogue()
     epilogue.check_pass(pass_)
+    elem = mma_dtype_for(in_dtype, mma_dtype, target)
     if plan_ is None:
-        plan_ = plan(problem, pass_, target, in_dtype, scalar=scalar)
+        plan_ = plan(problem, pass_, target, in_dtype, scalar=scalar, mma_dtype=elem)
     else:
-        check_plan(plan_, problem, pass_, target, in_dtype)
+        check_plan(plan_, problem, pass_, target, in_dtype, mma_dtype=elem)
     check_index_limits(problem, pass_, plan_)  # the kernels' 32-bit ints (convgen/limits.py)
-    return KernelSpec(problem.geometry, pass_, epilogue, in_dtype, target, plan_)
+    return KernelSpec(problem.geometry, pass_, epilogue, in_dtype, target, plan_, mma_dtype=elem)

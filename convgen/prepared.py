@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from . import runtime as _rt
+from .dtypes import BF16_HINT, check_dtypes, dtype_name, np_dtype, resolve_mma_dtype
 from .ir import ConvProblem, Epilogue, Pass, PairLike, Plan
 
 _F32 = np.dtype("float32")
@@ -115,10 +116,12 @@ class PreparedConv:
     """One pass of one conv2d shape, ready to launch: see :func:`prepare`."""
 
     def __init__(self, pass_: Pass, problem: ConvProblem, epilogue: Epilogue, in_dtype: str, device: int,
-                 plan: Optional[Plan], scalar: bool = False, alpha: float = 1.0, beta: float = 1.0) -> None:
+                 plan: Optional[Plan], scalar: bool = False, alpha: float = 1.0, beta: float = 1.0,
+                 mma_dtype: Optional[str] = None) -> None:
         self.pass_, self.problem, self.epilogue, self.device = pass_, problem, epilogue, device
         self.in_dtype = in_dtype
-        self.out_dtype = np.dtype(epilogue.out_dtype)
+        self.mma_dtype = resolve_mma_dtype(in_dtype, mma_dtype)
+        self.out_dtype = np_dtype(epilogue.out_dtype)
         p = problem
         if pass_ is Pass.FPROP:
             inputs = (("x", p.x_shape), ("w", p.w_shape))
@@ -132,8 +135,9 @@ class PreparedConv:
         self._out_strides = tuple(_contiguous_strides(s, self.out_dtype.itemsize) for s in self.out_shapes)
         self._n_out = len(self.out_shapes)
         self._bias = pass_ is Pass.FPROP and epilogue.bias
-        self._bias_vec = 16 // np.dtype(epilogue.bias_dtype).itemsize  # elements of a 16-byte-aligned pointer
-        self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar)
+        self._bias_vec = 16 // np_dtype(epilogue.bias_dtype).itemsize  # elements of a 16-byte-aligned pointer
+        self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar,
+                                                         self.mma_dtype)
         self._ws_elems = self._db_ws_elems = 0
         if self._kernel is None:
             return
@@ -144,8 +148,8 @@ class PreparedConv:
         if pass_ is Pass.WGRAD:
             reads["x"] = (splan.read_b, splan.vec_b)
         self._expect = tuple(
-            (name, shape, np.dtype(reads[name][0]), _contiguous_strides(shape, np.dtype(reads[name][0]).itemsize),
-             reads[name][1] * np.dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])
+            (name, shape, np_dtype(reads[name][0]), _contiguous_strides(shape, np_dtype(reads[name][0]).itemsize),
+             reads[name][1] * np_dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])
             for name, shape in inputs
         )
         batch = p.n
@@ -164,7 +168,7 @@ class PreparedConv:
         if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
 
-            self._maps = TmaMaps(p, pass_, splan.block_m, splan.block_n)
+            self._maps = TmaMaps(p, pass_, splan.block_m, splan.block_n, self.mma_dtype)
 
     @property
     def workspace_elems(self) -> int:
@@ -362,8 +366,8 @@ def _check_workspace(ws: Any, elems: int, device: int) -> None:
 def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
           stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
           bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
-          out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None,
-          residual: bool = False, alpha: float = 1.0, beta: float = 1.0) -> tuple:
+          out_dtype: Any = None, device: Optional[int] = None, plan: Optional[Plan] = None,
+          residual: bool = False, alpha: float = 1.0, beta: float = 1.0, mma_dtype: Optional[str] = None) -> tuple:
     """prepare()'s arguments checked and turned into what PreparedConv takes."""
     p = Pass.parse(pass_)
     for name, shape in (("x_shape", x_shape), ("w_shape", w_shape)):
@@ -385,28 +389,30 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
     _rt._check_scales(alpha, beta, residual, "residual=True")
     if bias and p is Pass.DGRAD:
         raise ValueError("bias does not apply to dgrad (dx does not depend on the bias)")
-    in_name = np.dtype(in_dtype).name if isinstance(in_dtype, (str, np.dtype, type)) else None
-    if in_name not in ("float16", "float32"):
-        raise ValueError(f"in_dtype must be float16 or float32, got {in_dtype!r}")
-    b_name = np.dtype(bias_dtype).name if isinstance(bias_dtype, (str, np.dtype, type)) else None
-    if b_name not in ("float16", "float32"):
-        raise ValueError(f"bias_dtype must be float16 or float32, got {bias_dtype!r}")
+    in_name = dtype_name(in_dtype) if isinstance(in_dtype, (str, np.dtype, type)) else None
+    if in_name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"in_dtype must be float16, bfloat16 or float32, got {in_dtype!r} ({BF16_HINT})")
+    elem = resolve_mma_dtype(in_name, mma_dtype)
+    b_name = dtype_name(bias_dtype) if isinstance(bias_dtype, (str, np.dtype, type)) else None
+    if b_name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"bias_dtype must be float16, bfloat16 or float32, got {bias_dtype!r}")
     if b_name != "float32" and not (bias and p is Pass.FPROP):
         raise ValueError("bias_dtype is what fprop reads its bias as; it needs pass_='fprop' and bias=True")
     problem = _rt._problem(n, h, w, c, k, r, s, stride, padding, dilation)
     epi = Epilogue(bias=bool(bias), relu=activation == "relu", gelu=activation == "gelu",  # type: ignore[arg-type]
-                   out_dtype=_rt._out_dtype(out_dtype), bias_dtype=b_name, residual=residual)  # type: ignore[arg-type]
+                   out_dtype=_rt._out_dtype(out_dtype, elem), bias_dtype=b_name, residual=residual)  # type: ignore[arg-type]
+    check_dtypes(in_name, elem, epi.out_dtype, epi.bias_dtype)  # before any device is touched
     cupy = _rt._cupy()
     dev = cupy.cuda.runtime.getDevice() if device is None else int(device)
-    return p, problem, epi, in_name, dev, plan, False, float(alpha), float(beta)
+    return p, problem, epi, in_name, dev, plan, False, float(alpha), float(beta), elem
 
 
 def prepare(
     pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[int, int, int, int], *,
     stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
     bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
-    out_dtype: Any = "float16", device: Optional[int] = None, plan: Optional[Plan] = None,
-    residual: bool = False, alpha: float = 1.0, beta: float = 1.0,
+    out_dtype: Any = None, device: Optional[int] = None, plan: Optional[Plan] = None,
+    residual: bool = False, alpha: float = 1.0, beta: float = 1.0, mma_dtype: Optional[str] = None,
 ) -> PreparedConv:
     """Bind one pass of one conv2d (NHWC ``x_shape``, KRSC ``w_shape``) and its options.
 
@@ -414,12 +420,19 @@ def prepare(
     or float16 for a float16 model's bias with no cast first), ``activation`` (None, "relu"
     or "gelu") and ``residual`` (the op then wants ``residual=r`` of y's shape and dtype, and
     computes ``act(alpha * conv + bias + beta * r)``); wgrad's ``bias`` makes it return db too.  ``in_dtype`` is the dtype the op's
-    inputs will have (float16, or float32 to let the plan read it in the gather).  The op
-    runs on ``device`` (default: CuPy's current device).
+    inputs will have (float16, bfloat16, or float32 to let the plan read it in the gather);
+    bfloat16 arrays are CuPy arrays of ``ml_dtypes.bfloat16`` (NumPy and CuPy have no bfloat16 of
+    their own; CuPy 14 takes ml_dtypes'), and ``in_dtype`` may be given as ``"bfloat16"`` or
+    ``ml_dtypes.bfloat16``.  ``mma_dtype`` ("float16" or "bfloat16"; None: the inputs' 16-bit
+    type, float16 for float32) is what the MMAs read: float32 inputs are rounded to it.
+    ``out_dtype`` None is the MMAs' 16-bit type; a 16-bit ``bias_dtype`` or ``out_dtype`` must
+    be the MMAs' (a kernel has one 16-bit type).  The op runs on ``device`` (default: CuPy's
+    current device).
     """
     return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
                                bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype,
-                               device=device, plan=plan, residual=residual, alpha=alpha, beta=beta))
+                               device=device, plan=plan, residual=residual, alpha=alpha, beta=beta,
+                               mma_dtype=mma_dtype))
 
 
 def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] = None) -> list[PreparedConv]:
@@ -435,8 +448,8 @@ def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] 
     from .compile import compile_async
 
     bound = [_bind(**dict(layer)) for layer in layers]
-    sources = [_rt._planned_source(problem, pass_, epi, in_name, dev, plan, scalar=False, tune=False)
-               for pass_, problem, epi, in_name, dev, plan, *_ in bound if problem.n]
+    sources = [_rt._planned_source(problem, pass_, epi, in_name, dev, plan, scalar=False, tune=False, mma_dtype=elem)
+               for pass_, problem, epi, in_name, dev, plan, _, _, _, elem in bound if problem.n]
     for fut in compile_async([(src.source, src.compile_arch) for src in sources], workers):
         fut.result()  # re-raises a failure (a CompileError names its source)
     return [PreparedConv(*args) for args in bound]

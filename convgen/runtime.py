@@ -17,12 +17,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .dtypes import BF16_HINT, default_mma_dtype, dtype_name, np_dtype, resolve_mma_dtype
 from .emit import KernelSource, emit
 from .ir import ConvProblem, Epilogue, Pass, Plan, PairLike, resolve_padding
 from .limits import check_launch
 from .planner import make_spec
 
-_FLOAT_DTYPES = ("float16", "float32", "float64")
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 @dataclass
@@ -89,16 +90,18 @@ def _check_array(name: str, a: Any, ndim: int) -> None:
     if a.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions {_LAYOUTS[name]}, got shape {a.shape}")
     if a.dtype.name not in _FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float16, float32 or float64, got {a.dtype.name}")
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {a.dtype.name} ({BF16_HINT})")
 
 
-def _out_dtype(out_dtype: Any) -> str:
-    try:  # np.dtype(None) is float64, and np.dtype("nonsense") raises NumPy's own message
-        name = None if out_dtype is None else np.dtype(out_dtype).name
-    except (TypeError, ValueError):
-        name = None
-    if name not in ("float16", "float32"):
-        raise ValueError(f"out_dtype must be 'float16' or 'float32' (a name or a NumPy/CuPy dtype), got {out_dtype!r}")
+def _out_dtype(out_dtype: Any, elem: str = "float16") -> str:
+    """``out_dtype`` as a name; None: ``elem``, the MMA's 16-bit type (float16 unless the inputs
+    are bfloat16 or mma_dtype says bfloat16)."""
+    if out_dtype is None:
+        return elem
+    name = dtype_name(out_dtype)  # np.dtype("nonsense") raises NumPy's own message: never shown
+    if name not in ("float16", "bfloat16", "float32"):
+        raise ValueError(f"out_dtype must be None, 'float16', 'bfloat16' or 'float32' (a name or a NumPy/CuPy "
+                         f"dtype), got {out_dtype!r}")
     return name
 
 
@@ -124,10 +127,16 @@ def _check_options(plan: Any, scalar: Any) -> None:
         raise TypeError(f"scalar must be True or False, got {scalar!r}")
 
 
-def _in_dtype(*arrays: Any) -> str:
+def _in_dtype(names: tuple[str, ...], *arrays: Any) -> str:
     """float32 only when every operand is float32/64: the planner may then read it in the
-    gather; mixed inputs are all cast to fp16, which is what the MMAs consume anyway."""
-    return "float32" if all(a.dtype.name != "float16" for a in arrays) else "float16"
+    gather; mixed inputs are all cast to the 16-bit one (fp16 or bf16), which is what the
+    MMAs consume anyway.  float16 beside bfloat16 is refused, naming both: which one the
+    other should be rounded to is the caller's choice."""
+    kinds = {a.dtype.name for a in arrays}
+    if {"float16", "bfloat16"} <= kinds:
+        got = ", ".join(f"{n} {a.dtype.name}" for n, a in zip(names, arrays))
+        raise TypeError(f"inputs mix float16 and bfloat16 ({got}); cast one to the other's type")
+    return "bfloat16" if "bfloat16" in kinds else "float16" if "float16" in kinds else "float32"
 
 
 def _same_device(**arrays: Any) -> int:
@@ -152,13 +161,16 @@ def _gpu_name(device_id: int) -> str:
 
 
 def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
-            plan: Optional[Plan], scalar: bool) -> _Kernel:
+            plan: Optional[Plan], scalar: bool, mma_dtype: Optional[str] = None) -> _Kernel:
     """The compiled kernel for this shape on this device.  The batch size is not in the key:
     the first call's batch sizes the plan (split-K), and every later batch reuses it.
     Without a hand plan, a tuned plan for this GPU and shape wins over the planner's
     (``convgen tune``; set CONVGEN_TUNED=0 to plan only), and with autotune on, a shape
     no database covers is tuned here first (convgen/autotune.py)."""
-    key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar)
+    mma_dtype = resolve_mma_dtype(in_dtype, mma_dtype)
+    # the MMAs' type only where it is not the inputs' default, so a float16 kernel keeps the key it had
+    key = (problem.geometry, pass_, epilogue, in_dtype, device_id, plan, scalar) + (
+        (mma_dtype,) if mma_dtype != default_mma_dtype(in_dtype) else ())
     k = _cache.get(key)
     if k is not None:
         check_launch(k.source, problem.n)  # built for another batch: check this one (convgen/limits.py)
@@ -169,7 +181,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
         if k is None:
             from .compile import load_kernels, set_max_dynamic_shared_memory
 
-            src = _planned_source(problem, pass_, epilogue, in_dtype, device_id, plan, scalar)
+            src = _planned_source(problem, pass_, epilogue, in_dtype, device_id, plan, scalar, mma_dtype=mma_dtype)
             fns = load_kernels(src.source, src.kernel_names, arch=src.compile_arch)
             main = fns[src.main.kernel]
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
@@ -180,11 +192,14 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
 
 
 def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
-                    plan: Optional[Plan], scalar: bool, *, tune: bool = True) -> KernelSource:
+                    plan: Optional[Plan], scalar: bool, *, tune: bool = True,
+                    mma_dtype: Optional[str] = None) -> KernelSource:
     """The source this shape's kernel is built from on this device: a hand plan, else the
-    tuning database's, else (with autotune on and ``tune``) the tuner's, else the planner's."""
+    tuning database's, else (with autotune on and ``tune``) the tuner's, else the planner's.
+    bfloat16 kernels take the planner's: no database holds bf16 plans yet, and a float32 input's
+    tuned plans were timed for fp16 MMAs."""
     target = _target(device_id)
-    if plan is None and not scalar:
+    if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
         from .tuning_db import tuned_plan
 
         plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
@@ -194,7 +209,7 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
             if autotune.enabled():  # tune on first use (convgen.set_autotune)
                 plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
     return emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=plan,
-                          scalar=scalar))
+                          scalar=scalar, mma_dtype=mma_dtype))
 
 
 def _empty(shape: Any, dtype: Any) -> Any:
@@ -209,7 +224,7 @@ def _operand(name: str, a: Any, read_dtype: str, vec: int) -> Any:
     non-contiguous view, or a pointer not aligned to the gather's vector width."""
     cupy = _cupy()
     if a.dtype.name != read_dtype:
-        a = a.astype(read_dtype)  # fp64 -> fp32 -> fp16 rounds through fp32, as documented
+        a = a.astype(np_dtype(read_dtype))  # fp64 -> fp32 -> fp16 (bf16) rounds through fp32, as documented
     if not a.flags.c_contiguous:
         a = cupy.ascontiguousarray(a)
     if a.data.ptr % (vec * a.itemsize):
@@ -233,12 +248,14 @@ class _Call:
 
 
 def _prepared_call(pass_: Pass, problem: ConvProblem, epi: Epilogue, in_dtype: str, device: int,
-                   plan: Optional[Plan], scalar: bool, out: str, alpha: float = 1.0, beta: float = 1.0) -> _Call:
+                   plan: Optional[Plan], scalar: bool, out: str, alpha: float = 1.0, beta: float = 1.0,
+                   mma_dtype: Optional[str] = None) -> _Call:
     """A call signature bound to a prepared op: the plain functions' repeat path is then the
     prepared op's (a few attribute checks and the launch), so they cost no more than it."""
     from .prepared import PreparedConv
 
-    op = PreparedConv(pass_, problem, epi, in_dtype, device, plan, scalar=scalar, alpha=alpha, beta=beta)
+    op = PreparedConv(pass_, problem, epi, in_dtype, device, plan, scalar=scalar, alpha=alpha, beta=beta,
+                      mma_dtype=mma_dtype)
     return _Call(problem, out, device, op)
 
 
@@ -264,15 +281,22 @@ def _remember(key: Optional[tuple], call: _Call) -> _Call:
 
 def conv2d(
     x: Any, w: Any, bias: Any = None, stride: PairLike = 1, padding: PairLike | str = 0,
-    dilation: PairLike = 1, activation: Optional[str] = None, out_dtype: Any = "float16",
+    dilation: PairLike = 1, activation: Optional[str] = None, out_dtype: Any = None,
     *, residual: Any = None, alpha: float = 1.0, beta: float = 1.0, plan: Optional[Plan] = None,
-    scalar: bool = False,
+    scalar: bool = False, mma_dtype: Optional[str] = None,
 ) -> Any:
     """y = act(alpha * conv(x, w) [+ bias] [+ beta * residual]), NHWC activations and KRSC weights.
 
     x: (N, H, W, C), w: (K, R, S, C), bias: (K,) or None; float16 inputs are read as
     they are, float32 too where the plan reads them in the gather, else cast once (the bias
-    is read as float16 or float32, whichever it is; other dtypes as float32).
+    is read as float16 or float32, whichever it is; other dtypes as float32).  bfloat16 inputs
+    are CuPy arrays of ``ml_dtypes.bfloat16`` (CuPy 14 takes that NumPy extension dtype; NumPy
+    and CuPy have no bfloat16 of their own), read as they are by bf16 MMAs with fp32
+    accumulators (sm_80+, sm_90's wgmma and TMA loops, rocWMMA); a bfloat16 bias is read as it is.
+    ``mma_dtype``: the MMAs' input type, "float16" or "bfloat16"; None: the inputs' 16-bit type
+    (float16 for float32 inputs).  float32 inputs with ``mma_dtype="bfloat16"`` are rounded to
+    bf16 in the gather (or in one cast pass), as they are to fp16 otherwise.
+    ``out_dtype``: None (the MMAs' 16-bit type), float16, bfloat16 or float32.
     ``activation``: None, "relu" or "gelu" (erf form).  ``residual``: None, or an array of y's
     shape (N, P, Q, K) and ``out_dtype`` (a ResNet block's skip connection), read in the
     epilogue; ``alpha`` and ``beta`` scale the convolution and the residual (they need one).
@@ -281,11 +305,11 @@ def conv2d(
     """
     cupy = _cupy()
     key = _call_key("fprop", (x, w, bias, residual), stride, padding, dilation, activation, out_dtype, alpha, beta,
-                    plan, scalar)
+                    plan, scalar, mma_dtype)
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar,
-                                           residual, alpha, beta))
+                                           residual, alpha, beta, mma_dtype))
     if call.op is None:
         return cupy.empty(call.problem.y_shape, dtype=call.out_dtype)
     if residual is None:
@@ -305,7 +329,7 @@ def _check_scales(alpha: Any, beta: Any, residual: bool, needs: str) -> None:
 
 
 def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar, residual=None,
-                 alpha=1.0, beta=1.0) -> _Call:
+                 alpha=1.0, beta=1.0, mma_dtype=None) -> _Call:
     _check_array("x", x, 4)
     _check_array("w", w, 4)
     if bias is not None:
@@ -323,39 +347,43 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
     if bias is not None and bias.shape != (kk,):
         raise ValueError(f"bias must have shape ({kk},) to match w's {kk} output channels, got {bias.shape}")
     problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
-    out = _out_dtype(out_dtype)
+    in_dtype = _in_dtype(("x", "w"), x, w)
+    elem = resolve_mma_dtype(in_dtype, mma_dtype)
+    out = _out_dtype(out_dtype, elem)
     if residual is not None and (residual.shape != problem.y_shape or residual.dtype.name != out):
         raise ValueError(f"residual must have y's shape {problem.y_shape} and dtype {out} (out_dtype), got "
                          f"{residual.shape} {residual.dtype.name}")
     device = _same_device(x=x, w=w, bias=bias, residual=residual)
     if n == 0:
         return _Call(problem, out, device)
-    # A float16 bias is read as it is; any other is read as float32 (cast once if need be).
-    b_dtype = "float16" if bias is not None and bias.dtype.name == "float16" else "float32"
+    # A bias of the MMAs' 16-bit type is read as it is; any other as float32 (cast once if need be).
+    b_dtype = elem if bias is not None and bias.dtype.name == elem else "float32"
     epi = Epilogue(bias=bias is not None, relu=activation == "relu", gelu=activation == "gelu",  # type: ignore[arg-type]
                    out_dtype=out, bias_dtype=b_dtype, residual=residual is not None)  # type: ignore[arg-type]
-    return _prepared_call(Pass.FPROP, problem, epi, _in_dtype(x, w), device, plan, scalar, out, float(alpha),
-                          float(beta))
+    return _prepared_call(Pass.FPROP, problem, epi, in_dtype, device, plan, scalar, out, float(alpha),
+                          float(beta), mma_dtype=elem)
 
 
 def conv2d_dgrad(
     dy: Any, w: Any, input_shape: tuple[int, int, int, int], stride: PairLike = 1,
-    padding: PairLike | str = 0, dilation: PairLike = 1, out_dtype: Any = "float16",
-    *, plan: Optional[Plan] = None, scalar: bool = False,
+    padding: PairLike | str = 0, dilation: PairLike = 1, out_dtype: Any = None,
+    *, plan: Optional[Plan] = None, scalar: bool = False, mma_dtype: Optional[str] = None,
 ) -> Any:
-    """dx, the gradient of conv2d's input: dy (N, P, Q, K), w (K, R, S, C) -> dx of ``input_shape`` (N, H, W, C)."""
+    """dx, the gradient of conv2d's input: dy (N, P, Q, K), w (K, R, S, C) -> dx of ``input_shape`` (N, H, W, C).
+    Dtypes (bfloat16 among them), ``out_dtype`` and ``mma_dtype`` as :func:`conv2d`'s."""
     cupy = _cupy()
     shape_key = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else input_shape
-    key = _call_key("dgrad", (dy, w), shape_key, stride, padding, dilation, out_dtype, plan, scalar)
+    key = _call_key("dgrad", (dy, w), shape_key, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype)
     call = _calls.get(key) if key is not None else None
     if call is None:
-        call = _remember(key, _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar))
+        call = _remember(key, _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar,
+                                           mma_dtype))
     if call.op is None:
         return cupy.empty(call.problem.x_shape, dtype=call.out_dtype)
     return call.op(dy, w)
 
 
-def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar) -> _Call:
+def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype=None) -> _Call:
     _check_array("dy", dy, 4)
     _check_array("w", w, 4)
     n, h, wd, c = _shape4("input_shape", input_shape, "(N, H, W, C)")
@@ -369,32 +397,36 @@ def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan,
             f"dy shape {dy.shape} does not match the output shape {problem.y_shape} of input_shape "
             f"{tuple(input_shape)} with w {w.shape}"
         )
-    out = _out_dtype(out_dtype)
+    in_dtype = _in_dtype(("dy", "w"), dy, w)
+    elem = resolve_mma_dtype(in_dtype, mma_dtype)
+    out = _out_dtype(out_dtype, elem)
     device = _same_device(dy=dy, w=w)
     if n == 0:
         return _Call(problem, out, device)
     epi = Epilogue(out_dtype=out)  # type: ignore[arg-type]
-    return _prepared_call(Pass.DGRAD, problem, epi, _in_dtype(dy, w), device, plan, scalar, out)
+    return _prepared_call(Pass.DGRAD, problem, epi, in_dtype, device, plan, scalar, out, mma_dtype=elem)
 
 
 def conv2d_wgrad(
     x: Any, dy: Any, weight_shape: tuple[int, int, int, int], stride: PairLike = 1,
     padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = True,
-    out_dtype: Any = "float16", deterministic: bool = True,
-    *, plan: Optional[Plan] = None, scalar: bool = False,
+    out_dtype: Any = None, deterministic: bool = True,
+    *, plan: Optional[Plan] = None, scalar: bool = False, mma_dtype: Optional[str] = None,
 ) -> tuple[Any, Any]:
     """(dw, db), the gradients of conv2d's weight and bias: x (N, H, W, C), dy (N, P, Q, K).
 
     db is None when ``bias`` is False.  Split-K partial sums always go to a workspace
     and are reduced in a fixed order, so results are bit-identical from run to run;
     ``deterministic`` is accepted for API compatibility and is always honoured.
+    Dtypes (bfloat16 among them), ``out_dtype`` and ``mma_dtype`` as :func:`conv2d`'s.
     """
     cupy = _cupy()
     shape_key = tuple(weight_shape) if isinstance(weight_shape, (tuple, list)) else weight_shape
-    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bias, out_dtype, plan, scalar)
+    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype)
     call = _calls.get(key) if key is not None else None
     if call is None:
-        call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar))
+        call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar,
+                                           mma_dtype))
     if call.op is None:  # an empty batch contributes nothing: the gradients are exactly zero
         problem = call.problem
         with cupy.cuda.Device(call.device):
@@ -403,7 +435,7 @@ def conv2d_wgrad(
     return call.op(x, dy)
 
 
-def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar) -> _Call:
+def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype=None) -> _Call:
     _check_array("x", x, 4)
     _check_array("dy", dy, 4)
     kk, r, s, c = _shape4("weight_shape", weight_shape, "(K, R, S, C)")
@@ -419,12 +451,14 @@ def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype
             f"dy shape {dy.shape} does not match the output shape {problem.y_shape} of x {x.shape} "
             f"with weight_shape {tuple(weight_shape)}"
         )
-    out = _out_dtype(out_dtype)
+    in_dtype = _in_dtype(("x", "dy"), x, dy)
+    elem = resolve_mma_dtype(in_dtype, mma_dtype)
+    out = _out_dtype(out_dtype, elem)
     device = _same_device(x=x, dy=dy)
     if n == 0:
         return _Call(problem, out, device)
     epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
-    return _prepared_call(Pass.WGRAD, problem, epi, _in_dtype(x, dy), device, plan, scalar, out)
+    return _prepared_call(Pass.WGRAD, problem, epi, in_dtype, device, plan, scalar, out, mma_dtype=elem)
 
 
 def clear_cache() -> None:

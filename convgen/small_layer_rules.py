@@ -86,7 +86,7 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
         tiles = max(1, min(4, out_h * out_w // bm)) if red <= bk else 1
         loop = HaloLdsm(8, tiles=tiles) if narrow else HaloTile(16, tiles=tiles)
     try:
-        plan = Plan(bm, bn, bk, wm, wn, stages, va, vb, "float16", "float16", 1, loop=loop)
+        plan = Plan(bm, bn, bk, wm, wn, stages, va, vb, in_dtype, in_dtype, 1, loop=loop)  # 16-bit, read as is
         check_plan(plan, problem, pass_, target, in_dtype)
     except ValueError:
         return None

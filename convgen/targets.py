@@ -31,11 +31,15 @@ class Arch:
     mma_sync: bool  # mma.sync.m16n8k16 with fp16 operands, fp32 accumulators (sm_80+)
     wgmma: bool  # warpgroup MMAs reading shared memory through descriptors (sm_90a)
     tma: bool  # the Tensor Memory Accelerator's bulk tensor copies (sm_90); no main loop uses it yet
+    bf16_mma: bool  # tensor-core MMAs on bfloat16 operands (WMMA/mma.sync .bf16 on sm_80+, rocWMMA on these GPUs)
     # How the source is spelled for this backend.
     file_ext: str
     includes: tuple[str, ...]
     wmma_ns: str  # the namespace holding fragment / load_matrix_sync / mma_sync
     frag_half: str  # the fp16 element type fragments are declared with
+    bf16_type: str  # a bfloat16 kernel's staged element type (its half_t); converts from and to float by casts
+    frag_bf16: str  # the bf16 element type fragments are declared with
+    bf16_include: str  # the header declaring bf16_type
     warp_sync: str  # orders a warp's shared-memory writes before its lanes read them
     ptx_store16: bool  # 16-byte global stores written in PTX (NVVM splits some uint4 stores)
 
@@ -52,8 +56,9 @@ class Arch:
 def _cuda(arch: str, smem_kib: int, sms: int, *, sm: int) -> Arch:
     return Arch(
         arch=arch, backend="cuda", warp_size=32, smem_limit=smem_kib * 1024, default_sm_count=sms,
-        cp_async=sm >= 80, ldmatrix=sm >= 75, mma_sync=sm >= 80, wgmma=sm == 90, tma=sm >= 90,
+        cp_async=sm >= 80, ldmatrix=sm >= 75, mma_sync=sm >= 80, wgmma=sm == 90, tma=sm >= 90, bf16_mma=sm >= 80,
         file_ext="cu", includes=("cuda_fp16.h", "mma.h"), wmma_ns="nvcuda::wmma", frag_half="__half",
+        bf16_type="__nv_bfloat16", frag_bf16="__nv_bfloat16", bf16_include="cuda_bf16.h",
         warp_sync="__syncwarp()", ptx_store16=True,
     )
 
@@ -73,9 +78,11 @@ _HIP_WARP_SYNC = (
 def _hip(arch: str, warp_size: int, sms: int) -> Arch:
     return Arch(
         arch=arch, backend="hip", warp_size=warp_size, smem_limit=64 * 1024, default_sm_count=sms,
-        cp_async=False, ldmatrix=False, mma_sync=False, wgmma=False, tma=False,
+        cp_async=False, ldmatrix=False, mma_sync=False, wgmma=False, tma=False, bf16_mma=True,
         file_ext="hip", includes=("hip/hip_runtime.h", "hip/hip_fp16.h", "rocwmma/rocwmma.hpp"),
-        wmma_ns="rocwmma", frag_half="rocwmma::float16_t", warp_sync=_HIP_WARP_SYNC, ptx_store16=False,
+        wmma_ns="rocwmma", frag_half="rocwmma::float16_t",
+        # rocWMMA's bf16 fragments hold hip_bfloat16 (rocwmma::bfloat16_t), so the stage holds it too.
+        bf16_type="rocwmma::bfloat16_t", frag_bf16="rocwmma::bfloat16_t", bf16_include="hip/hip_bfloat16.h", warp_sync=_HIP_WARP_SYNC, ptx_store16=False,
     )
 
 

@@ -51,8 +51,17 @@ def _check(result: tuple, what: str) -> np.void:
     return np.array(tmap.opaque, dtype=np.uint64).view(_MAP)[0]
 
 
+def _data_type(d: Any, dtype: str) -> Any:
+    """The copy engine's element type: the kernel's 16-bit type (both are 2 bytes, so the
+    strides and boxes are the same; the type only names what the map holds)."""
+    if dtype not in ("float16", "bfloat16"):
+        raise ValueError(f"a TMA tensor map holds float16 or bfloat16, got {dtype!r}")
+    return d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bfloat16" else \
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+
+
 def _im2col(ptr: int, dims: tuple[int, int, int, int], lower: tuple[int, int], upper: tuple[int, int],
-            stride: tuple[int, int], block_m: int, what: str) -> np.void:
+            stride: tuple[int, int], block_m: int, what: str, dtype: str = "float16") -> np.void:
     """An NHWC fp16 tensor as the 4-D im2col map (channels, W, H, N), innermost first: a box
     is ``block_m`` pixels x 64 channels.  The bounding box runs from ``lower`` (W, H) to the
     far edges plus ``upper``, walked ``stride`` pixels per output pixel."""
@@ -60,7 +69,7 @@ def _im2col(ptr: int, dims: tuple[int, int, int, int], lower: tuple[int, int], u
     c, w, h, n = dims
     u64, u32 = d.cuuint64_t, d.cuuint32_t
     return _check(d.cuTensorMapEncodeIm2col(
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr,
+        _data_type(d, dtype), 4, ptr,
         [u64(c), u64(w), u64(h), u64(n)], [u64(c * 2), u64(w * c * 2), u64(h * w * c * 2)],
         list(lower), list(upper), TMA_BLOCK_K, block_m, [u32(1), u32(stride[0]), u32(stride[1]), u32(1)],
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
@@ -69,7 +78,7 @@ def _im2col(ptr: int, dims: tuple[int, int, int, int], lower: tuple[int, int], u
     ), what)
 
 
-def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str) -> np.void:
+def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str, dtype: str = "float16") -> np.void:
     """A dense fp16 tensor (``dims`` innermost first) as a tiled map of ``box`` boxes,
     128-byte swizzled; a box past an edge reads zeros there."""
     d = _driver()
@@ -79,7 +88,7 @@ def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str) -> 
         step *= extent
         strides.append(u64(step))
     return _check(d.cuTensorMapEncodeTiled(
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, len(dims), ptr,
+        _data_type(d, dtype), len(dims), ptr,
         [u64(e) for e in dims], strides, [u32(b) for b in box], [u32(1)] * len(dims),
         d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -87,17 +96,17 @@ def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str) -> 
     ), what)
 
 
-def im2col_map(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
+def im2col_map(ptr: int, problem: ConvProblem, block_m: int, dtype: str = "float16") -> np.void:
     """fprop's and wgrad's x: a box is ``block_m`` output pixels x 64 channels of one filter
     tap.  Its bounding box is where tap (0, 0) reaches over the output grid: from -padding at
     the top left to padding - (filter reach) past the bottom right, walked with the stride."""
     p = problem
     (sh, sw), (ph, pw), (dh, dw) = p.stride, p.padding, p.dilation
     return _im2col(ptr, (p.c, p.w, p.h, p.n), (-pw, -ph), (pw - (p.s - 1) * dw, ph - (p.r - 1) * dh), (sw, sh),
-                   block_m, "x")
+                   block_m, "x", dtype)
 
 
-def dgrad_im2col_maps(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
+def dgrad_im2col_maps(ptr: int, problem: ConvProblem, block_m: int, dtype: str = "float16") -> np.void:
     """dgrad's dy: one map per stride residue class (convgen/residues.py), in launch order,
     as one value (the kernel's ``DyMaps``).  Class (ch, cw)'s map is fprop's map of dy under
     its flipped sub-filter, whose padding is the class's ``flip_h``, ``flip_w``: its bounding
@@ -112,45 +121,47 @@ def dgrad_im2col_maps(ptr: int, problem: ConvProblem, block_m: int) -> np.void:
         lower = (-cls.flip_w, -cls.flip_h)
         upper = (cls.wc - p.q - cls.flip_w, cls.hc - p.p - cls.flip_h)
         maps.append(_im2col(ptr, (p.k, p.q, p.p, p.n), lower, upper, (1, 1), block_m,
-                            f"dy (residue class {cls.ch}, {cls.cw})"))
+                            f"dy (residue class {cls.ch}, {cls.cw})", dtype))
     return np.frombuffer(b"".join(m.tobytes() for m in maps), dtype=np.dtype((np.void, 128 * len(maps))))[0]
 
 
-def weight_map(ptr: int, problem: ConvProblem, block_n: int) -> np.void:
+def weight_map(ptr: int, problem: ConvProblem, block_n: int, dtype: str = "float16") -> np.void:
     """fprop's w: KRSC as a 2-D tensor [K][R*S*C]; a box is ``block_n`` filters x 64 of their
     (tap, channel) pairs, rows past K read as zeros."""
     p = problem
-    return _tiled(ptr, (p.r * p.s * p.c, p.k), (TMA_BLOCK_K, block_n), "w")
+    return _tiled(ptr, (p.r * p.s * p.c, p.k), (TMA_BLOCK_K, block_n), "w", dtype)
 
 
-def wgrad_dy_map(ptr: int, problem: ConvProblem) -> np.void:
+def wgrad_dy_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.void:
     """wgrad's dy: NHWC as a 2-D tensor [N*P*Q][K]; a box is 64 pixels x 64 filters, so a
     stage's A tile runs along M (filters), pixels past the batch and filters past K zeros."""
     p = problem
-    return _tiled(ptr, (p.k, p.n * p.p * p.q), (64, TMA_BLOCK_K), "dy")
+    return _tiled(ptr, (p.k, p.n * p.p * p.q), (64, TMA_BLOCK_K), "dy", dtype)
 
 
-def dgrad_weight_map(ptr: int, problem: ConvProblem) -> np.void:
+def dgrad_weight_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.void:
     """dgrad's w: KRSC as a 3-D tensor (C, R*S, K); a box is 64 channels of one tap of 64
     filters, so a stage's B tile is N-major (channels along the rows), filters past K zeros."""
     p = problem
-    return _tiled(ptr, (p.c, p.r * p.s, p.k), (64, 1, TMA_BLOCK_K), "w")
+    return _tiled(ptr, (p.c, p.r * p.s, p.k), (64, 1, TMA_BLOCK_K), "w", dtype)
 
 
 class TmaMaps:
     """One prepared op's tensor maps of its two inputs, in the op's argument order (fprop:
-    x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring)."""
+    x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring).  ``dtype``:
+    the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16."""
 
-    def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int) -> None:
+    def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int, dtype: str = "float16") -> None:
+        t = dtype
         if pass_ is Pass.FPROP:
-            self._make_a = lambda ptr: im2col_map(ptr, problem, block_m)
-            self._make_b = lambda ptr: weight_map(ptr, problem, block_n)
+            self._make_a = lambda ptr: im2col_map(ptr, problem, block_m, t)
+            self._make_b = lambda ptr: weight_map(ptr, problem, block_n, t)
         elif pass_ is Pass.DGRAD:
-            self._make_a = lambda ptr: dgrad_im2col_maps(ptr, problem, block_m)
-            self._make_b = lambda ptr: dgrad_weight_map(ptr, problem)
+            self._make_a = lambda ptr: dgrad_im2col_maps(ptr, problem, block_m, t)
+            self._make_b = lambda ptr: dgrad_weight_map(ptr, problem, t)
         else:  # wgrad: A is x (64 pixels of one tap a box), B is dy
-            self._make_a = lambda ptr: im2col_map(ptr, problem, TMA_BLOCK_K)
-            self._make_b = lambda ptr: wgrad_dy_map(ptr, problem)
+            self._make_a = lambda ptr: im2col_map(ptr, problem, TMA_BLOCK_K, t)
+            self._make_b = lambda ptr: wgrad_dy_map(ptr, problem, t)
         self._a: dict[int, np.void] = {}
         self._b: dict[int, np.void] = {}
 

@@ -171,7 +171,7 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     walks dy one pixel per pixel of a stride residue class, through one map per class."""
     if not (target.info.tma and target.info.wgmma):
         return f"needs the tensor memory accelerator and warpgroup MMAs (sm_90a), which {target.arch} does not have"
-    if in_dtype != "float16":
+    if in_dtype not in ("float16", "bfloat16"):
         return "copies fp16 inputs as they are (the copy engine cannot cast)"
     g = geometry
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation

@@ -25,11 +25,11 @@ float32 accumulator, i.e. the precision of autocast, not of an FP32 cuDNN
 convolution.  Gradients come back in the dtype of the tensor they belong to,
 and the incoming gradient dy is rounded to float16 before dgrad and wgrad, as
 an autocast backward would do (values under 6e-8 flush to zero: scale the loss,
-as one does for any float16 training).  bfloat16 is refused: its range does not
-fit in float16.  Under ``torch.autocast("cuda")`` the inputs are cast to float16
+as one does for any float16 training).  bfloat16 tensors are refused, naming the
+CuPy route: the kernels exist (convgen.conv2d takes ml_dtypes.bfloat16 arrays), this
+bridge does not run them yet.  Under ``torch.autocast("cuda")`` the inputs are cast to float16
 first, like nn.Conv2d's under a float16 autocast, so the output is float16 (also
-under a bfloat16 autocast, where nn.Conv2d's would be bfloat16: convgen has no
-bfloat16 kernels).
+under a bfloat16 autocast, where nn.Conv2d's would be bfloat16).
 
 Streams and graphs.  Every launch goes on PyTorch's current stream of the tensors'
 device, with no synchronisation and no host copies, so the layer can be captured by
@@ -115,8 +115,9 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _SUPPORTED_DTYPES:
-            hint = (" (bfloat16's range does not fit in float16, which the kernels compute with;"
-                    " convert to float16 or float32)") if t.dtype == torch.bfloat16 else ""
+            hint = (" (convgen has bfloat16 kernels, but convgen.torch does not run them yet: its fast path "
+                    "and autocast rule are float16's; use convgen.conv2d with ml_dtypes.bfloat16 CuPy arrays, "
+                    "or convert to float16 or float32)") if t.dtype == torch.bfloat16 else ""
             raise TypeError(f"{name} must be float16, float32 or float64, got {t.dtype}{hint}")
         if t.device != x.device:
             raise RuntimeError(f"{name} is on {t.device} but x is on {x.device}; all operands must be on one device")

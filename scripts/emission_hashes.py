@@ -54,6 +54,23 @@ def lines():
                             launch = json.dumps(ks.manifest_entry()["kernels"], sort_keys=True)
                             digest = hashlib.sha256((ks.source + "\0" + launch).encode()).hexdigest()[:20]
                             yield f"{arch} {pass_.value} {suite}/{layer.name} c{i}e{j} {digest}"
+    yield from bf16_lines()
+
+
+def bf16_lines():
+    """bfloat16 kernels (in and out), the planner's plan of each suite layer and pass: after
+    every float16 line, so adding them changed no earlier line."""
+    from convgen.planner import make_spec
+
+    for arch in ("sm_90", "gfx942"):
+        for suite, layers in SUITES.items():
+            for layer in layers:
+                for pass_ in Pass:
+                    epi = Epilogue(bias=pass_ is not Pass.DGRAD, relu=pass_ is Pass.FPROP, out_dtype="bfloat16")
+                    ks = emit(make_spec(layer.problem, pass_, target=Target(arch), epilogue=epi, in_dtype="bfloat16"))
+                    launch = json.dumps(ks.manifest_entry()["kernels"], sort_keys=True)
+                    digest = hashlib.sha256((ks.source + "\0" + launch).encode()).hexdigest()[:20]
+                    yield f"{arch} {pass_.value} {suite}/{layer.name} bf16 {digest}"
 
 
 if __name__ == "__main__":

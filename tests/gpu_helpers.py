@@ -20,26 +20,42 @@ class Result:
     reduction: int  # GEMM reduction length, for the tolerance
 
 
-def draw(rng: np.random.Generator, shape, dtype: str, exact: bool) -> np.ndarray:
-    """Fresh random data: small integers (every product and partial sum exact in fp32)
+def draw(rng: np.random.Generator, shape, dtype: str, exact: bool, span: int = 2) -> np.ndarray:
+    """Fresh random data: small integers in [-span, span] (every product and partial sum
+    exact in fp32, and exact in any 16-bit input type: bf16 holds every integer up to 256)
     for the exact tier, else normal values; never zeros."""
     if exact:
-        a = rng.integers(-2, 3, size=shape).astype(np.float64)
+        a = rng.integers(-span, span + 1, size=shape).astype(np.float64)
     else:
         a = rng.standard_normal(shape)
-    return a.astype(dtype)
+    return a.astype(np_dtype(dtype))
 
 
-def kernel_view(a: np.ndarray) -> np.ndarray:
-    """The values a kernel computes with: fp16 (fp32 inputs are rounded as astype(float16))."""
-    return a.astype(np.float32).astype(np.float16).astype(np.float64)
+def np_dtype(name: str):
+    """A dtype name as NumPy's dtype; bfloat16 is ml_dtypes' (NumPy has none of its own)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def kernel_view(a: np.ndarray, mma_dtype: str = "float16") -> np.ndarray:
+    """The values a kernel computes with: its MMAs' 16-bit type (float32 inputs are rounded to
+    nearest even, as astype(float16) or ml_dtypes' astype(bfloat16) round)."""
+    return a.astype(np.float32).astype(np_dtype(mma_dtype)).astype(np.float64)
+
+
+# Relative rounding of one 16-bit output (half an ulp at the worst): fp16's 10-bit mantissa,
+# bf16's 7-bit one (8 bits with the implicit one), which is 8x coarser.
+_OUT_ROUNDING = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6}
 
 
 def tolerance(reduction: int, out_dtype: str) -> float:
-    # fp32 accumulation of `reduction` fp16 products: error grows like sqrt(length);
-    # an fp16 output adds its own rounding (2^-11 relative).
+    # fp32 accumulation of `reduction` products of 16-bit inputs (exact in fp32 whether fp16 or
+    # bf16): error grows like sqrt(length); a 16-bit output adds its own rounding.
     acc = 4e-7 * math.sqrt(max(reduction, 1))
-    return acc + (1e-3 if out_dtype == "float16" else 1e-6)
+    return acc + _OUT_ROUNDING[out_dtype]
 
 
 def rel_err(out: np.ndarray, ref: np.ndarray) -> float:
@@ -54,34 +70,40 @@ def run_pass(
     in_dtype: str = "float16", out_dtype: str = "float16", bias: bool = False, relu: bool = False,
     scalar: bool = False, plan: Plan | None = None, exact: bool = False,
     gelu: bool = False, residual: bool = False, alpha: float = 1.0, beta: float = 1.0,
+    mma_dtype: str | None = None, span: int = 2,
 ) -> Result:
+    """``mma_dtype``: what the kernel's MMAs read (None: convgen's default for ``in_dtype``);
+    ``span``: the exact tier's integers are in [-span, span]."""
     import cupy as cp
 
     pass_ = Pass.parse(pass_)
     geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
-    opts = dict(out_dtype=out_dtype, plan=plan, scalar=scalar)
+    opts = dict(out_dtype=out_dtype, plan=plan, scalar=scalar, **({"mma_dtype": mma_dtype} if mma_dtype else {}))
+    elem = mma_dtype or ("bfloat16" if in_dtype == "bfloat16" else "float16")
+    draw_ = lambda shape, dtype: draw(rng, shape, dtype, exact, span)  # noqa: E731
+    view = lambda a: kernel_view(a, elem)  # noqa: E731
     gemm = problem.gemm(pass_)
     if pass_ is Pass.FPROP:
-        x = draw(rng, problem.x_shape, in_dtype, exact)
-        w = draw(rng, problem.w_shape, in_dtype, exact)
-        b = draw(rng, (problem.k,), "float32", exact) if bias else None
-        r = draw(rng, problem.y_shape, out_dtype, exact) if residual else None
+        x = draw_(problem.x_shape, in_dtype)
+        w = draw_(problem.w_shape, in_dtype)
+        b = draw_((problem.k,), "float32") if bias else None
+        r = draw_(problem.y_shape, out_dtype) if residual else None
         scales = dict(residual=cp.asarray(r), alpha=alpha, beta=beta) if residual else {}
         y = convgen.conv2d(cp.asarray(x), cp.asarray(w), None if b is None else cp.asarray(b),
                            activation="relu" if relu else "gelu" if gelu else None, **geo, **opts, **scales)
-        ref = reference.fprop(kernel_view(x), kernel_view(w), b, relu=relu, gelu=gelu, **geo,
+        ref = reference.fprop(view(x), view(w), b, relu=relu, gelu=gelu, **geo,
                               **(dict(residual=r.astype(np.float64), alpha=alpha, beta=beta) if residual else {}))
         return Result([cp.asnumpy(y).astype(np.float64)], [ref], gemm.k)
     if pass_ is Pass.DGRAD:
-        dy = draw(rng, problem.y_shape, in_dtype, exact)
-        w = draw(rng, problem.w_shape, in_dtype, exact)
+        dy = draw_(problem.y_shape, in_dtype)
+        w = draw_(problem.w_shape, in_dtype)
         dx = convgen.conv2d_dgrad(cp.asarray(dy), cp.asarray(w), problem.x_shape, **geo, **opts)
-        ref = reference.dgrad(kernel_view(dy), kernel_view(w), problem.x_shape, **geo)
+        ref = reference.dgrad(view(dy), view(w), problem.x_shape, **geo)
         return Result([cp.asnumpy(dx).astype(np.float64)], [ref], gemm.k)
-    x = draw(rng, problem.x_shape, in_dtype, exact)
-    dy = draw(rng, problem.y_shape, in_dtype, exact)
+    x = draw_(problem.x_shape, in_dtype)
+    dy = draw_(problem.y_shape, in_dtype)
     dw, db = convgen.conv2d_wgrad(cp.asarray(x), cp.asarray(dy), problem.w_shape, bias=bias, **geo, **opts)
-    rdw, rdb = reference.wgrad(kernel_view(x), kernel_view(dy), problem.w_shape, **geo)
+    rdw, rdb = reference.wgrad(view(x), view(dy), problem.w_shape, **geo)
     outs, refs = [cp.asnumpy(dw).astype(np.float64)], [rdw]
     if bias:
         outs.append(cp.asnumpy(db).astype(np.float64))

@@ -103,11 +103,11 @@ class Case:
     layer: str
     pass_: Pass
     arch: str
-    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "bias-fp16", "residual-gelu", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
+    variant: str = "default"  # "scalar", "in-fp32", "out-fp32", "bf16", "bf16-halo", "bias-fp16", "residual-gelu", "halo", "halo-tiles", "halo-flat", "halo-flat-tiles", "sliced"
 
 
 VARIANT_LAYERS = (("cifar-resnet", "conv1"), ("resnet50", "l1-3x3"), ("resnet50", "l4-1x1"))
-VARIANTS = ("scalar", "in-fp32", "out-fp32")
+VARIANTS = ("scalar", "in-fp32", "out-fp32", "bf16")  # bf16: bfloat16 in and out (rocWMMA's bf16 fragments)
 
 
 def _cases() -> list[Case]:
@@ -144,6 +144,11 @@ def _cases() -> list[Case]:
                               "halo-flat"))
             cases.append(Case(f"halo-flat-tiles/cifar-vgg/conv32-{pass_.value}-{arch}", "cifar-vgg", "conv32", pass_,
                               arch, "halo-flat-tiles"))
+    for suite, name in HALO_LAYERS:  # the halo path on bfloat16
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            for arch in ARCHES:
+                cases.append(Case(f"bf16-halo/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch,
+                                  "bf16-halo"))
     for arch in ARCHES:  # sliced K: two warp grids per block, their sums added through shared memory
         for pass_ in Pass:
             cases.append(Case(f"sliced/cifar-vgg/conv3-{pass_.value}-{arch}", "cifar-vgg", "conv3", pass_, arch, "sliced"))
@@ -167,6 +172,10 @@ def _halo_plan(geometry, pass_: Pass) -> Plan:
 def _emit(case: Case) -> KernelSource:
     layer = next(l for l in SUITES[case.suite] if l.name == case.layer)
     p = case.pass_
+    bf16 = case.variant.startswith("bf16")
+    halo_plan = _halo_plan(layer.problem.geometry, p) if case.variant in ("halo", "bf16-halo") else None
+    if halo_plan is not None and bf16:
+        halo_plan = dataclasses.replace(halo_plan, read_a="bfloat16", read_b="bfloat16")
     spec = make_spec(
         layer.problem,
         p,
@@ -174,13 +183,13 @@ def _emit(case: Case) -> KernelSource:
         epilogue=Epilogue(
             bias=p is not Pass.DGRAD,
             relu=p is Pass.FPROP and case.variant != "residual-gelu",
-            out_dtype="float32" if case.variant == "out-fp32" else "float16",
+            out_dtype="float32" if case.variant == "out-fp32" else "bfloat16" if bf16 else "float16",
             bias_dtype="float16" if case.variant == "bias-fp16" else "float32",
             gelu=case.variant == "residual-gelu", residual=case.variant == "residual-gelu",
         ),
-        in_dtype="float32" if case.variant == "in-fp32" else "float16",
+        in_dtype="float32" if case.variant == "in-fp32" else "bfloat16" if bf16 else "float16",
         scalar=case.variant == "scalar",
-        plan_=(_halo_plan(layer.problem.geometry, p) if case.variant == "halo"
+        plan_=(halo_plan if halo_plan is not None
                else Plan(64, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 2)) if case.variant == "halo-tiles"
                else dataclasses.replace(HALO_PLAN, loop=FlatHalo()) if case.variant == "halo-flat"
                else Plan(64, 32, 32, 4, 1, 2, 8, 8, loop=FlatHalo(2)) if case.variant == "halo-flat-tiles"

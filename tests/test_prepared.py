@@ -20,7 +20,7 @@ pytest.importorskip("cupy", reason="convgen.prepare needs CuPy")
     (dict(pass_="fprop", x_shape=(2, 8, 8, 8), w_shape=(4, 3, 3, 8), alpha=2.0), "they need residual=True"),
     (dict(pass_="fprop", x_shape=(2, 8, 8, 8), w_shape=(4, 3, 3, 8), residual=True, beta=float("nan")),
      "beta must be a finite number"),
-    (dict(pass_="fprop", x_shape=(2, 8, 8, 8), w_shape=(4, 3, 3, 8), in_dtype="int8"), "in_dtype must be float16 or float32"),
+    (dict(pass_="fprop", x_shape=(2, 8, 8, 8), w_shape=(4, 3, 3, 8), in_dtype="int8"), "in_dtype must be float16, bfloat16 or float32"),
     (dict(pass_="sideways", x_shape=(2, 8, 8, 8), w_shape=(4, 3, 3, 8)), "pass must be one of fprop, dgrad, wgrad"),
     (dict(pass_="fprop", x_shape=(2, 8, 8, 8), w_shape=(4, 9, 9, 8)), "output height p would be <= 0"),
 ])

@@ -48,13 +48,23 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", choices=sorted(ARCHES), help="default: sm_90 (cuda) or gfx1201 (hip)")
     p.add_argument("--sm-count", type=int, help="SMs / CUs for split-K sizing (default: a typical part of the arch)")
     p.add_argument("--pass", dest="pass_", default="all", choices=("fprop", "dgrad", "wgrad", "all"))
-    p.add_argument("--in-dtype", default="float16", choices=("float16", "float32"))
-    p.add_argument("--out-dtype", default="float16", choices=("float16", "float32"))
+    p.add_argument("--dtype", default="float16", choices=("float16", "bfloat16"),
+                   help="the MMAs' 16-bit input type, fp32 accumulators either way (default float16); "
+                        "the default of --in-dtype and --out-dtype")
+    p.add_argument("--in-dtype", choices=("float16", "bfloat16", "float32"),
+                   help="the inputs' dtype (default: --dtype); float32 is rounded to --dtype in the gather")
+    p.add_argument("--out-dtype", choices=("float16", "bfloat16", "float32"), help="default: --dtype")
     p.add_argument("--no-bias", action="store_true", help="fprop without bias, wgrad without db")
     p.add_argument("--relu", action="store_true", help="fused ReLU in fprop")
     p.add_argument("--gelu", action="store_true", help="fused GELU (erf form) in fprop")
     p.add_argument("--residual", action="store_true",
                    help="fprop adds a residual of y's shape: act(alpha * conv + bias + beta * residual)")
+
+
+def dtypes(args: argparse.Namespace) -> None:
+    """Fill in --in-dtype and --out-dtype from --dtype where they were not given."""
+    args.in_dtype = args.in_dtype or args.dtype
+    args.out_dtype = args.out_dtype or args.dtype
 
 
 def target(args: argparse.Namespace) -> Target:

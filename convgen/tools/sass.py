@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import config, tuning_db
-from .cli_common import UsageError, add_shape_args, add_target_args, epilogue, layers, passes, target
+from .cli_common import UsageError, add_shape_args, add_target_args, dtypes, epilogue, layers, passes, target
 
 _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.M)
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -126,6 +126,7 @@ def cmd_sass(args: argparse.Namespace) -> int:
     from ..planner import make_spec
 
     tgt = target(args)
+    dtypes(args)
     if tgt.backend != "cuda":
         raise UsageError("convgen sass reads CUDA cubins; for HIP targets see scripts/hip_check.sh")
     if args.tuned and not tuning_db.has_database(args.tuned):
@@ -145,7 +146,7 @@ def cmd_sass(args: argparse.Namespace) -> int:
         tuned = (tuning_db.lookup(args.tuned, layer.problem.geometry, pass_, args.in_dtype, tgt.arch)
                  if args.tuned else None)
         spec = make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),
-                         in_dtype=args.in_dtype, plan_=tuned)
+                         in_dtype=args.in_dtype, plan_=tuned, mma_dtype=args.dtype)
         src = emit(spec)
         k = kernel_sass(src, cuobjdump)[src.main.kernel]
         p = spec.plan

@@ -4,14 +4,19 @@
 // header instead of carrying its own copy.  NVRTC and hiprtc find it through the -I that
 // convgen/compile.py passes; `convgen emit -o DIR` writes it to DIR/convgen/, for nvcc -I DIR.
 //
-// The including kernel first includes its backend's headers, defines half_t, and says what the
-// target has (convgen/backends.py decides, the kernel template writes it down):
+// The including kernel first includes its backend's headers, defines half_t (the 16-bit element
+// its stages and MMAs hold: __half, or a bfloat16 type), and says what the target has
+// (convgen/targets.py decides, the kernel template writes it down):
 //   CONVGEN_CP_ASYNC     1: cp.async global->shared copies (sm_80+); 0: stubs, staging goes through registers
 //   CONVGEN_PTX_STORE16  1: 16-byte global stores written in PTX (NVVM splits some uint4 stores)
+//   CONVGEN_BF16         1: half_t is bfloat16 (defined only then; convgen/dtypes.py)
 #pragma once
 
 #if !defined(CONVGEN_CP_ASYNC) || !defined(CONVGEN_PTX_STORE16)
 #error "define CONVGEN_CP_ASYNC and CONVGEN_PTX_STORE16 (0 or 1) before including convgen/device.h"
+#endif
+#ifndef CONVGEN_BF16
+#define CONVGEN_BF16 0
 #endif
 
 namespace {
@@ -37,8 +42,18 @@ template <long long D> __device__ __forceinline__ long long udiv64(long long a) 
   if constexpr (D == 0) return 0; else return static_cast<long long>(static_cast<unsigned long long>(a) / D);
 }
 
+// float to the kernel's 16-bit element, rounded to nearest even: the same as numpy's
+// astype(float16), or ml_dtypes' astype(bfloat16) (CUDA's and rocWMMA's bf16 casts round so).
+__device__ __forceinline__ half_t round_half_t(float f) {
+#if CONVGEN_BF16
+  return static_cast<half_t>(f);
+#else
+  return __float2half_rn(f);
+#endif
+}
+
 __device__ __forceinline__ unsigned short f2h_bits(float f) {
-  half_t h = __float2half_rn(f);  // round to nearest even: the same as numpy's astype(float16)
+  half_t h = round_half_t(f);
   return *reinterpret_cast<unsigned short*>(&h);
 }
 
@@ -135,7 +150,7 @@ struct Stager {
 };
 
 // Element-type traits of a gather: what it reads from global memory and how that
-// becomes fp16 in shared memory.
+// becomes half_t (fp16 or bf16) in shared memory.
 template <typename TIn, int VEC> struct ReadAs;
 template <int VEC> struct ReadAs<half_t, VEC> {
   static constexpr int V = VEC;
@@ -154,7 +169,7 @@ template <int VEC> struct ReadAs<float, VEC> {
 
 template <typename OutT> __device__ __forceinline__ OutT from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ half_t from_float<half_t>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ half_t from_float<half_t>(float v) { return round_half_t(v); }
 
 // One 16-byte global store.
 __device__ __forceinline__ void store16(void* p, const uint4& w) {
