@@ -288,6 +288,35 @@ def test_emitted_kernels_compile_without_warnings(monkeypatch):
         assert binary and log.strip() == "", log[:2000]
 
 
+def _tma_register_cases():
+    from convgen.tma_rules import PERSISTENT_TILES
+
+    tiles = sorted({(p, t) for (p, _, _), t in PERSISTENT_TILES.items()})
+    return [(p, bm, bn, st, pp, stride) for p, (bm, bn, st, pp) in tiles for stride in (1, 2)] + \
+        [(p, 128, 128, 4, None, stride) for p in ("fprop", "dgrad") for stride in (1, 2)]  # one block a tile
+
+
+@pytest.mark.parametrize("case", _tma_register_cases(), ids=lambda c: "-".join(map(str, c)))
+def test_two_consumer_tma_kernels_keep_their_register_split(case):
+    """ptxas ignores setmaxnreg (C7507, 'Potential Performance Loss') where code is reached by
+    both the 40-register producer and the consumers, and the consumers then run on the
+    launch's 168: every two-consumer TMA kernel, strided dgrad's class switch included,
+    compiles with an empty log."""
+    from convgen.emit import emit
+    from convgen.ir import ConvProblem, Plan, Target
+    from convgen.mainloop import TmaWgmma
+    from convgen.planner import make_spec
+    from convgen.resources import include_dir
+
+    pass_, bm, bn, stages, pingpong, stride = case
+    loop = TmaWgmma() if pingpong is None else TmaWgmma(persistent=True, pingpong=pingpong)
+    plan_ = Plan(bm, bn, 64, 8, 1, stages, 8, 8, loop=loop)
+    src = emit(make_spec(ConvProblem(28, 28, 256, 256, 3, 3, stride, 1, 1, n=8), pass_, target=Target("sm_90"), plan_=plan_))
+    opts = cc._fixed_flags(src.compile_arch, False) + [f"-I{d}" for d in [include_dir(), *cc.cuda_include_dirs()]]
+    binary, log = cc._nvrtc_compile(src.source, src.filename, opts)
+    assert binary and log.strip() == "", log[:2000]
+
+
 @pytest.mark.parametrize("plan_", [
     None,  # the planner's
     "split", "halo", "halo-tiles", "staged-halo",
