@@ -162,6 +162,24 @@ __device__ __forceinline__ void add_run(float (&v)[EPT], const float* __restrict
   }
 }
 
+// Reads a lane's run of EPT scratch floats at p (16-byte aligned) in 16-byte loads.  Runs of
+// 8 are read half by half, the half `flip` names first.  A quarter-warp's 8 lanes then reach 8
+// distinct groups of 4 banks in each load: read in order, lanes t and t + 4 of a 64-float
+// strip row (or two rows of a narrower strip) would share banks, as would every lane of a
+// scalar read (EPI_LD is 8 floats past a multiple of 32).
+__device__ __forceinline__ void read_run(const float* p, bool flip, float (&v)[EPT]) {
+  static_assert(EPT % 4 == 0 && EPT <= 8, "a run is one or two 16-byte loads");
+  const float4* q = reinterpret_cast<const float4*>(p);
+  if constexpr (EPT == 8) {
+    const float4 first = q[flip], second = q[!flip];
+    const float4 lo = flip ? second : first, hi = flip ? first : second;
+    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w; v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+  } else {
+    const float4 f = q[0];
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+  }
+}
+
 // Walks this warp's fragments a strip at a time; `emit(row, col, v)` receives EPT
 // consecutive values of row `row` starting at column `col` (both relative to the block tile).
 template <class Emit>
@@ -170,6 +188,7 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
   const int lane = static_cast<int>(threadIdx.x) % WARP_SIZE;
   float* scratch = reinterpret_cast<float*>(smem) + warp * 16 * EPI_LD;
   const int r = lane / LANES_PER_ROW, c = (lane % LANES_PER_ROW) * EPT;
+  const bool flip = ((c / 32) ^ r) & 1;  // which half of its run the lane reads first (read_run)
 #pragma unroll
   for (int i = 0; i < FM; ++i) {
 #pragma unroll
@@ -177,14 +196,13 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 #pragma unroll
       for (int g = 0; g < DRAIN_G; ++g)
 #pragma unroll
-        for (int e = 0; e < 8; ++e)
-          scratch[(lane / 4 + 8 * (e % 4 / 2)) * EPI_LD + g * 16 + 8 * (e / 4) + 2 * (lane % 4) + e % 2] = acc[i][j0 + g].x[e];
+        for (int e = 0; e < 8; e += 2)  // a lane's pairs of neighbouring columns, 8 bytes a store
+          *reinterpret_cast<float2*>(scratch + (lane / 4 + 8 * (e % 4 / 2)) * EPI_LD + g * 16 + 8 * (e / 4) + 2 * (lane % 4)) =
+              make_float2(acc[i][j0 + g].x[e], acc[i][j0 + g].x[e + 1]);
       __syncwarp();
       float v[DRAIN_PASSES][EPT];
 #pragma unroll
-      for (int pass = 0; pass < DRAIN_PASSES; ++pass)
-#pragma unroll
-        for (int e = 0; e < EPT; ++e) v[pass][e] = scratch[(pass * ROWS_PER_PASS + r) * EPI_LD + c + e];
+      for (int pass = 0; pass < DRAIN_PASSES; ++pass) read_run(scratch + (pass * ROWS_PER_PASS + r) * EPI_LD + c, flip, v[pass]);
       __syncwarp();
 #pragma unroll
       for (int pass = 0; pass < DRAIN_PASSES; ++pass)
@@ -287,57 +305,63 @@ __device__ __forceinline__ void for_each_tile(long long m_tiles, Tile tile) {
   tile(group, (blockIdx.x - group * m_tiles) * BM, static_cast<int>(blockIdx.y) * BN);
 }
 
-// One tile of class Cls, in each role: the producer warpgroup, of which one thread issues
-// the copies, and CONSUMERS warpgroups multiplying 64 rows each.
+// One tile of class Cls, in each role.  The roles part at the kernel's top, each with a
+// tile loop of its own, as in fprop: ptxas honours setmaxnreg only where no code is
+// reached by both the producer (40 registers) and the consumers.
 template <class Cls>
-__device__ __forceinline__ void dgrad_class(const Ring& ring, RingPos& pos, const TmaMap* dy_map, const TmaMap* w_map,
-                                            half_t* __restrict__ dx, int batch, long long tile_m, int tile_n) {
-  typedef Flipped<Cls> F;
-  const long long m_class = static_cast<long long>(batch) * (Cls::HC * Cls::WC);
-  if (tile_m >= m_class) return;  // smaller classes need fewer tiles than the largest
-  const int group = static_cast<int>(threadIdx.x) / 128;
+__device__ __forceinline__ long long class_rows(int batch) { return static_cast<long long>(batch) * (Cls::HC * Cls::WC); }
 
-  if (group == CONSUMERS) {
-    // ---- the producer: one thread walks the class's flipped taps, 64 filters a step ----
-    if (F::STEPS > 0 && threadIdx.x % 128 == 0) {  // a class no tap reaches is all zeros
-      // The tile's first class pixel, as the dy pixel the flipped tap (0, 0) reads; the
-      // copy engine walks BM class pixels on from there and reads zeros outside dy.
-      const int n0 = static_cast<int>(tile_m / (Cls::HC * Cls::WC)), ij = static_cast<int>(tile_m % (Cls::HC * Cls::WC));
-      const int h0 = ij / Cls::WC - F::FPH, w0 = ij % Cls::WC - F::FPW;
-      produce(ring, pos, F::STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
-        const int tap = step / K_STEPS, k0 = step % K_STEPS * BK;  // the flipped tap (ta, tb)
-        const int ta = tap / Cls::NS, tb = tap - ta * Cls::NS;
-        tma_load_im2col(a, dy_map, bar, k0, w0, h0, n0, static_cast<unsigned short>(tb * F::QSTEP),
-                        static_cast<unsigned short>(ta * F::PSTEP));
-        const int r = Cls::TR.first + (Cls::TR.count - 1 - ta) * Cls::TR.step;  // the filter tap it is
-        const int s = Cls::TS.first + (Cls::TS.count - 1 - tb) * Cls::TS.step;
+// The producer warpgroup's one issuing thread walks the class's flipped taps, 64 filters a step.
+template <class Cls>
+__device__ __forceinline__ void produce_class(const Ring& ring, RingPos& pos, const TmaMap* dy_map, const TmaMap* w_map,
+                                              int batch, long long tile_m, int tile_n) {
+  typedef Flipped<Cls> F;
+  if (F::STEPS == 0 || tile_m >= class_rows<Cls>(batch)) return;  // no tap reaches it / a smaller class
+  // The tile's first class pixel, as the dy pixel the flipped tap (0, 0) reads; the
+  // copy engine walks BM class pixels on from there and reads zeros outside dy.
+  const int n0 = static_cast<int>(tile_m / (Cls::HC * Cls::WC)), ij = static_cast<int>(tile_m % (Cls::HC * Cls::WC));
+  const int h0 = ij / Cls::WC - F::FPH, w0 = ij % Cls::WC - F::FPW;
+  produce(ring, pos, F::STEPS, [&](int step, unsigned char* a, unsigned long long* bar) {
+    const int tap = step / K_STEPS, k0 = step % K_STEPS * BK;  // the flipped tap (ta, tb)
+    const int ta = tap / Cls::NS, tb = tap - ta * Cls::NS;
+    tma_load_im2col(a, dy_map, bar, k0, w0, h0, n0, static_cast<unsigned short>(tb * F::QSTEP),
+                    static_cast<unsigned short>(ta * F::PSTEP));
+    const int r = Cls::TR.first + (Cls::TR.count - 1 - ta) * Cls::TR.step;  // the filter tap it is
+    const int s = Cls::TS.first + (Cls::TS.count - 1 - tb) * Cls::TS.step;
 #pragma unroll
-        for (int j = 0; j < BN / 64; ++j)  // w as [K][R*S][C]: filters k0.., tap (r, s), channels 64 at a time
-          tma_load_3d(a + A_BYTES + j * B_BOX_BYTES, w_map, bar, tile_n + 64 * j, r * S + s, k0);
-      });
-    }
-  } else {
-    // ---- the consumers: warpgroup `group` multiplies rows 64*group.. of the tile ----
-    Acc acc[FM][FN];
+    for (int j = 0; j < BN / 64; ++j)  // w as [K][R*S][C]: filters k0.., tap (r, s), channels 64 at a time
+      tma_load_3d(a + A_BYTES + j * B_BOX_BYTES, w_map, bar, tile_n + 64 * j, r * S + s, k0);
+  });
+}
+
+// Consumer warpgroup `group` multiplies rows 64*group.. of the tile;
+// a class no tap reaches drains zeros.
+template <class Cls>
+__device__ __forceinline__ void consume_class(const Ring& ring, RingPos& pos, half_t* __restrict__ dx, int batch,
+                                              long long tile_m, int tile_n) {
+  typedef Flipped<Cls> F;
+  const long long m_class = class_rows<Cls>(batch);
+  if (tile_m >= m_class) return;
+  const int group = static_cast<int>(threadIdx.x) / 128;
+  Acc acc[FM][FN];
 #pragma unroll
-    for (int j = 0; j < FN; ++j)
+  for (int j = 0; j < FN; ++j)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
-    consume(ring, pos, F::STEPS, [&](const unsigned char* stage) {
-      const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
-      const unsigned char* b = stage + A_BYTES;           // 64 rows (filters) of 128 bytes, per box
+    for (int e = 0; e < 8; ++e) acc[0][j].x[e] = 0.0f;
+  consume(ring, pos, F::STEPS, [&](const unsigned char* stage) {
+    const unsigned char* a = stage + group * 64 * 128;  // 64 rows of 128 bytes
+    const unsigned char* b = stage + A_BYTES;           // 64 rows (filters) of 128 bytes, per box
 #pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)  // 16 filters: two of the box's 8-row atoms
-        wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_mn_desc(b + kk * 2048, B_BOX_BYTES));
-    });
-    drain(acc, drain_scratch(ring), [&](int row, int col, float (&v)[EPT]) {
-      const long long m = tile_m + row;
-      const int n = tile_n + col;
-      if (m >= m_class) return;
-      const long long pix = SH * SW == 1 ? m : Cls::pixel(m);  // the class's rows are dx's own with stride 1
-      store_run<half_t>(dx + pix * GEMM_N + n, v, n, GEMM_N);
-    });
-  }
+    for (int kk = 0; kk < BK / 16; ++kk)  // 16 filters: two of the box's 8-row atoms
+      wgmma_m64(acc[0], sw128_desc(a, kk * 32), sw128_mn_desc(b + kk * 2048, B_BOX_BYTES));
+  });
+  drain(acc, drain_scratch(ring), [&](int row, int col, float (&v)[EPT]) {
+    const long long m = tile_m + row;
+    const int n = tile_n + col;
+    if (m >= m_class) return;
+    const long long pix = SH * SW == 1 ? m : Cls::pixel(m);  // the class's rows are dx's own with stride 1
+    store_run<half_t>(dx + pix * GEMM_N + n, v, n, GEMM_N);
+  });
 }
 }  // namespace
 
@@ -346,22 +370,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) convgen_dgrad_tma_64x64
     half_t* __restrict__ dx, int batch) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Ring ring = ring_init(smem_raw, CONSUMERS);
-  if constexpr (CONSUMERS == 2) {
-    if (threadIdx.x / 128 == CONSUMERS) regs_release<PRODUCER_REGS>();
-    else regs_claim<CONSUMER_REGS>();
-  }
-  if (threadIdx.x == CONSUMERS * 128) {
-    tma_prefetch_map(&w_map);
-    for (int c = 0; c < SH * SW; ++c) tma_prefetch_map(&dy_map.cls[c]);
-  }
   RingPos pos;  // carried from one tile's reduction to the next
   // each class has as many rows of tiles as the largest needs
   const long long m_tiles = (static_cast<long long>(batch) * (HC_MAX * WC_MAX) + BM - 1) / BM;
-  for_each_tile(m_tiles, [&](int cls, long long tile_m, int tile_n) {
-    switch (cls) {  // the classes with the most taps first: the longest tiles start first; a class
-                    // with no pixels (an image fewer rows or columns than the stride) has no case
-      case 0: dgrad_class<Class<0, 0>>(ring, pos, &dy_map.cls[0], &w_map, dx, batch, tile_m, tile_n); break;
-      default: break;
+  if (threadIdx.x / 128 == CONSUMERS) {
+    if constexpr (CONSUMERS == 2) regs_release<PRODUCER_REGS>();
+    if (threadIdx.x % 128 == 0) {
+      tma_prefetch_map(&w_map);
+      for (int c = 0; c < SH * SW; ++c) tma_prefetch_map(&dy_map.cls[c]);
+      for_each_tile(m_tiles, [&](int cls, long long tile_m, int tile_n) {
+        switch (cls) {
+          case 0: produce_class<Class<0, 0>>(ring, pos, &dy_map.cls[0], &w_map, batch, tile_m, tile_n); break;
+          default: break;
+        }
+      });
     }
-  });
+  } else {
+    if constexpr (CONSUMERS == 2) regs_claim<CONSUMER_REGS>();
+    for_each_tile(m_tiles, [&](int cls, long long tile_m, int tile_n) {
+      switch (cls) {
+        case 0: consume_class<Class<0, 0>>(ring, pos, dx, batch, tile_m, tile_n); break;
+        default: break;
+      }
+    });
+  }
 }

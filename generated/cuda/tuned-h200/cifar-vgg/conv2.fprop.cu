@@ -349,6 +349,24 @@ __device__ __forceinline__ void add_run(float (&v)[EPT], const float* __restrict
   }
 }
 
+// Reads a lane's run of EPT scratch floats at p (16-byte aligned) in 16-byte loads.  Runs of
+// 8 are read half by half, the half `flip` names first.  A quarter-warp's 8 lanes then reach 8
+// distinct groups of 4 banks in each load: read in order, lanes t and t + 4 of a 64-float
+// strip row (or two rows of a narrower strip) would share banks, as would every lane of a
+// scalar read (EPI_LD is 8 floats past a multiple of 32).
+__device__ __forceinline__ void read_run(const float* p, bool flip, float (&v)[EPT]) {
+  static_assert(EPT % 4 == 0 && EPT <= 8, "a run is one or two 16-byte loads");
+  const float4* q = reinterpret_cast<const float4*>(p);
+  if constexpr (EPT == 8) {
+    const float4 first = q[flip], second = q[!flip];
+    const float4 lo = flip ? second : first, hi = flip ? first : second;
+    v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w; v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+  } else {
+    const float4 f = q[0];
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+  }
+}
+
 // Walks this warp's fragments a strip at a time; `emit(row, col, v)` receives EPT
 // consecutive values of row `row` starting at column `col` (both relative to the block tile).
 template <class Emit>
@@ -358,6 +376,7 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
   const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
   float* scratch = reinterpret_cast<float*>(smem) + warp * 16 * EPI_LD;
   const int r = lane / LANES_PER_ROW, c = (lane % LANES_PER_ROW) * EPT;
+  const bool flip = ((c / 32) ^ r) & 1;  // which half of its run the lane reads first (read_run)
 #pragma unroll
   for (int i = 0; i < FM; ++i) {
 #pragma unroll
@@ -367,9 +386,7 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
       __syncwarp();
       float v[DRAIN_PASSES][EPT];
 #pragma unroll
-      for (int pass = 0; pass < DRAIN_PASSES; ++pass)
-#pragma unroll
-        for (int e = 0; e < EPT; ++e) v[pass][e] = scratch[(pass * ROWS_PER_PASS + r) * EPI_LD + c + e];
+      for (int pass = 0; pass < DRAIN_PASSES; ++pass) read_run(scratch + (pass * ROWS_PER_PASS + r) * EPI_LD + c, flip, v[pass]);
       __syncwarp();
 #pragma unroll
       for (int pass = 0; pass < DRAIN_PASSES; ++pass)
