@@ -114,3 +114,16 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temp(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(OSError):
         atomic_write(tmp_path / "file" / "under-a-file", "y")
+
+
+def test_every_package_ships_in_the_wheel():
+    """pyproject lists its packages by hand (templates/ ships as convgen.templates), so a new
+    subpackage left off the list is missing from a wheel: `convgen bench` and `convgen tune`
+    (convgen.tools) then fail on a non-editable install while every editable test passes."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in PKG.rglob("__init__.py")}
+    assert found <= listed, f"packages missing from pyproject's [tool.setuptools] packages: {sorted(found - listed)}"
