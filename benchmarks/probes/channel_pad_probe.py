@@ -31,7 +31,8 @@ from convgen.suites import SUITES
 from convgen.tools.timing import CudaDevice, time_interleaved
 
 LAYERS = [("resnet50", "conv1"), ("resnet18", "conv1"), ("vgg16", "conv1_1"), ("unet", "enc1a"),
-          ("darknet53-down", "stem"), ("speech", "ds2-conv1"), ("speech", "spec-5x20")]
+          ("darknet53-down", "stem"), ("speech", "ds2-conv1"), ("speech", "spec-5x20"),
+          ("cifar-resnet", "conv1"), ("cifar-vgg", "conv1")]
 
 _PAD_SRC = r"""
 extern "C" __global__ void pad_channels(const unsigned short* __restrict__ x, unsigned short* __restrict__ y,
