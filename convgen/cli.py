@@ -9,6 +9,7 @@ in one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -106,14 +107,28 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .channel_pad import padded_channels
+    from .planner import make_spec
+
     rows = []
     for layer, pass_, spec in _specs(args):
+        # what convgen.conv2d & co. run: a stem's channels padded first where the rule says so
+        cp = None if getattr(args, "tuned", None) else padded_channels(layer.problem, pass_, args.in_dtype, spec.target)
+        padded = ""
+        if cp is not None:
+            spec = make_spec(dataclasses.replace(layer.problem, c=cp), pass_, target=spec.target,
+                             epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
+            padded = (f"pads C={layer.problem.c} to {cp} channels first (one copy kernel; zeros after "
+                      f"{layer.problem.c}), so the gathers read 16-byte runs; the plan is for C={cp}")
         plan = spec.plan  # type: ignore[attr-defined]
         if args.json:
             rows.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
-                         "plan": plan.as_dict(), "reasons": list(plan.reasons), "key": spec.key})  # type: ignore[attr-defined]
+                         "plan": plan.as_dict(), "reasons": ([padded] if padded else []) + list(plan.reasons),
+                         "padded_channels": cp, "key": spec.key})  # type: ignore[attr-defined]
         else:
             print(f"{layer.name} {pass_.value}: {layer.problem.describe()}")
+            if padded:
+                print("  " + padded)
             print("  " + plan.explain().replace("\n", "\n  "))
     if args.json:
         print(json.dumps(rows, indent=2, sort_keys=True))

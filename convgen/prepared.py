@@ -25,6 +25,7 @@ outgrown is kept alive too, so a CUDA graph captured with it stays valid.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import threading
 from typing import Any, Mapping, Optional, Sequence
@@ -32,6 +33,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from . import runtime as _rt
+from .channel_pad import ChannelPad
 from .dtypes import BF16_HINT, check_dtypes, dtype_name, np_dtype, resolve_mma_dtype
 from .ir import ConvProblem, Epilogue, Pass, PairLike, Plan
 
@@ -136,9 +138,15 @@ class PreparedConv:
         self._n_out = len(self.out_shapes)
         self._bias = pass_ is Pass.FPROP and epilogue.bias
         self._bias_vec = 16 // np_dtype(epilogue.bias_dtype).itemsize  # elements of a 16-byte-aligned pointer
+        # A stem's 3 channels padded to 8 first, so the kernel gathers 16-byte runs (convgen/channel_pad.py)
         self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar,
                                                          self.mma_dtype)
-        self._ws_elems = self._db_ws_elems = 0
+        kc = p.c if self._kernel is None else self._kernel.source.spec.geometry.c
+        cpad = kc if kc != p.c else None
+        kp = p if cpad is None else dataclasses.replace(p, c=kc)
+        self._ws_elems = self._db_ws_elems = self._pad_at = 0
+        self._chpad: Optional[ChannelPad] = None
+        self._arena_buf: Any = None
         if self._kernel is None:
             return
         src = self._kernel.source
@@ -147,6 +155,10 @@ class PreparedConv:
         reads = {"x": (splan.read_a, splan.vec_a), "dy": (splan.read_a, splan.vec_a), "w": (splan.read_b, splan.vec_b)}
         if pass_ is Pass.WGRAD:
             reads["x"] = (splan.read_b, splan.vec_b)
+        if cpad is not None:  # the pad copy reads x (and fprop's w) one element at a time
+            with _rt._cupy().cuda.Device(device):
+                self._chpad = ChannelPad(p, pass_, cpad, self.out_dtype.itemsize)
+            reads["x"] = reads["w"] = (in_dtype, 1)
         self._expect = tuple(
             (name, shape, np_dtype(reads[name][0]), _contiguous_strides(shape, np_dtype(reads[name][0]).itemsize),
              reads[name][1] * np_dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])
@@ -156,7 +168,7 @@ class PreparedConv:
         # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one workspace
         self._ws_elems = -(-src.workspace_elems(batch) // 4) * 4
         self._db_ws_elems = src.main.grid_z * p.k if src.reduce is not None and "db" in src.reduce.args else 0
-        self._arena_buf: Any = None
+        self._pad_at = -(-(self._ws_elems + self._db_ws_elems) // 4) * 4  # the pad copies' scratch, 16-byte aligned
         self._arena_views: tuple[Any, Any] = (None, None)
         self._launchers = [_Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,
                                      src.main.args, pass_)]
@@ -168,12 +180,14 @@ class PreparedConv:
         if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
 
-            self._maps = TmaMaps(p, pass_, splan.block_m, splan.block_n, self.mma_dtype)
+            self._maps = TmaMaps(kp, pass_, splan.block_m, splan.block_n, self.mma_dtype)
 
     @property
     def workspace_elems(self) -> int:
-        """fp32 elements of split-K workspace a call needs (0 without split-K): the size of
-        a caller-supplied ``workspace``."""
+        """fp32 elements of workspace a call needs (0 without split-K or a channel pad): the
+        size of a caller-supplied ``workspace``."""
+        if self._chpad is not None:
+            return self._pad_at + self._chpad.scratch_elems
         return self._ws_elems + self._db_ws_elems
 
     # -- the call ------------------------------------------------------------
@@ -272,10 +286,19 @@ class PreparedConv:
                 residual = self._residual(residual)
             ws, dbws = self._workspaces(workspace)
             objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars, residual]
+            a_ptr, b_ptr = a.data.ptr, b.data.ptr
+            if self._chpad is not None:  # the kernel reads (and wgrad writes) the padded copies
+                scratch = (workspace if workspace is not None else self._arena_buf).data.ptr + 4 * self._pad_at
+                a_ptr, b_ptr, dwp = self._chpad.pad(a_ptr, b_ptr, scratch)
+                objs[0], objs[1] = _U64(a_ptr), _U64(b_ptr)
+                if dwp:
+                    objs[3] = _U64(dwp)
             if self._maps is not None:
-                objs += (self._maps.a(a.data.ptr), self._maps.b(b.data.ptr))
+                objs += (self._maps.a(a_ptr), self._maps.b(b_ptr))
             for launcher in self._launchers:
                 launcher.launch(objs)
+            if self._chpad is not None and self._chpad.dw_rows:
+                self._chpad.unpad(int(objs[3]), res[0].data.ptr)
         finally:
             if switch:
                 ctx.__exit__(None, None, None)
@@ -311,23 +334,29 @@ class PreparedConv:
         if residual % 16:
             raise ValueError(f"residual must be aligned to 16 bytes, got {residual:#x}")
         ws = dbws = None
+        if self.workspace_elems and (not workspace or workspace % 16):
+            raise ValueError(f"workspace: this op needs {self.workspace_elems} fp32 elements of workspace "
+                             f"(split-K slices, padded channels), 16-byte aligned; got {workspace:#x}")
         if self._ws_elems:
-            if not workspace or workspace % 16:
-                raise ValueError(f"workspace: this op needs {self.workspace_elems} fp32 elements of split-K "
-                                 f"workspace, 16-byte aligned; got {workspace:#x}")
             ws = _U64(workspace)
             dbws = _U64(workspace + 4 * self._ws_elems) if self._db_ws_elems else None
-        objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out[0]),
-                _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _U64(residual) if residual else None]
-        if self._maps is not None:
-            objs += (self._maps.a(a), self._maps.b(b))
         handle = _STREAMS.get(stream)
         if handle is None:
             if len(_STREAMS) >= 256:  # a program that makes streams by the thousand: start over
                 _STREAMS.clear()
             handle = _STREAMS.setdefault(stream, _Stream(stream))
+        out0, dwp = out[0], 0
+        if self._chpad is not None:  # the kernel reads (and wgrad writes) the padded copies
+            a, b, dwp = self._chpad.pad(a, b, workspace + 4 * self._pad_at, handle)
+            out0 = dwp or out0
+        objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out0),
+                _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _U64(residual) if residual else None]
+        if self._maps is not None:
+            objs += (self._maps.a(a), self._maps.b(b))
         for launcher in self._launchers:
             launcher.launch(objs, handle)
+        if dwp:
+            self._chpad.unpad(dwp, out[0], handle)
 
     @property
     def input_dtypes(self) -> tuple[str, str]:
@@ -335,17 +364,23 @@ class PreparedConv:
         return (self._expect[0][5], self._expect[1][5]) if self._kernel is not None else (self.in_dtype,) * 2
 
     def _workspaces(self, workspace: Any) -> tuple[Any, Any]:
-        if not self._ws_elems:
+        """The split-K slices ((None, None) without split-K), from the caller's workspace or
+        the stream's arena buffer, which is :attr:`_arena_buf` after the call (the channel
+        pad's scratch lies in it too, from :attr:`_pad_at`)."""
+        elems = self.workspace_elems
+        if not elems:
             return None, None
-        elems = self._ws_elems + self._db_ws_elems
         if workspace is not None:  # the caller's: never kept past the call
             _check_workspace(workspace, elems, self.device)
+            if not self._ws_elems:
+                return None, None
             return workspace, (workspace[self._ws_elems:] if self._db_ws_elems else None)
         cupy = _rt._cupy()
         buf = _ARENA.get(self.device, cupy.cuda.get_current_stream().ptr, elems)
         if buf is not self._arena_buf:  # views of a new arena buffer, made once per buffer
             self._arena_buf = buf
-            self._arena_views = (buf, buf[self._ws_elems:] if self._db_ws_elems else None)
+            self._arena_views = ((buf, buf[self._ws_elems:] if self._db_ws_elems else None) if self._ws_elems
+                                 else (None, None))
         return self._arena_views
 
     def _result(self, res: list) -> Any:

@@ -4,6 +4,7 @@ input errors (status 2, one `convgen: error:` line, no traceback, nothing writte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -220,10 +221,13 @@ def test_plan_json(cli):
     for r in rows:
         layer = next(l for l in layers if l.name == r["layer"])
         pass_ = Pass(r["pass"])
-        spec = make_spec(layer.problem, pass_, epilogue=default_epilogue(pass_))
-        assert r["problem"] == layer.problem.as_dict()
+        padded = layer.problem.c == 3 and pass_ is not Pass.DGRAD  # the stem: channels padded to 8 first
+        kp = dataclasses.replace(layer.problem, c=8) if padded else layer.problem
+        spec = make_spec(kp, pass_, epilogue=default_epilogue(pass_))
+        assert r["problem"] == layer.problem.as_dict() and r["padded_channels"] == (8 if padded else None)
         assert r["plan"] == spec.plan.as_dict() and r["key"] == spec.key
-        assert r["reasons"] == list(spec.plan.reasons) and len(r["reasons"]) >= 5
+        assert r["reasons"][int(padded):] == list(spec.plan.reasons) and len(r["reasons"]) >= 5
+        assert ("pads C=3 to 8" in r["reasons"][0]) is padded
 
 
 def test_plan_text_explains_each_choice(cli):

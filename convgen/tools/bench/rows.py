@@ -245,12 +245,18 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
     row["bytes"] = sum(row["traffic"].values())
     if target is not None:
         try:
+            from ...channel_pad import kernel_problem
             from ...planner import make_spec
             from ...tuning_db import tuned_plan
 
-            # The plan convgen.conv2d will run: the tuned one for this GPU when there is one.
+            # The plan convgen.conv2d will run: the tuned one for this GPU when there is one, else
+            # the planner's, for a stem's channels padded to 8 where that rule applies.
             tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
-            spec = make_spec(prob, item.pass_, target=target, epilogue=epilogue_for(item.pass_, item.variant),
+            kprob = prob if tuned is not None else kernel_problem(prob, item.pass_, "float16", target)
+            if kprob is not prob:
+                tuned = tuned_plan(gpu_name, kprob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
+                row["convgen"]["padded_channels"] = kprob.c
+            spec = make_spec(kprob, item.pass_, target=target, epilogue=epilogue_for(item.pass_, item.variant),
                              in_dtype="float16", plan_=tuned)
             row["convgen"]["key"] = spec.key
             row["convgen"]["plan"] = spec.plan.as_dict()

@@ -1,0 +1,117 @@
+"""Narrow inputs padded to 8 channels, so a network's first layer takes the vector gathers.
+
+Every network's stem reads an image of 3 channels (RGB). A pixel is then 6 bytes, so every
+main loop gathers its activations one fp16 at a time, with the index math of each element,
+and the stems trailed cuDNN most of any rows in the real-network suites (fprop 0.53-0.66x,
+wgrad 0.36-0.41x at cf1b940). Copying x to 8 channels, zeros after the 3 (and w the same
+in fprop), gives 16-byte runs: the vector gathers and the TMA loop's copy engine apply, at
+8/3 of the MMA work, on layers that run far below the tensor cores' rate. The copy is one
+more launch and one pass over x (which the kernel then reads from L2 in part); wgrad
+computes dW at 8 channels and copies its first 3 out. benchmarks/NOTES.md has the probe
+(``benchmarks/probes/channel_pad_probe.py``) this rule was fitted to.
+
+This module holds the rule (:func:`padded_channels`: planning) and the two copy kernels
+(:class:`ChannelPad`: launching, built from ``templates/copies/channel_pad.j2``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import numpy as np
+
+from .ir import ConvProblem, Pass, Plan, Target
+
+PAD_TO = 8  # channels: one 16-byte run of fp16 or bf16
+PAD_BLOCK = 256  # threads per block of the copy kernels (one row each)
+
+
+def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
+                    plan: Optional[Plan] = None, scalar: bool = False) -> Optional[int]:
+    """The channel count the convolution kernel runs on when it is not ``problem.c``, else None.
+
+    fprop and wgrad of a 16-bit input with 3 to 7 channels on a CUDA part with cp.async
+    (sm_80+). Not dgrad: its output has the narrow channels (and a network's first layer
+    needs no dx). Not fewer than 3 channels: at C = 1 or 2, padding multiplies the MMA work
+    by 8 or 4 (the speech suite's C = 1 layers; see NOTES). Not with a hand plan or the
+    scalar path, which name the kernel the caller wants; not float32 inputs, which the
+    gathers cast on the way."""
+    if pass_ is Pass.DGRAD or plan is not None or scalar or in_dtype not in ("float16", "bfloat16"):
+        return None
+    info = target.info
+    if info.backend != "cuda" or not info.cp_async:
+        return None
+    return PAD_TO if 3 <= problem.c < PAD_TO else None
+
+
+def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
+                   plan: Optional[Plan] = None, scalar: bool = False) -> ConvProblem:
+    """The problem the convolution kernel is built for: ``problem``, or it at the padded C."""
+    cp = padded_channels(problem, pass_, in_dtype, target, plan, scalar)
+    return problem if cp is None else dataclasses.replace(problem, c=cp)
+
+
+@functools.lru_cache(maxsize=None)
+def pad_source(c: int, cp: int, out_itemsize: int) -> tuple[str, str, str]:
+    """(source, pad kernel name, unpad kernel name) for rows of ``c`` channels padded to ``cp``,
+    dW's elements ``out_itemsize`` bytes wide."""
+    from .emit import _environment
+
+    name = f"convgen_channels_{c}to{cp}_e{out_itemsize}"
+    out_type = {2: "unsigned short", 4: "float"}[out_itemsize]
+    src = _environment().get_template("copies/channel_pad.j2").render(
+        name=name, c=c, cp=cp, out_bytes=out_itemsize, out_type=out_type)
+    return src, f"{name}_pad", f"{name}_unpad"
+
+
+def _align4(elems: int) -> int:
+    return -(-elems // 4) * 4  # fp32 elements, rounded to 16 bytes
+
+
+class ChannelPad:
+    """The copies around one padded op: x (and fprop's w) to ``cp`` channels before the
+    convolution, wgrad's dW back to ``c`` after it, in scratch carved from the op's fp32
+    workspace (:attr:`scratch_elems` elements, after the split-K slices)."""
+
+    def __init__(self, problem: ConvProblem, pass_: Pass, cp: int, out_itemsize: int) -> None:
+        from .compile import load_kernels
+
+        p = problem
+        self.c, self.cp, self.pass_ = p.c, cp, pass_
+        self.x_rows = p.n * p.h * p.w
+        self.w_rows = p.k * p.r * p.s if pass_ is Pass.FPROP else 0
+        self.dw_rows = p.k * p.r * p.s if pass_ is Pass.WGRAD else 0
+        # scratch, in fp32 elements: xp (16-bit), then wp (fprop) or dwp (wgrad, out dtype)
+        self._xp = _align4(self.x_rows * cp * 2 // 4)
+        self._wp = _align4(self.w_rows * cp * 2 // 4)
+        self._dwp = _align4(-(-self.dw_rows * cp * out_itemsize // 4))
+        src, pad, unpad = pad_source(p.c, cp, out_itemsize)
+        fns = load_kernels(src, (pad, unpad))
+        self._pad, self._unpad = fns[pad], fns[unpad]
+        rows = self.x_rows + self.w_rows
+        self._pad_grid = (-(-rows // PAD_BLOCK), 1, 1)
+        self._unpad_grid = (-(-max(self.dw_rows, 1) // PAD_BLOCK), 1, 1)
+        self._rows = (np.int64(self.x_rows), np.int64(self.w_rows), np.int64(self.dw_rows))
+
+    @property
+    def scratch_elems(self) -> int:
+        return self._xp + self._wp + self._dwp
+
+    def pad(self, x: int, w: int, scratch: int, stream: Any = None) -> tuple[int, int, int]:
+        """Launch the pad copy of x (and fprop's w) into ``scratch`` (a device pointer, 16-byte
+        aligned); returns the pointers the convolution reads and writes instead: (xp, wp or
+        w, dwp or 0)."""
+        xp = scratch
+        wp = scratch + 4 * self._xp if self.w_rows else 0
+        dwp = scratch + 4 * (self._xp + self._wp) if self.dw_rows else 0
+        u = np.uint64
+        self._pad(self._pad_grid, (PAD_BLOCK, 1, 1), (u(x), u(xp), self._rows[0], u(w) if self.w_rows else u(0),
+                                                      u(wp), self._rows[1]), stream=stream)
+        return xp, (wp if self.w_rows else w), dwp
+
+    def unpad(self, dwp: int, dw: int, stream: Any = None) -> None:
+        """Launch the copy of the padded dW's first ``c`` channels into the caller's dW."""
+        u = np.uint64
+        self._unpad(self._unpad_grid, (PAD_BLOCK, 1, 1), (u(dwp), u(dw), self._rows[2]), stream=stream)

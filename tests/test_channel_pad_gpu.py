@@ -1,0 +1,100 @@
+"""Narrow inputs padded to 8 channels (convgen/channel_pad.py) on the GPU, against the float64
+reference: fprop and wgrad of C = 3..7 layers through the plain functions, a prepared op with a
+NaN-filled workspace of the caller's (the pad copies' scratch lies in it, so a channel the
+copy leaves unwritten turns every sum it meets into NaN), and the pointer path."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import reference
+from convgen.ir import ConvProblem, Pass
+
+from gpu_helpers import kernel_view, rel_err, tolerance
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+SHAPES = [
+    ConvProblem(40, 36, 3, 64, 7, 7, 2, 3, 1, n=4),     # an ImageNet stem, smaller
+    ConvProblem(33, 31, 3, 32, 3, 3, 1, 1, 1, n=5),     # a VGG/UNet stem, odd sizes
+    ConvProblem(17, 19, 5, 24, 3, 3, (2, 1), (0, 2), (1, 2), n=3),  # strided, dilated, C = 5
+    ConvProblem(12, 12, 7, 16, 1, 1, 1, 0, 1, n=9),     # 1x1, C = 7
+    ConvProblem(20, 20, 4, 40, 5, 5, 1, 2, 1, n=6),     # C = 4
+]
+
+
+def _rng(*parts) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def _geo(p: ConvProblem) -> dict:
+    return dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+
+
+def _check(out, ref, reduction: int, what: str) -> None:
+    import cupy as cp
+
+    err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+    assert err <= tolerance(reduction, "float16"), f"{what}: relative error {err:.3g}"
+
+
+@pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+def test_padded_fprop_and_wgrad_match_the_reference(problem):
+    import cupy as cp
+
+    rng = _rng("pad", problem)
+    x = rng.standard_normal(problem.x_shape).astype(np.float16)
+    w = rng.standard_normal(problem.w_shape).astype(np.float16)
+    dy = rng.standard_normal(problem.y_shape).astype(np.float16)
+    bias = rng.standard_normal(problem.k).astype(np.float32)
+    xd, wd, dyd, bd = (cp.asarray(a) for a in (x, w, dy, bias))
+    ref_y = reference.fprop(kernel_view(x), kernel_view(w), bias.astype(np.float64), **_geo(problem))
+    ref_dw, ref_db = reference.wgrad(kernel_view(x), kernel_view(dy), problem.w_shape, **_geo(problem))
+    red_f, red_w = problem.r * problem.s * problem.c, problem.n * problem.p * problem.q
+
+    _check(convgen.conv2d(xd, wd, bd, **_geo(problem)), ref_y, red_f, "conv2d")
+    dw, db = convgen.conv2d_wgrad(xd, dyd, problem.w_shape, bias=True, **_geo(problem))
+    _check(dw, ref_dw, red_w, "conv2d_wgrad dw")
+    _check(db, ref_db, red_w, "conv2d_wgrad db")
+
+    fop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, **_geo(problem))
+    wop = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **_geo(problem))
+    for op in (fop, wop):
+        assert op._chpad is not None and op._chpad.cp == 8, "the op does not pad its channels"
+        plan = op._kernel.source.spec.plan
+        assert (plan.vec_a, plan.vec_b) == (8, 8), f"the padded kernel does not gather 16-byte runs: {plan.brief()}"
+    for trial in range(2):  # the second call reuses the op's packed launch and its scratch
+        ws = cp.full(fop.workspace_elems, np.nan, dtype=cp.float32)
+        _check(fop(xd, wd, bd, workspace=ws), ref_y, red_f, f"prepared fprop, call {trial}")
+        ws = cp.full(wop.workspace_elems, np.nan, dtype=cp.float32)
+        dw, db = wop(xd, dyd, workspace=ws)
+        _check(dw, ref_dw, red_w, f"prepared wgrad dw, call {trial}")
+        _check(db, ref_db, red_w, f"prepared wgrad db, call {trial}")
+
+    # the pointer path (convgen.torch's): caller's outputs and workspace, a raw stream
+    y = cp.full(problem.y_shape, np.nan, dtype=cp.float16)
+    ws = cp.full(fop.workspace_elems, np.nan, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    fop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, workspace=ws.data.ptr, stream=stream.ptr)
+    dw = cp.full(problem.w_shape, np.nan, dtype=cp.float16)
+    db = cp.full(problem.k, np.nan, dtype=cp.float16)
+    ws = cp.full(wop.workspace_elems, np.nan, dtype=cp.float32)
+    wop.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr), workspace=ws.data.ptr, stream=stream.ptr)
+    stream.synchronize()
+    _check(y, ref_y, red_f, "launch() fprop")
+    _check(dw, ref_dw, red_w, "launch() wgrad dw")
+    _check(db, ref_db, red_w, "launch() wgrad db")
+
+
+def test_a_hand_plan_and_dgrad_run_unpadded():
+    """dgrad writes the narrow channels itself, and a hand plan names the kernel to run."""
+    problem = SHAPES[1]
+    op = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **_geo(problem))
+    assert op._chpad is None
+    plan = convgen.plan(problem, Pass.FPROP)
+    op = convgen.prepare("fprop", problem.x_shape, problem.w_shape, plan=plan, **_geo(problem))
+    assert op._chpad is None and op._kernel.source.spec.geometry.c == 3
