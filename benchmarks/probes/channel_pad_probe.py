@@ -7,10 +7,12 @@ those rows trail cuDNN most (0.36-0.66x in fprop and wgrad at cf1b940): with C=3
 work on layers that are nowhere near the tensor-core rate. This times, per layer and pass, on
 one stream with the bench's method (L2 flushed, host hidden, median of reps):
 
-* ``as is``: convgen on the layer as it is (planner defaults);
+* ``as is``: convgen on the layer as it is (the planner's plan for it, given as a hand plan so
+  the library's own padding stays out);
 * ``pad CP``: one pad kernel (x to CP channels, one thread per pixel) plus convgen on the
   padded layer (fprop: w padded too, outside the timing, as a cached weight would be;
   wgrad: dW computed at CP channels, then its first C channels copied out);
+* ``library``: ``convgen.conv2d`` / ``conv2d_wgrad`` as they run by default (convgen/channel_pad.py);
 * cuDNN (PyTorch, channels_last) on the layer as it is, for scale.
 
 It also checks that the padded result equals the plain one (same reduction, zero terms added).
@@ -20,6 +22,7 @@ It also checks that the padded result equals the plain one (same reduction, zero
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 
@@ -72,7 +75,8 @@ def main() -> int:
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 15
     with stream:
         dev = CudaDevice(cp, stream)
-        print(f"{'layer':22s} {'pass':5s} {'as is':>8s} {'pad 4':>8s} {'pad 8':>8s} {'pad kern':>8s} {'cuDNN':>8s}  check")
+        print(f"{'layer':22s} {'pass':5s} {'as is':>8s} {'pad 4':>8s} {'pad 8':>8s} {'pad kern':>8s} {'library':>8s} "
+              f"{'cuDNN':>8s}  check (norm-relative, against as is)")
         for suite, name in LAYERS:
             layer = next(l for l in SUITES[suite] if l.name == name)
             g = layer.problem
@@ -85,25 +89,32 @@ def main() -> int:
             dy = rng.standard_normal(y.shape, dtype=cp.float32).astype(cp.float16)
             for pass_ in ("fprop", "wgrad"):
                 ops = []
+                plan = convgen.plan(g, pass_)
                 if pass_ == "fprop":
-                    ops.append(("as is", lambda: convgen.conv2d(x, wt, **kw)))
-                    ref = convgen.conv2d(x, wt, **kw).astype(cp.float32)
+                    ops.append(("as is", lambda plan=plan: convgen.conv2d(x, wt, plan=plan, **kw)))
+                    ops.append(("library", lambda: convgen.conv2d(x, wt, **kw)))
+                    ref = convgen.conv2d(x, wt, plan=plan, **kw).astype(cp.float32)
+                    lib = convgen.conv2d(x, wt, **kw).astype(cp.float32)
                 else:
-                    ops.append(("as is", lambda: convgen.conv2d_wgrad(x, dy, wt.shape, bias=False, **kw)))
-                    ref = convgen.conv2d_wgrad(x, dy, wt.shape, bias=False, **kw)
+                    ops.append(("as is", lambda plan=plan: convgen.conv2d_wgrad(x, dy, wt.shape, bias=False, plan=plan, **kw)))
+                    ops.append(("library", lambda: convgen.conv2d_wgrad(x, dy, wt.shape, bias=False, **kw)))
+                    ref = convgen.conv2d_wgrad(x, dy, wt.shape, bias=False, plan=plan, **kw)
                     ref = (ref[0] if isinstance(ref, tuple) else ref).astype(cp.float32)
-                checks = []
+                    lib = convgen.conv2d_wgrad(x, dy, wt.shape, bias=False, **kw)[0].astype(cp.float32)
+                checks = [f"lib:{float(cp.linalg.norm(lib - ref) / cp.linalg.norm(ref)):.1e}"]
                 for cpad in (4, 8):
                     xp = cp.empty((n, h, w_, cpad), cp.float16)
                     wp = cp.zeros((k, r, s, cpad), cp.float16)
                     wp[..., :c] = wt
+                    # the planner's plan for the padded layer, as a hand plan: the library pads no further
+                    pplan = convgen.plan(dataclasses.replace(g, c=cpad), pass_)
                     if pass_ == "fprop":
-                        def op(xp=xp, wp=wp):
-                            return convgen.conv2d(pad(x, xp.shape[-1], xp), wp, **kw)
+                        def op(xp=xp, wp=wp, pplan=pplan):
+                            return convgen.conv2d(pad(x, xp.shape[-1], xp), wp, plan=pplan, **kw)
                         got = op().astype(cp.float32)
                     else:
-                        def op(xp=xp, wp=wp):
-                            d = convgen.conv2d_wgrad(pad(x, xp.shape[-1], xp), dy, wp.shape, bias=False, **kw)
+                        def op(xp=xp, wp=wp, pplan=pplan):
+                            d = convgen.conv2d_wgrad(pad(x, xp.shape[-1], xp), dy, wp.shape, bias=False, plan=pplan, **kw)
                             d = d[0] if isinstance(d, tuple) else d
                             return cp.ascontiguousarray(d[..., :c])
                         got = op().astype(cp.float32)
@@ -127,7 +138,7 @@ def main() -> int:
                 t = time_interleaved(dev, ops, reps)
                 med = {k_: statistics.median(v) for k_, v in t.items()}
                 print(f"{suite + '/' + name:22s} {pass_:5s} " + " ".join(f"{med.get(k_, float('nan')):8.1f}"
-                      for k_ in ("as is", "pad 4", "pad 8", "pad kern", "cuDNN")) + "  " + " ".join(checks), flush=True)
+                      for k_ in ("as is", "pad 4", "pad 8", "pad kern", "library", "cuDNN")) + "  " + " ".join(checks), flush=True)
     return 0
 
 
