@@ -1,14 +1,19 @@
-"""Narrow inputs padded to 8 channels, so a network's first layer takes the vector gathers.
+"""An RGB stem's 3 channels padded to 4, so a network's first layer takes the vector gathers.
 
-Every network's stem reads an image of 3 channels (RGB). A pixel is then 6 bytes, so every
-main loop gathers its activations one fp16 at a time, with the index math of each element,
-and the stems trailed cuDNN most of any rows in the real-network suites (fprop 0.53-0.66x,
-wgrad 0.36-0.41x at cf1b940). Copying x to 8 channels, zeros after the 3 (and w the same
-in fprop), gives 16-byte runs: the vector gathers and the TMA loop's copy engine apply, at
-8/3 of the MMA work, on layers that run far below the tensor cores' rate. The copy is one
-more launch and one pass over x (which the kernel then reads from L2 in part); wgrad
-computes dW at 8 channels and copies its first 3 out. benchmarks/NOTES.md has the probe
-(``benchmarks/probes/channel_pad_probe.py``) this rule was fitted to.
+Every network's stem reads an image of 3 channels. A pixel is then 6 bytes, so every main
+loop gathers its activations one fp16 at a time, with the index math of each element, and
+the stems trailed cuDNN most of any rows in the real-network suites (fprop 0.53-0.66x, wgrad
+0.36-0.41x at cf1b940). Copying x to 4 channels, a zero after the 3 (and w the same in
+fprop), gives 8-byte runs and the vector gathers, at 4/3 of the MMA work, on layers that run
+far below the tensor cores' rate. The copy is one more launch and one pass over x; wgrad
+computes dW at 4 channels and copies its first 3 out.
+
+Fitted to ``benchmarks/probes/channel_pad_probe.py`` on the H200 (benchmarks/NOTES.md, 5e51afa):
+padding to 4 beat padding to 8 on every stem (8/3 of the MMAs and twice the copy's writes
+cost more than 16-byte runs gain over 8-byte ones); on the ImageNet-sized stems (x of 6-38 MB)
+fprop ran 1.3-1.6x faster and wgrad up to 1.3x, while on CIFAR's (1.5 MB) the copy's launch
+and pass cost more than the gathers saved, and at C = 1 (the speech suite) padding to 4
+multiplies the work by 4 and lost 1.5-5x. Hence: C = 3, x of at least :data:`MIN_X_BYTES`.
 
 This module holds the rule (:func:`padded_channels`: planning) and the two copy kernels
 (:class:`ChannelPad`: launching, built from ``templates/copies/channel_pad.j2``).
@@ -24,26 +29,30 @@ import numpy as np
 
 from .ir import ConvProblem, Pass, Plan, Target
 
-PAD_TO = 8  # channels: one 16-byte run of fp16 or bf16
-PAD_BLOCK = 256  # threads per block of the copy kernels (one row each)
+PAD_TO = 4  # channels: one 8-byte run of fp16 or bf16
+MIN_X_BYTES = 4 << 20  # x below this: the copy's launch and pass cost more than it saves (CIFAR)
+PAD_BLOCK = 256  # threads per block of the copy kernels
+GROUP = 8  # rows one pad thread copies: whole 16-byte loads and stores for any C
 
 
 def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
                     plan: Optional[Plan] = None, scalar: bool = False) -> Optional[int]:
     """The channel count the convolution kernel runs on when it is not ``problem.c``, else None.
 
-    fprop and wgrad of a 16-bit input with 3 to 7 channels on a CUDA part with cp.async
-    (sm_80+). Not dgrad: its output has the narrow channels (and a network's first layer
-    needs no dx). Not fewer than 3 channels: at C = 1 or 2, padding multiplies the MMA work
-    by 8 or 4 (the speech suite's C = 1 layers; see NOTES). Not with a hand plan or the
-    scalar path, which name the kernel the caller wants; not float32 inputs, which the
-    gathers cast on the way."""
+    fprop and wgrad of a 16-bit, 3-channel input of at least :data:`MIN_X_BYTES` on a CUDA
+    part with cp.async (sm_80+). Not dgrad: its output has the narrow channels (and a
+    network's first layer needs no dx). Not C = 1 or 2, where padding multiplies the MMA work
+    by 4 or 2 (measured only at C = 1: 1.5-5x slower), nor C = 5-7, which no suite has and no
+    probe measured. Not with a hand plan or the scalar path, which name the kernel the
+    caller wants; not float32 inputs, which the gathers cast on the way."""
     if pass_ is Pass.DGRAD or plan is not None or scalar or in_dtype not in ("float16", "bfloat16"):
         return None
     info = target.info
     if info.backend != "cuda" or not info.cp_async:
         return None
-    return PAD_TO if 3 <= problem.c < PAD_TO else None
+    if problem.c != 3 or problem.n * problem.h * problem.w * problem.c * 2 < MIN_X_BYTES:
+        return None
+    return PAD_TO
 
 
 def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
@@ -62,7 +71,7 @@ def pad_source(c: int, cp: int, out_itemsize: int) -> tuple[str, str, str]:
     name = f"convgen_channels_{c}to{cp}_e{out_itemsize}"
     out_type = {2: "unsigned short", 4: "float"}[out_itemsize]
     src = _environment().get_template("copies/channel_pad.j2").render(
-        name=name, c=c, cp=cp, out_bytes=out_itemsize, out_type=out_type)
+        name=name, c=c, cp=cp, group=GROUP, out_bytes=out_itemsize, out_type=out_type)
     return src, f"{name}_pad", f"{name}_unpad"
 
 
@@ -73,7 +82,8 @@ def _align4(elems: int) -> int:
 class ChannelPad:
     """The copies around one padded op: x (and fprop's w) to ``cp`` channels before the
     convolution, wgrad's dW back to ``c`` after it, in scratch carved from the op's fp32
-    workspace (:attr:`scratch_elems` elements, after the split-K slices)."""
+    workspace (:attr:`scratch_elems` elements, after the split-K slices). x and w must be
+    16-byte aligned (the op's input checks copy a view that is not)."""
 
     def __init__(self, problem: ConvProblem, pass_: Pass, cp: int, out_itemsize: int) -> None:
         from .compile import load_kernels
@@ -90,8 +100,8 @@ class ChannelPad:
         src, pad, unpad = pad_source(p.c, cp, out_itemsize)
         fns = load_kernels(src, (pad, unpad))
         self._pad, self._unpad = fns[pad], fns[unpad]
-        rows = self.x_rows + self.w_rows
-        self._pad_grid = (-(-rows // PAD_BLOCK), 1, 1)
+        groups = -(-self.x_rows // GROUP) + -(-self.w_rows // GROUP)
+        self._pad_grid = (-(-groups // PAD_BLOCK), 1, 1)
         self._unpad_grid = (-(-max(self.dw_rows, 1) // PAD_BLOCK), 1, 1)
         self._rows = (np.int64(self.x_rows), np.int64(self.w_rows), np.int64(self.dw_rows))
 

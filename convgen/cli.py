@@ -119,7 +119,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             spec = make_spec(dataclasses.replace(layer.problem, c=cp), pass_, target=spec.target,
                              epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
             padded = (f"pads C={layer.problem.c} to {cp} channels first (one copy kernel; zeros after "
-                      f"{layer.problem.c}), so the gathers read 16-byte runs; the plan is for C={cp}")
+                      f"{layer.problem.c}), so the gathers read {2 * cp}-byte runs; the plan is for C={cp}")
         plan = spec.plan  # type: ignore[attr-defined]
         if args.json:
             rows.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),

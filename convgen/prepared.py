@@ -138,7 +138,7 @@ class PreparedConv:
         self._n_out = len(self.out_shapes)
         self._bias = pass_ is Pass.FPROP and epilogue.bias
         self._bias_vec = 16 // np_dtype(epilogue.bias_dtype).itemsize  # elements of a 16-byte-aligned pointer
-        # A stem's 3 channels padded to 8 first, so the kernel gathers 16-byte runs (convgen/channel_pad.py)
+        # An RGB stem's 3 channels padded to 4 first, so the kernel gathers 8-byte runs (convgen/channel_pad.py)
         self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar,
                                                          self.mma_dtype)
         kc = p.c if self._kernel is None else self._kernel.source.spec.geometry.c
@@ -155,10 +155,10 @@ class PreparedConv:
         reads = {"x": (splan.read_a, splan.vec_a), "dy": (splan.read_a, splan.vec_a), "w": (splan.read_b, splan.vec_b)}
         if pass_ is Pass.WGRAD:
             reads["x"] = (splan.read_b, splan.vec_b)
-        if cpad is not None:  # the pad copy reads x (and fprop's w) one element at a time
+        if cpad is not None:  # the pad copy reads x (and fprop's w) in 16-byte loads
             with _rt._cupy().cuda.Device(device):
                 self._chpad = ChannelPad(p, pass_, cpad, self.out_dtype.itemsize)
-            reads["x"] = reads["w"] = (in_dtype, 1)
+            reads["x"] = reads["w"] = (in_dtype, 8)
         self._expect = tuple(
             (name, shape, np_dtype(reads[name][0]), _contiguous_strides(shape, np_dtype(reads[name][0]).itemsize),
              reads[name][1] * np_dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])

@@ -194,7 +194,7 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
 def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id: int, plan: Optional[Plan],
                     scalar: bool, mma_dtype: Optional[str] = None) -> ConvProblem:
     """The problem this shape's kernel is built for: ``problem``, or it with a stem's channels
-    padded to 8 (convgen/channel_pad.py), unless a plan tuned for the layer as it is exists
+    padded to 4 (convgen/channel_pad.py), unless a plan tuned for the layer as it is exists
     for this GPU: that plan was measured, the padding's rule only fitted."""
     from .channel_pad import kernel_problem
 
@@ -213,7 +213,7 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
     """The source this shape's kernel is built from on this device: a hand plan, else the
     tuning database's, else (with autotune on and ``tune``) the tuner's, else the planner's.
     bfloat16 kernels take the planner's: no database holds bf16 plans yet, and a float32 input's
-    tuned plans were timed for fp16 MMAs. A stem's kernel may be for its channels padded to 8
+    tuned plans were timed for fp16 MMAs. A stem's kernel may be for its channels padded to 4
     (:func:`_kernel_problem`): the spec's geometry says which, and the op pads before it."""
     target = _target(device_id)
     problem = _kernel_problem(problem, pass_, in_dtype, device_id, plan, scalar, mma_dtype)

@@ -1,7 +1,10 @@
-"""Narrow inputs padded to 8 channels (convgen/channel_pad.py) on the GPU, against the float64
-reference: fprop and wgrad of C = 3..7 layers through the plain functions, a prepared op with a
+"""An RGB stem's channels padded to 4 (convgen/channel_pad.py) on the GPU, against the float64
+reference: fprop and wgrad of C = 3 layers through the plain functions, a prepared op with a
 NaN-filled workspace of the caller's (the pad copies' scratch lies in it, so a channel the
-copy leaves unwritten turns every sum it meets into NaN), and the pointer path."""
+copy leaves unwritten turns every sum it meets into NaN), and the pointer path. The small
+shapes run with the rule's size floor lowered to 0, so every copy path (whole 8-row groups,
+a short last group, fprop's w rows) meets odd sizes; one ImageNet-sized stem runs at the
+real floor."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import numpy as np
 import pytest
 
 import convgen
+import convgen.channel_pad
 from convgen import reference
 from convgen.ir import ConvProblem, Pass
 
@@ -21,10 +25,19 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 SHAPES = [
     ConvProblem(40, 36, 3, 64, 7, 7, 2, 3, 1, n=4),     # an ImageNet stem, smaller
     ConvProblem(33, 31, 3, 32, 3, 3, 1, 1, 1, n=5),     # a VGG/UNet stem, odd sizes
-    ConvProblem(17, 19, 5, 24, 3, 3, (2, 1), (0, 2), (1, 2), n=3),  # strided, dilated, C = 5
-    ConvProblem(12, 12, 7, 16, 1, 1, 1, 0, 1, n=9),     # 1x1, C = 7
-    ConvProblem(20, 20, 4, 40, 5, 5, 1, 2, 1, n=6),     # C = 4
+    ConvProblem(17, 19, 3, 24, 3, 3, (2, 1), (0, 2), (1, 2), n=3),  # strided, dilated
+    ConvProblem(13, 11, 3, 16, 1, 1, 1, 0, 1, n=7),     # 1x1; 1001 pixels: a short last group
+    ConvProblem(20, 20, 3, 40, 5, 5, 1, 2, 1, n=6),     # 5x5: 1000 w rows
 ]
+REAL = ConvProblem(224, 224, 3, 64, 7, 7, 2, 3, 1, n=14)  # ResNet's stem, just over the floor
+
+
+@pytest.fixture
+def no_floor(monkeypatch):
+    monkeypatch.setattr(convgen.channel_pad, "MIN_X_BYTES", 0)
+    convgen.clear_cache()
+    yield
+    convgen.clear_cache()
 
 
 def _rng(*parts) -> np.random.Generator:
@@ -43,7 +56,16 @@ def _check(out, ref, reduction: int, what: str) -> None:
 
 
 @pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
-def test_padded_fprop_and_wgrad_match_the_reference(problem):
+def test_padded_fprop_and_wgrad_match_the_reference(problem, no_floor):
+    _padded_passes(problem)
+
+
+def test_an_imagenet_stem_pads_at_the_real_floor():
+    convgen.clear_cache()
+    _padded_passes(REAL)
+
+
+def _padded_passes(problem: ConvProblem) -> None:
     import cupy as cp
 
     rng = _rng("pad", problem)
@@ -63,10 +85,10 @@ def test_padded_fprop_and_wgrad_match_the_reference(problem):
 
     fop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, **_geo(problem))
     wop = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **_geo(problem))
-    for op in (fop, wop):
-        assert op._chpad is not None and op._chpad.cp == 8, "the op does not pad its channels"
+    for op, x_vec in ((fop, "vec_a"), (wop, "vec_b")):  # wgrad reads x as its B operand
+        assert op._chpad is not None and op._chpad.cp == 4, "the op does not pad its channels"
         plan = op._kernel.source.spec.plan
-        assert (plan.vec_a, plan.vec_b) == (8, 8), f"the padded kernel does not gather 16-byte runs: {plan.brief()}"
+        assert getattr(plan, x_vec) == 4, f"the padded kernel does not gather x in 8-byte runs: {plan.brief()}"
     for trial in range(2):  # the second call reuses the op's packed launch and its scratch
         ws = cp.full(fop.workspace_elems, np.nan, dtype=cp.float32)
         _check(fop(xd, wd, bd, workspace=ws), ref_y, red_f, f"prepared fprop, call {trial}")
@@ -90,7 +112,7 @@ def test_padded_fprop_and_wgrad_match_the_reference(problem):
     _check(db, ref_db, red_w, "launch() wgrad db")
 
 
-def test_a_hand_plan_and_dgrad_run_unpadded():
+def test_a_hand_plan_and_dgrad_run_unpadded(no_floor):
     """dgrad writes the narrow channels itself, and a hand plan names the kernel to run."""
     problem = SHAPES[1]
     op = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **_geo(problem))

@@ -221,13 +221,27 @@ def test_plan_json(cli):
     for r in rows:
         layer = next(l for l in layers if l.name == r["layer"])
         pass_ = Pass(r["pass"])
-        padded = layer.problem.c == 3 and pass_ is not Pass.DGRAD  # the stem: channels padded to 8 first
-        kp = dataclasses.replace(layer.problem, c=8) if padded else layer.problem
-        spec = make_spec(kp, pass_, epilogue=default_epilogue(pass_))
-        assert r["problem"] == layer.problem.as_dict() and r["padded_channels"] == (8 if padded else None)
+        spec = make_spec(layer.problem, pass_, epilogue=default_epilogue(pass_))
+        assert r["problem"] == layer.problem.as_dict() and r["padded_channels"] is None  # CIFAR's stem is too small
         assert r["plan"] == spec.plan.as_dict() and r["key"] == spec.key
-        assert r["reasons"][int(padded):] == list(spec.plan.reasons) and len(r["reasons"]) >= 5
-        assert ("pads C=3 to 8" in r["reasons"][0]) is padded
+        assert r["reasons"] == list(spec.plan.reasons) and len(r["reasons"]) >= 5
+
+
+def test_plan_says_when_a_stem_is_padded_and_plans_the_padded_layer(cli):
+    """What convgen.conv2d runs on an ImageNet stem: its 3 channels padded to 4, and the plan for that."""
+    status, out, err = cli("plan", "--suite", "resnet50", "--pass", "all", "--json")
+    assert status == 0 and err == ""
+    rows = {(r["layer"], r["pass"]): r for r in json.loads(out)}
+    stem = next(l for l in SUITES["resnet50"] if l.name == "conv1")
+    for pass_ in Pass:
+        r = rows[("conv1", pass_.value)]
+        if pass_ is Pass.DGRAD:  # dx has the narrow channels: never padded
+            assert r["padded_channels"] is None and not r["reasons"][0].startswith("pads")
+            continue
+        spec = make_spec(dataclasses.replace(stem.problem, c=4), pass_, epilogue=default_epilogue(pass_))
+        assert r["padded_channels"] == 4 and r["reasons"][0].startswith("pads C=3 to 4 channels")
+        x_vec = r["plan"]["vec_a" if pass_ is Pass.FPROP else "vec_b"]  # wgrad reads x as its B operand
+        assert r["plan"] == spec.plan.as_dict() and r["key"] == spec.key and x_vec == 4
 
 
 def test_plan_text_explains_each_choice(cli):

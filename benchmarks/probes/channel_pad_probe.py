@@ -12,6 +12,7 @@ one stream with the bench's method (L2 flushed, host hidden, median of reps):
 * ``pad CP``: one pad kernel (x to CP channels, one thread per pixel) plus convgen on the
   padded layer (fprop: w padded too, outside the timing, as a cached weight would be;
   wgrad: dW computed at CP channels, then its first C channels copied out);
+* ``pad kern``: the probe's own one-thread-a-row copy to 4 channels, alone;
 * ``library``: ``convgen.conv2d`` / ``conv2d_wgrad`` as they run by default (convgen/channel_pad.py);
 * cuDNN (PyTorch, channels_last) on the layer as it is, for scale.
 
@@ -121,8 +122,8 @@ def main() -> int:
                     err = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
                     checks.append(f"{cpad}:{err:.1e}")
                     ops.append((f"pad {cpad}", op))
-                xp8 = cp.empty((n, h, w_, 8), cp.float16)
-                ops.append(("pad kern", lambda: pad(x, 8, xp8)))
+                xp4 = cp.empty((n, h, w_, 4), cp.float16)
+                ops.append(("pad kern", lambda: pad(x, 4, xp4)))
                 if torch is not None:
                     tx = torch.as_tensor(x, device="cuda").permute(0, 3, 1, 2)
                     tw = torch.as_tensor(wt, device="cuda").permute(0, 3, 1, 2)

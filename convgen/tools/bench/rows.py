@@ -250,7 +250,7 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
             from ...tuning_db import tuned_plan
 
             # The plan convgen.conv2d will run: the tuned one for this GPU when there is one, else
-            # the planner's, for a stem's channels padded to 8 where that rule applies.
+            # the planner's, for a stem's channels padded to 4 where that rule applies.
             tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
             kprob = prob if tuned is not None else kernel_problem(prob, item.pass_, "float16", target)
             if kprob is not prob:
