@@ -5,6 +5,7 @@ layers of the built-in suites, beside the planner's default and cuDNN, GPU time 
 resident blocks per SM (the driver's occupancy) and its error against cuDNN's output.
 
     python3 benchmarks/probes/tma_persistent_probe.py --pass fprop [--set pingpong]   # writes $OUT/probe.json
+    python3 benchmarks/probes/tma_persistent_probe.py --pass dgrad --set short --layers resnet50/l1-1x1b,resnet50/l2-1x1
 
 Where the measurements behind tma_rules.PERSISTENT_TILES came from
 (benchmarks/results/2026-12-02_h200_tma-persistent-probe_*)."""
@@ -31,6 +32,9 @@ VARIANTS = {
                    (128, 128, 5, 1), (64, 256, 4, 1), (128, 256, 3, 1)],
     "pingpong": [(128, 64, 6, 1), (128, 128, 5, 1), (128, 256, 3, 1),
                  (128, 64, 4, 2), (128, 64, 6, 2), (128, 128, 3, 2), (128, 128, 4, 2), (128, 128, 5, 2)],
+    # short reductions (1x1 layers, 1-4 K-steps), after the drain's reads were vectorised (ba4158a)
+    "short": [(128, 128, 6, 0), (128, 256, 4, 0), (128, 64, 6, 1), (128, 128, 5, 1), (128, 256, 3, 1),
+              (128, 64, 6, 2), (128, 128, 4, 2)],
 }
 DGRAD_LAYERS = [("vgg16", "conv1_2"), ("vgg16", "conv2_1"), ("vgg16", "conv2_2"), ("vgg16", "conv3_1"), ("vgg16", "conv4_2"),
                 ("resnet50", "l2-3x3"), ("resnet18", "l2-3x3"), ("unet", "enc3b"), ("unet", "enc2b"),
@@ -41,7 +45,10 @@ todo = []
 ap = argparse.ArgumentParser()
 ap.add_argument("--pass", dest="pass_", choices=("fprop", "dgrad"), default="fprop")
 ap.add_argument("--set", dest="set_", choices=tuple(VARIANTS), default="persistent")
+ap.add_argument("--layers", default="", help="suite/layer,... instead of the pass's list")
 args = ap.parse_args()
+if args.layers:
+    FPROP_LAYERS = DGRAD_LAYERS = [tuple(x.split("/", 1)) for x in args.layers.split(",")]
 PASS = Pass.parse(args.pass_)
 for ps in (PASS,):
     for s, name in (FPROP_LAYERS if ps is Pass.FPROP else DGRAD_LAYERS):
