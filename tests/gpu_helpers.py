@@ -4,6 +4,7 @@ compute what the float64 reference says it should be, on the values the kernel s
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,3 +124,28 @@ def check(res: Result, out_dtype: str, exact: bool = False, what: str = "") -> N
             err = rel_err(o, r)
             tol = tolerance(res.reduction, out_dtype)
             assert err <= tol, f"{what} output {i}: relative error {err:.3g} > {tol:.3g}"
+
+
+def seeded(*parts) -> np.random.Generator:
+    """A generator seeded by ``parts`` (their repr's CRC): fresh data per case, the same on a rerun."""
+    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
+
+
+def draw_layer(tag: str, p: ConvProblem) -> tuple[np.ndarray, ...]:
+    """Fresh fp16 x, w, dy and an fp32 bias for layer ``p``, seeded by ``tag``."""
+    rng = seeded(tag, p)
+    return (rng.standard_normal(p.x_shape).astype(np.float16), rng.standard_normal(p.w_shape).astype(np.float16),
+            rng.standard_normal(p.y_shape).astype(np.float16), rng.standard_normal(p.k).astype(np.float32))
+
+
+def geo(p: ConvProblem) -> dict:
+    """``p``'s stride, padding and dilation, as convgen's functions take them."""
+    return dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+
+
+def check_fp16(out, ref: np.ndarray, reduction: int, what: str) -> None:
+    """A float16 output (a CuPy array) within the tolerance of ``reduction`` terms of ``ref``."""
+    import cupy as cp
+
+    err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
+    assert err <= tolerance(reduction, "float16"), f"{what}: relative error {err:.3g}"

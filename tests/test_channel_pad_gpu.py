@@ -8,8 +8,6 @@ real floor."""
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
@@ -18,7 +16,7 @@ import convgen.channel_pad
 from convgen import reference
 from convgen.ir import ConvProblem, Pass
 
-from gpu_helpers import kernel_view, rel_err, tolerance
+from gpu_helpers import check_fp16 as _check, draw_layer, geo as _geo, kernel_view
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -42,21 +40,6 @@ def no_floor(monkeypatch):
     convgen.clear_cache()
 
 
-def _rng(*parts) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
-
-
-def _geo(p: ConvProblem) -> dict:
-    return dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
-
-
-def _check(out, ref, reduction: int, what: str) -> None:
-    import cupy as cp
-
-    err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
-    assert err <= tolerance(reduction, "float16"), f"{what}: relative error {err:.3g}"
-
-
 @pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
 def test_padded_fprop_and_wgrad_match_the_reference(problem, no_floor):
     _padded_passes(problem)
@@ -70,11 +53,7 @@ def test_an_imagenet_stem_pads_at_the_real_floor():
 def _padded_passes(problem: ConvProblem) -> None:
     import cupy as cp
 
-    rng = _rng("pad", problem)
-    x = rng.standard_normal(problem.x_shape).astype(np.float16)
-    w = rng.standard_normal(problem.w_shape).astype(np.float16)
-    dy = rng.standard_normal(problem.y_shape).astype(np.float16)
-    bias = rng.standard_normal(problem.k).astype(np.float32)
+    x, w, dy, bias = draw_layer("pad", problem)
     xd, wd, dyd, bd = (cp.asarray(a) for a in (x, w, dy, bias))
     ref_y = reference.fprop(kernel_view(x), kernel_view(w), bias.astype(np.float64), **_geo(problem))
     ref_dw, ref_db = reference.wgrad(kernel_view(x), kernel_view(dy), problem.w_shape, **_geo(problem))

@@ -7,7 +7,6 @@ not take as they are (a strided view, fp32 where fp16 is read).
 
 from __future__ import annotations
 
-import zlib
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ import convgen
 from convgen import reference
 from convgen.ir import ConvProblem, Pass
 
-from gpu_helpers import kernel_view, rel_err, tolerance
+from gpu_helpers import check_fp16 as _check, draw_layer as _draw, geo as _geo, kernel_view, seeded as _rng
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -28,31 +27,9 @@ SHAPES = [
 ]
 
 
-def _rng(*parts) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
-
-
 @pytest.fixture
 def launch_path():
     return "cupy"
-
-
-def _draw(tag: str, p: ConvProblem) -> tuple[np.ndarray, ...]:
-    """Fresh fp16 x, w, dy and an fp32 bias for layer ``p``, seeded by ``tag``."""
-    rng = _rng(tag, p)
-    return (rng.standard_normal(p.x_shape).astype(np.float16), rng.standard_normal(p.w_shape).astype(np.float16),
-            rng.standard_normal(p.y_shape).astype(np.float16), rng.standard_normal(p.k).astype(np.float32))
-
-
-def _geo(p: ConvProblem) -> dict:
-    return dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
-
-
-def _check(out, ref, reduction: int, what: str) -> None:
-    import cupy as cp
-
-    err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
-    assert err <= tolerance(reduction, "float16"), f"{what}: relative error {err:.3g}"
 
 
 @pytest.mark.parametrize("problem", SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
