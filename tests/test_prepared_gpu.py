@@ -7,7 +7,6 @@ not take as they are (a strided view, fp32 where fp16 is read).
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
