@@ -149,3 +149,14 @@ def check_fp16(out, ref: np.ndarray, reduction: int, what: str) -> None:
 
     err = rel_err(cp.asnumpy(out).astype(np.float64), ref)
     assert err <= tolerance(reduction, "float16"), f"{what}: relative error {err:.3g}"
+
+
+def poisoned(shape, dtype):
+    """A NaN-filled CuPy array whose fill has finished.  launch() runs on the caller's raw
+    stream, which does not wait for CuPy's current stream: a fill still queued there could
+    land after the kernel's writes (seen on the H200 as all-NaN outputs under load)."""
+    import cupy as cp
+
+    a = cp.full(shape, np.nan, dtype=dtype)
+    cp.cuda.get_current_stream().synchronize()
+    return a

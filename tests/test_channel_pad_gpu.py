@@ -16,7 +16,7 @@ import convgen.channel_pad
 from convgen import reference
 from convgen.ir import ConvProblem, Pass
 
-from gpu_helpers import check_fp16 as _check, draw_layer, geo as _geo, kernel_view
+from gpu_helpers import check_fp16 as _check, draw_layer, geo as _geo, kernel_view, poisoned
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -79,14 +79,14 @@ def _padded_passes(problem: ConvProblem) -> None:
         _check(db, ref_db, red_w, f"prepared wgrad db, call {trial}")
 
     # the pointer path (convgen.torch's): caller's outputs and workspace, a raw stream
-    y = cp.full(problem.y_shape, np.nan, dtype=cp.float16)
-    ws = cp.full(fop.workspace_elems, np.nan, dtype=cp.float32)
+    # (every buffer poisoned before either launch and kept until the stream is done: a
+    # buffer freed while its kernel runs on the raw stream could be handed out again)
+    y, fws = poisoned(problem.y_shape, cp.float16), poisoned(fop.workspace_elems, cp.float32)
+    dw, db = poisoned(problem.w_shape, cp.float16), poisoned(problem.k, cp.float16)
+    wws = poisoned(wop.workspace_elems, cp.float32)
     stream = cp.cuda.Stream(non_blocking=True)
-    fop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, workspace=ws.data.ptr, stream=stream.ptr)
-    dw = cp.full(problem.w_shape, np.nan, dtype=cp.float16)
-    db = cp.full(problem.k, np.nan, dtype=cp.float16)
-    ws = cp.full(wop.workspace_elems, np.nan, dtype=cp.float32)
-    wop.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr), workspace=ws.data.ptr, stream=stream.ptr)
+    fop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, workspace=fws.data.ptr, stream=stream.ptr)
+    wop.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr), workspace=wws.data.ptr, stream=stream.ptr)
     stream.synchronize()
     _check(y, ref_y, red_f, "launch() fprop")
     _check(dw, ref_dw, red_w, "launch() wgrad dw")

@@ -14,7 +14,7 @@ import convgen
 from convgen import reference
 from convgen.ir import ConvProblem, Pass
 
-from gpu_helpers import check_fp16 as _check, draw_layer as _draw, geo as _geo, kernel_view, seeded as _rng
+from gpu_helpers import check_fp16 as _check, draw_layer as _draw, geo as _geo, kernel_view, poisoned, seeded as _rng
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
@@ -125,6 +125,7 @@ def test_prepared_op_under_cuda_graph_capture(launch_path):
         op(xd, wd, out=y)
         graph = stream.end_capture()
     y.fill(np.nan)
+    cp.cuda.get_current_stream().synchronize()  # the poison lands before the graph runs on its own stream
     graph.launch(stream)
     stream.synchronize()
     _check(y, reference.fprop(kernel_view(x), kernel_view(w), padding=1), p.gemm("fprop").k, f"graph {launch_path}")
@@ -160,20 +161,20 @@ def test_prepared_launch_on_pointers(problem):
     cp.cuda.get_current_stream().synchronize()
 
     def workspace(op):  # the caller's split-K workspace, poisoned: the kernels must overwrite it
-        ws = cp.full(max(op.workspace_elems, 1), np.nan, dtype=cp.float32)
+        ws = poisoned(max(op.workspace_elems, 1), cp.float32)
         keep.append(ws)
         return ws.data.ptr if op.workspace_elems else 0
 
     keep = []
     fprop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, **geo)
-    y = cp.full(problem.y_shape, np.nan, dtype=cp.float16)
+    y = poisoned(problem.y_shape, cp.float16)
     fprop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, workspace=workspace(fprop), stream=side.ptr)
     dgrad = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **geo)
-    dx = cp.full(problem.x_shape, np.nan, dtype=cp.float16)
+    dx = poisoned(problem.x_shape, cp.float16)
     dgrad.launch(dyd.data.ptr, wd.data.ptr, (dx.data.ptr,), workspace=workspace(dgrad), stream=side.ptr)
     wgrad = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **geo)
-    dw = cp.full(problem.w_shape, np.nan, dtype=cp.float16)
-    db = cp.full((problem.k,), np.nan, dtype=cp.float16)
+    dw = poisoned(problem.w_shape, cp.float16)
+    db = poisoned((problem.k,), cp.float16)
     wgrad.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr), workspace=workspace(wgrad), stream=side.ptr)
     side.synchronize()
     _check(y, reference.fprop(kernel_view(x), kernel_view(w), b, **geo), problem.gemm("fprop").k, "fprop launch")

@@ -133,6 +133,7 @@ DGRAD_SHAPES = [
     ConvProblem(14, 14, 64, 128, 3, 3, 2, 1, 1, n=3),                # stride 2: classes of 4, 2, 2, 1 taps
     ConvProblem(13, 11, 40, 72, 3, 3, 2, 1, 1, n=2),                 # odd H, W: classes of unequal sizes
     ConvProblem(16, 15, 64, 136, 1, 1, 2, 0, 1, n=3),                # 1x1 stride 2: three classes all zeros
+    ConvProblem(24, 24, 64, 64, 1, 1, 3, 0, 1, n=4),                 # 1x1 stride 3: 16 tiles in a row no tap reaches
     ConvProblem(15, 13, 48, 72, 3, 5, (2, 3), (1, 2), (2, 1), n=2),  # stride (2, 3), dilation (2, 1)
     ConvProblem(9, 9, 32, 64, 7, 7, 2, 3, 1, n=2),                   # a stem's 7x7 stride 2
     ConvProblem(10, 10, 16, 64, 2, 2, 3, 0, 1, n=2),                 # stride 3 past a 2x2 filter
