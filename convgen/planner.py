@@ -25,7 +25,8 @@ from .dtypes import MMA_DTYPES, mma_dtype_for
 from .limits import check_index_limits
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .small_layer_rules import halo_default, split_k
-from .tma_rules import tma_eligible, tma_min_steps, tma_persistent, tma_split, tma_steps, tma_tiles
+from .tma_rules import (tma_cheapest_tile, tma_eligible, tma_min_steps, tma_persistent, tma_short_persistent,
+                        tma_steps)
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -309,13 +310,17 @@ def plan(
         least, evidence = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64):
+        short = tma_short_persistent(problem, pass_, target) if why is None and steps < least else None
+        if why is None and (pass_ is Pass.WGRAD or (steps >= least or short is None) and gemm.n >= 64):
+            if steps < least:
+                reasons.append(f"{steps} K-step(s), fewer than the TMA loop's {least}, through its persistent "
+                               "kernel: measured faster on such 1x1 layers (tma_rules.tma_short_persistent)")
             return _replace(_tma_plan(problem, pass_, target, reasons, steps), read_a=elem, read_b=elem)
         if why is None or target.info.tma:  # on other targets the TMA loop is not a candidate worth naming
             reasons.append("not the TMA main loop: " + (
                 why if why is not None else
                 f"{steps} K-step(s) of 64 channels, fewer than {least}; its ring's fill and its epilogue would "
-                f"not be amortised ({evidence})" if steps < least else
+                f"not be amortised ({evidence}), and not its persistent kernel: {short}" if steps < least else
                 f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = fit_tile(gemm.n, 128)
@@ -481,9 +486,7 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
 
 def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int) -> Plan:
     gemm = problem.gemm(pass_)
-    costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
-              for bm, bn, stages, rate in tma_tiles(gemm.n)]
-    (split, blocks, us), bm, bn, stages, rate = min(costed, key=lambda c: c[0][2])
+    (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
     persistent, why_persistent = tma_persistent(problem, pass_, target, bm, bn)

@@ -52,6 +52,13 @@ PERSISTENT_TILES: dict[tuple[Pass, int, int], tuple[int, int, int, bool]] = {
 MIN_PERSISTENT_TILES_PER_SM = 2
 # Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
 TMA_MIN_STEPS = 8
+# Except through the persistent kernel, which overlaps one tile's drain with the next tile's
+# copies: on ResNet-50's 1x1 layers with 1-4 full 64-channel steps and at least two tiles per
+# SM, the tile tma_persistent picks ran 1.32-1.66x the im2col default in fprop (l1-1x1b 42.9
+# against 64.4 us, l2-1x1 27.0/42.6, l1-1x1c 41.2/50.4) and 1.26-1.66x in dgrad (l1-1x1b
+# 41.0/51.7, l1-1x1c 43.1/70.9, l3-1x1 20.7/34.4): H200 at 4931b53, benchmarks/results/
+# 2026-12-03_h200_tma-short-probe_4931b53-*.  Steps part zeros (channels not a multiple of
+# 64) and strided dgrad were not measured, so they keep the bound.
 # Strided dgrad needs twice that in its heaviest residue class: at 8 such steps the TMA loop
 # ran within 10% of the im2col loop either way on four real layers (ResNet-18 l2-3x3-down
 # 1.05x, Darknet down2 1.10x, ResNet-50 l2-3x3-down 0.91x, ResNet-18 l4-proj 0.82x, H200 at
@@ -78,6 +85,30 @@ def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
         return TMA_MIN_STEPS_STRIDED_DGRAD, "measured no faster on strided dgrad's 8-step layers"
     return TMA_MIN_STEPS, "measured slower on ResNet-50's 1x1 layers"
+
+
+def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target) -> str | None:
+    """Why a reduction shorter than :func:`tma_min_steps` stays off the TMA loop (None: the
+    persistent kernel takes it, as measured above TMA_MIN_STEPS_STRIDED_DGRAD)."""
+    if pass_ is Pass.WGRAD:
+        return "wgrad has no persistent kernel"
+    if pass_ is Pass.DGRAD and problem.stride != (1, 1):
+        return "strided dgrad's short layers were not measured on the persistent kernel"
+    channels = problem.c if pass_ is Pass.FPROP else problem.k
+    if channels % TMA_BLOCK_K:
+        return f"its {channels} channels leave a step part zeros, which was not measured on the persistent kernel"
+    _, bm, bn, _, _ = tma_cheapest_tile(problem, pass_, target)
+    tile, why = tma_persistent(problem, pass_, target, bm, bn)
+    return None if tile is not None else why
+
+
+def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
+                      target: Target) -> tuple[tuple[int, int, float], int, int, int, float]:
+    """((split-K, blocks, predicted us), block_m, block_n, stages, rate) of the TMA tile the
+    cost model predicts fastest on this layer: the planner's tile before tma_persistent."""
+    costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
+              for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)]
+    return min(costed, key=lambda c: c[0][2])
 
 
 def tma_steps(problem: ConvProblem, pass_: Pass) -> int:
