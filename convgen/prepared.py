@@ -286,19 +286,10 @@ class PreparedConv:
                 residual = self._residual(residual)
             ws, dbws = self._workspaces(workspace)
             objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars, residual]
-            a_ptr, b_ptr = a.data.ptr, b.data.ptr
-            if self._chpad is not None:  # the kernel reads (and wgrad writes) the padded copies
+            scratch = 0
+            if self._chpad is not None:
                 scratch = (workspace if workspace is not None else self._arena_buf).data.ptr + 4 * self._pad_at
-                a_ptr, b_ptr, dwp = self._chpad.pad(a_ptr, b_ptr, scratch)
-                objs[0], objs[1] = _U64(a_ptr), _U64(b_ptr)
-                if dwp:
-                    objs[3] = _U64(dwp)
-            if self._maps is not None:
-                objs += (self._maps.a(a_ptr), self._maps.b(b_ptr))
-            for launcher in self._launchers:
-                launcher.launch(objs)
-            if self._chpad is not None and self._chpad.dw_rows:
-                self._chpad.unpad(int(objs[3]), res[0].data.ptr)
+            self._run(objs, a.data.ptr, b.data.ptr, res[0].data.ptr, scratch, None)
         finally:
             if switch:
                 ctx.__exit__(None, None, None)
@@ -345,18 +336,27 @@ class PreparedConv:
             if len(_STREAMS) >= 256:  # a program that makes streams by the thousand: start over
                 _STREAMS.clear()
             handle = _STREAMS.setdefault(stream, _Stream(stream))
-        out0, dwp = out[0], 0
-        if self._chpad is not None:  # the kernel reads (and wgrad writes) the padded copies
-            a, b, dwp = self._chpad.pad(a, b, workspace + 4 * self._pad_at, handle)
-            out0 = dwp or out0
-        objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out0),
+        objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out[0]),
                 _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _U64(residual) if residual else None]
+        self._run(objs, a, b, out[0], workspace + 4 * self._pad_at if self._chpad is not None else 0, handle)
+
+    def _run(self, objs: list, a: int, b: int, out0: int, scratch: int, stream: Any) -> None:
+        """The launches both calls make, on ``objs`` (the kernel's arguments, by slot): the
+        narrow channels padded into ``scratch`` first where the op pads (the kernel then reads,
+        and wgrad writes, the copies), the tensor maps of what the kernel reads, the kernels,
+        and wgrad's padded dW copied back into the caller's ``out0``."""
+        dwp = 0
+        if self._chpad is not None:
+            a, b, dwp = self._chpad.pad(a, b, scratch, stream)
+            objs[0], objs[1] = _U64(a), _U64(b)
+            if dwp:
+                objs[3] = _U64(dwp)
         if self._maps is not None:
             objs += (self._maps.a(a), self._maps.b(b))
         for launcher in self._launchers:
-            launcher.launch(objs, handle)
+            launcher.launch(objs, stream)
         if dwp:
-            self._chpad.unpad(dwp, out[0], handle)
+            self._chpad.unpad(dwp, out0, stream)
 
     @property
     def input_dtypes(self) -> tuple[str, str]:
