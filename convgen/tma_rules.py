@@ -57,8 +57,14 @@ TMA_MIN_STEPS = 8
 # SM, the tile tma_persistent picks ran 1.32-1.66x the im2col default in fprop (l1-1x1b 42.9
 # against 64.4 us, l2-1x1 27.0/42.6, l1-1x1c 41.2/50.4) and 1.26-1.66x in dgrad (l1-1x1b
 # 41.0/51.7, l1-1x1c 43.1/70.9, l3-1x1 20.7/34.4): H200 at 4931b53, benchmarks/results/
-# 2026-12-03_h200_tma-short-probe_4931b53-*.  Steps part zeros (channels not a multiple of
-# 64) and strided dgrad were not measured, so they keep the bound.
+# 2026-12-03_h200_tma-short-probe_4931b53-*; in the bench at 2626a97 1.24-1.65x on those
+# rows).  A 64-wide tile's single step lost (l1-1x1a, 64 -> 64 channels: fprop 26.9 against
+# 20.8 us, dgrad 27.0 against 22.8): each tile is one copy and a drain, streaming that the
+# im2col loop's four resident blocks hide better, so a tile needs steps x block N >= 128 (the
+# 128-wide single steps measured at 2626a97, ResNet-18 l2-proj and MobileNetV2 pw14 fprop,
+# ran 1.03x and, against ce4fdc5's figure, 1.10x).  Steps part zeros (channels not a
+# multiple of 64) and strided dgrad were not measured, so they keep the bound.
+MIN_SHORT_STEP_COLUMNS = 128
 # Strided dgrad needs twice that in its heaviest residue class: at 8 such steps the TMA loop
 # ran within 10% of the im2col loop either way on four real layers (ResNet-18 l2-3x3-down
 # 1.05x, Darknet down2 1.10x, ResNet-50 l2-3x3-down 0.91x, ResNet-18 l4-proj 0.82x, H200 at
@@ -99,7 +105,13 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target) -> s
         return f"its {channels} channels leave a step part zeros, which was not measured on the persistent kernel"
     _, bm, bn, _, _ = tma_cheapest_tile(problem, pass_, target)
     tile, why = tma_persistent(problem, pass_, target, bm, bn)
-    return None if tile is not None else why
+    if tile is None:
+        return why
+    steps = tma_steps(problem, pass_)
+    if steps * tile[1] < MIN_SHORT_STEP_COLUMNS:
+        return (f"its {tile[0]}x{tile[1]} tile's {steps} step(s) are fewer than {MIN_SHORT_STEP_COLUMNS} "
+                "step-columns, which ran slower than the im2col loop (ResNet-50 l1-1x1a)")
+    return None
 
 
 def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
