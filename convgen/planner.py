@@ -324,9 +324,9 @@ def plan(
                 f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = fit_tile(gemm.n, 128)
-    reasons.append(
-        f"block N {bn}: smallest fragment multiple covering N={gemm.n} (cap 128), so no warp idles on padding"
-    )
+    padding = 1 - gemm.n / (math.ceil(gemm.n / bn) * bn)
+    reasons.append(f"block N {bn}: the smallest power-of-two tile of fragments covering N={gemm.n} (cap 128)"
+                   + (f"; {padding:.0%} of the tiles' columns are padding" if padding >= 0.005 else ""))
     if pass_ is Pass.WGRAD:
         bm = fit_tile(gemm.m, 128)
         reasons.append(f"block M {bm}: covers wgrad's M=K={gemm.m} (cap 128)")
