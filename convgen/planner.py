@@ -310,7 +310,7 @@ def plan(
         least, evidence = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        short = tma_short_persistent(problem, pass_, target) if why is None and steps < least else None
+        short = tma_short_persistent(problem, pass_, target, steps) if why is None and steps < least else None
         if why is None and (pass_ is Pass.WGRAD or (steps >= least or short is None) and gemm.n >= 64):
             if steps < least:
                 reasons.append(f"{steps} K-step(s), fewer than the TMA loop's {least}, through its persistent "

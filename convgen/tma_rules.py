@@ -93,9 +93,10 @@ def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
     return TMA_MIN_STEPS, "measured slower on ResNet-50's 1x1 layers"
 
 
-def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target) -> str | None:
-    """Why a reduction shorter than :func:`tma_min_steps` stays off the TMA loop (None: the
-    persistent kernel takes it, as measured above TMA_MIN_STEPS_STRIDED_DGRAD)."""
+def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target, steps: int) -> str | None:
+    """Why a reduction of ``steps`` (:func:`tma_steps`, fewer than :func:`tma_min_steps`)
+    stays off the TMA loop (None: the persistent kernel takes it, as measured in the notes
+    at MIN_SHORT_STEP_COLUMNS)."""
     if pass_ is Pass.WGRAD:
         return "wgrad has no persistent kernel"
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
@@ -107,7 +108,6 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target) -> s
     tile, why = tma_persistent(problem, pass_, target, bm, bn)
     if tile is None:
         return why
-    steps = tma_steps(problem, pass_)
     if steps * tile[1] < MIN_SHORT_STEP_COLUMNS:
         return (f"its {tile[0]}x{tile[1]} tile's {steps} step(s) are fewer than {MIN_SHORT_STEP_COLUMNS} "
                 "step-columns, which ran slower than the im2col loop (ResNet-50 l1-1x1a)")
