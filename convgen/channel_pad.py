@@ -45,7 +45,8 @@ def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Ta
     by 4 or 2 (measured only at C = 1: 1.5-5x slower), nor C = 5-7, which no suite has and no
     probe measured. Not with a hand plan or the scalar path, which name the kernel the
     caller wants; not float32 inputs, which the gathers cast on the way."""
-    if pass_ is Pass.DGRAD or plan is not None or scalar or in_dtype not in ("float16", "bfloat16"):
+    if (pass_ is Pass.DGRAD or plan is not None or scalar or in_dtype not in ("float16", "bfloat16")
+            or problem.groups > 1):
         return None
     info = target.info
     if info.backend != "cuda" or not info.cp_async:

@@ -23,7 +23,8 @@ from .planner import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
     resident_blocks, ring_stages, smem_bytes, staged_halo_halves,
 )
-from .mainloop import TmaWgmma
+from .depthwise import DwFacts, facts as dw_facts
+from .mainloop import Depthwise, TmaWgmma
 from .residues import ResidueClass, residue_classes
 from .resources import templates_dir
 
@@ -260,8 +261,8 @@ class SplitK:
 
 
 # The main-loop kinds (`_kind`), and the MMA flavours they compute with.
-KINDS = ("im2col", "im2col_wgmma", "tma", "halo", "halo_ldsm", "halo_flat", "staged_halo")
-MMAS = ("wmma", "ldsm", "wgmma")
+KINDS = ("im2col", "im2col_wgmma", "tma", "halo", "halo_ldsm", "halo_flat", "staged_halo", "depthwise")
+MMAS = ("wmma", "ldsm", "wgmma", "none")
 
 
 @dataclass(frozen=True)
@@ -287,11 +288,12 @@ class Context:
     smem_bytes: int
     wgmma_regs: int  # wgmma: accumulator registers per m64 step (BN / 2)
     classes: tuple[ResidueClass, ...] = ()  # the TMA dgrad's stride residue classes, in launch order
+    dw: DwFacts | None = None  # the depthwise kind's tile and threads (convgen/depthwise.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.mma not in MMAS:
             raise ValueError(f"unknown main-loop kind {self.kind!r} or MMA flavour {self.mma!r}")
-        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma", "tma")):
+        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma", "tma", "depthwise")):
             raise ValueError(f"kind {self.kind!r} with halo facts {self.halo!r}")
 
     @property
@@ -303,9 +305,10 @@ class Context:
     @property
     def loop(self) -> str:
         """The kernel body's structure, which picks its template: "im2col" (from global
-        memory), "tma" (Hopper's copy engine and warpgroups), "staged_halo", "halo" (the taps
+        memory), "tma" (Hopper's copy engine and warpgroups), "staged_halo", "depthwise" (a
+        CUDA-core stencil), "halo" (the taps
         read in place) or "halo_tiles" (several pixel tiles per block)."""
-        if self.kind in ("im2col", "im2col_wgmma", "tma", "staged_halo"):
+        if self.kind in ("im2col", "im2col_wgmma", "tma", "staged_halo", "depthwise"):
             return self.kind.replace("_wgmma", "")
         return "halo_tiles" if self.halo is not None and self.halo.tiles > 1 else "halo"
 
@@ -316,6 +319,8 @@ class Context:
 
 def _kind(spec: KernelSpec) -> str:
     plan, path = spec.plan, halo_path(spec.plan, spec.geometry, spec.pass_)
+    if isinstance(plan.loop, Depthwise):
+        return "depthwise"
     if path == "im2col":
         return "staged_halo"
     if path == "taps":
@@ -368,7 +373,8 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         name=spec.name,
         pass_=p.value,
         kind=kind,
-        mma="wgmma" if plan.wgmma or plan.tma else "ldsm" if kind == "halo_ldsm" else "wmma",
+        mma=("wgmma" if plan.wgmma or plan.tma else "ldsm" if kind == "halo_ldsm" else "none" if kind == "depthwise"
+             else "wmma"),
         banner=_banner(spec),
         be=be,
         elem=_elem(spec.mma_dtype or "float16", be),
@@ -409,6 +415,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         smem_bytes=smem_bytes(plan, p, be.warp_size, g),
         wgmma_regs=plan.block_n // 2,
         classes=residue_classes(g) if p is Pass.DGRAD and kind == "tma" else (),
+        dw=dw_facts(plan, g, p, be.warp_size) if kind == "depthwise" else None,
     )
 
 
@@ -462,7 +469,10 @@ def emit(spec: KernelSpec) -> KernelSource:
     gemm_n = ctx.gemm_n
     main_args, reduce_args = _args(spec, ctx)
     g = spec.geometry
-    if plan.flat:  # one block per block_m positions of the flat grid (times its tiles)
+    if ctx.dw is not None:  # fprop, dgrad: one block per pixel tile; wgrad: per channel chunk and slice
+        rows = (dict(grid_fixed_rows=g.c) if spec.pass_ is Pass.WGRAD
+                else dict(grid_rows_per_image=ctx.dw.tiles_h * ctx.dw.tiles_w))
+    elif plan.flat:  # one block per block_m positions of the flat grid (times its tiles)
         gh, gw = flat_grid(g, spec.pass_)
         rows = dict(grid_rows_per_image=gh * gw)
     elif plan.halo:  # one block per pixel tile of one image
@@ -484,8 +494,8 @@ def emit(spec: KernelSpec) -> KernelSource:
         # a 2-D halo block computes `tiles` pixel tiles (or stacks of whole images); a flat
         # one `tiles` runs of block_m positions
         grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
-                     else plan.block_m),
-        grid_n_tiles=math.ceil(gemm_n / plan.block_n),
+                     else (plan.block_n if spec.pass_ is Pass.WGRAD else 1) if ctx.dw else plan.block_m),
+        grid_n_tiles=1 if spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil((g.c if ctx.dw else gemm_n) / plan.block_n),
         grid_z=plan.split_k,
         grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if isinstance(plan.loop, TmaWgmma) and plan.loop.persistent else 0),

@@ -80,7 +80,10 @@ class ConvGeometry:
 
     ``c`` is the input channel count, ``k`` the output channel count, ``r``/``s``
     the filter height/width.  ``stride``, ``padding`` and ``dilation`` are
-    (height, width) pairs; an int means the same value on both axes.
+    (height, width) pairs; an int means the same value on both axes.  ``groups`` splits
+    the channels as ``torch.nn.functional.conv2d`` does: output channel k reads only the
+    C/groups input channels of its group, and the weights are (K, R, S, C/groups);
+    groups = C is a depthwise convolution (K = m*C gives each channel m filters).
     """
 
     h: int
@@ -92,9 +95,10 @@ class ConvGeometry:
     stride: PairLike = (1, 1)
     padding: PairLike = (0, 0)
     dilation: PairLike = (1, 1)
+    groups: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("h", "w", "c", "k", "r", "s"):
+        for name in ("h", "w", "c", "k", "r", "s", "groups"):
             v = _int(name, getattr(self, name))
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
@@ -109,6 +113,10 @@ class ConvGeometry:
                 if v < low:
                     raise ValueError(f"{name} ({axis}) must be >= {low}, got {v}: {hint}")
             object.__setattr__(self, name, pair)
+        for name in ("c", "k"):
+            if getattr(self, name) % self.groups:
+                raise ValueError(f"groups={self.groups} must divide {name}={getattr(self, name)}: each group "
+                                 f"has {name}/groups {'input' if name == 'c' else 'output'} channels")
         for axis, out, size, pad, eff in (
             ("height", "p", self.h, self.padding[0], self.effective_r),
             ("width", "q", self.w, self.padding[1], self.effective_s),
@@ -130,6 +138,21 @@ class ConvGeometry:
         return self.dilation[1] * (self.s - 1) + 1
 
     @property
+    def cg(self) -> int:
+        """Input channels per group (C for an ungrouped convolution, 1 for depthwise)."""
+        return self.c // self.groups
+
+    @property
+    def kg(self) -> int:
+        """Output channels per group (the channel multiplier of a depthwise convolution)."""
+        return self.k // self.groups
+
+    @property
+    def depthwise(self) -> bool:
+        """Each input channel convolved on its own: groups = C (K = m*C, m filters each)."""
+        return self.groups > 1 and self.groups == self.c
+
+    @property
     def p(self) -> int:
         return (self.h + 2 * self.padding[0] - self.effective_r) // self.stride[0] + 1
 
@@ -144,14 +167,18 @@ class ConvGeometry:
         the N*P*Q output pixels: dy^T is then read through a col-major A fragment
         straight from dy's NHWC rows, the gathered x tile stays channel-contiguous
         (16-byte loads), and dw comes out row-major in KRSC order with no transpose.
+        A grouped convolution is ``groups`` such GEMMs side by side, each reducing over one
+        group's channels: the reduction (fprop, dgrad) or wgrad's N counts one group's, so
+        ``flops`` stays the work done.
         """
         p = Pass.parse(pass_)
         rs = self.r * self.s
+        g = "/G" if self.groups > 1 else ""
         if p is Pass.FPROP:
-            return GemmShape(n * self.p * self.q, self.k, rs * self.c, "N*P*Q", "K", "R*S*C")
+            return GemmShape(n * self.p * self.q, self.k, rs * self.cg, "N*P*Q", "K", f"R*S*C{g}")
         if p is Pass.DGRAD:
-            return GemmShape(n * self.h * self.w, self.c, rs * self.k, "N*H*W", "C", "R*S*K")
-        return GemmShape(self.k, rs * self.c, n * self.p * self.q, "K", "R*S*C", "N*P*Q")
+            return GemmShape(n * self.h * self.w, self.c, rs * self.kg, "N*H*W", "C", f"R*S*K{g}")
+        return GemmShape(self.k, rs * self.cg, n * self.p * self.q, "K", f"R*S*C{g}", "N*P*Q")
 
     def describe(self) -> str:
         sh, sw = self.stride
@@ -159,7 +186,7 @@ class ConvGeometry:
         dh, dw = self.dilation
         return (
             f"{self.h}x{self.w} {self.c}->{self.k} {self.r}x{self.s} "
-            f"stride {sh},{sw} pad {ph},{pw} dil {dh},{dw}"
+            f"stride {sh},{sw} pad {ph},{pw} dil {dh},{dw}" + (f" groups {self.groups}" if self.groups > 1 else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -167,6 +194,8 @@ class ConvGeometry:
             "h": self.h, "w": self.w, "c": self.c, "k": self.k, "r": self.r, "s": self.s,
             "stride": list(self.stride), "padding": list(self.padding),
             "dilation": list(self.dilation),
+            # only where grouped, so every ungrouped kernel keeps its key, name and cache entries
+            **({"groups": self.groups} if self.groups > 1 else {}),
         }
 
 
@@ -194,10 +223,11 @@ class ConvProblem(ConvGeometry):
         stride: PairLike = 1,
         padding: PairLike | str = 0,
         dilation: PairLike = 1,
+        groups: int = 1,
     ) -> "ConvProblem":
         """Like the constructor, but ``padding`` may also be ``'same'`` or ``'valid'``."""
         pad = resolve_padding(padding, r, s, stride, dilation)
-        return cls(h, w, c, k, r, s, stride, pad, dilation, n=n)
+        return cls(h, w, c, k, r, s, stride, pad, dilation, groups, n=n)
 
     @property
     def geometry(self) -> ConvGeometry:
@@ -216,7 +246,7 @@ class ConvProblem(ConvGeometry):
 
     @property
     def w_shape(self) -> tuple[int, int, int, int]:
-        return (self.k, self.r, self.s, self.c)
+        return (self.k, self.r, self.s, self.cg)
 
     @property
     def y_shape(self) -> tuple[int, int, int, int]:
@@ -407,11 +437,12 @@ class Plan:
             v = getattr(self, name)
             if v % 16:
                 raise ValueError(f"plan.{name} must be a multiple of 16 (the fragment size), got {v}")
-        if self.block_m % (16 * self.warps_m):
+        grid = getattr(self.loop, "warp_grid", True)  # a bad loop is refused below, with its own message
+        if grid and self.block_m % (16 * self.warps_m):
             raise ValueError(
                 f"plan.block_m={self.block_m} does not split into warps_m={self.warps_m} warp tiles of 16-row fragments"
             )
-        if self.block_n % (16 * self.warps_n):
+        if grid and self.block_n % (16 * self.warps_n):
             raise ValueError(
                 f"plan.block_n={self.block_n} does not split into warps_n={self.warps_n} warp tiles of 16-column fragments"
             )
@@ -590,5 +621,5 @@ class KernelSpec:
             f"_{self.target.arch.replace('_', '')}"
             f"_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
             f"_s{g.stride[0]}{g.stride[1]}_p{g.padding[0]}{g.padding[1]}"
-            f"_d{g.dilation[0]}{g.dilation[1]}_{self.key[:8]}"
+            f"_d{g.dilation[0]}{g.dilation[1]}" + (f"_g{g.groups}" if g.groups > 1 else "") + f"_{self.key[:8]}"
         )

@@ -28,6 +28,10 @@ The kinds:
   shift, whatever the image's width.
 - :class:`StagedHalo`: fprop with C not a multiple of 8 (a 3-channel first layer): the block
   stages its whole input halo, every channel, once, and runs the im2col gather over that copy.
+- :class:`Depthwise`: a depthwise layer (groups = C) has no GEMM worth a tensor core: each
+  channel is its own R x S stencil.  The block stages a pixel tile's halo of block_n
+  channels in shared memory, and each thread computes a run of output pixels for a vector
+  of channels on the CUDA cores (convgen/depthwise.py plans it).
 
 A kind's :attr:`~MainLoop.tag` is a short name derived from its configuration (CUTLASS
 names its kernels this way).  :meth:`~MainLoop.flags` is the kind in the five fields plans
@@ -67,6 +71,7 @@ class Flags(NamedTuple):
     tma: bool = False
     persistent: bool = False
     pingpong: bool = False
+    depthwise: int = 0  # a Depthwise kind's pixels per thread (0: another kind)
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -81,6 +86,7 @@ class MainLoop:
     """The base of the kinds; use one of its subclasses."""
 
     halo: ClassVar[bool] = False  # stages input pixels once for every tap (a halo tile)
+    warp_grid: ClassVar[bool] = True  # warps_m x warps_n warps tile block_m x block_n in 16x16 fragments
     producer_warps: ClassVar[int] = 0  # warps on top of warps_m x warps_n that only copy operands
 
     @property
@@ -383,11 +389,63 @@ class StagedHalo(MainLoop):
         return _tile_text(plan, self.tile_w, 1)
 
 
-KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo)
+@dataclass(frozen=True)
+class Depthwise(MainLoop):
+    """A depthwise layer's stencil on the CUDA cores: no reduction over channels, so no MMA.
+    fprop and dgrad: a block computes a (block_m / tile_w) x tile_w tile of output pixels of
+    one image for block_n input channels (and their channel multiplier's outputs), from a halo
+    staged once in shared memory; a thread owns ``cols`` neighbouring pixels of one tile row
+    and vec_a channels, so each staged input column it reads serves every output of its run
+    that the filter row reaches.  wgrad: a block sums dw and db for block_n channels over a
+    slice of the batch's pixels (split_k slices), block_m pixels at a time, ``cols`` per
+    thread (tile_w = block_m: a flat run).  block_k and stages have no meaning here: they
+    must be 16 and 2, and warps_n 1 (the thread count is warps_m warps)."""
+
+    warp_grid: ClassVar[bool] = False
+    tile_w: int = 16
+    cols: int = 4
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tile_w", _positive("Depthwise", "tile_w", self.tile_w))
+        object.__setattr__(self, "cols", _positive("Depthwise", "cols", self.cols))
+        if self.tile_w % self.cols:
+            raise ValueError(f"Depthwise.cols={self.cols} must divide Depthwise.tile_w={self.tile_w}: a thread "
+                             "owns cols neighbouring pixels of one tile row")
+
+    @property
+    def tag(self) -> str:
+        return f"dw{self.tile_w}c{self.cols}"
+
+    def check(self, plan: "Plan") -> None:
+        if (plan.block_k, plan.stages, plan.warps_n) != (FRAG, 2, 1):
+            raise ValueError(f"Depthwise has no K-steps, pipeline or warp grid: plan.block_k = 16, stages = 2 and "
+                             f"warps_n = 1, got {plan.block_k}, {plan.stages} and {plan.warps_n}")
+        if plan.block_m % self.tile_w:
+            raise ValueError(f"Depthwise.tile_w={self.tile_w} does not divide plan.block_m={plan.block_m}: a block "
+                             "computes a (block_m / tile_w) x tile_w tile of pixels")
+        if plan.block_n % plan.vec_a:
+            raise ValueError(f"plan.vec_a={plan.vec_a} does not divide plan.block_n={plan.block_n}: a thread owns "
+                             "vec_a of the block's channels")
+        if plan.block_m % self.cols:
+            raise ValueError(f"Depthwise.cols={self.cols} does not divide plan.block_m={plan.block_m}")
+
+    def flags(self) -> Flags:
+        return Flags(tile_w=self.tile_w, depthwise=self.cols)
+
+    def layout(self) -> str:
+        return f" dw{self.tile_w}c{self.cols}"
+
+    def describe(self, plan: "Plan") -> str:
+        return (f", depthwise stencil: {plan.block_m // self.tile_w}x{self.tile_w} pixels x {plan.block_n} channels "
+                f"a block, {self.cols} pixels x {plan.vec_a} channels a thread")
+
+
+KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo, Depthwise)
 
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
-               tma: Any = False, persistent: Any = False, pingpong: Any = False, *, staged: bool = False) -> MainLoop:
+               tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0, *,
+               staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
@@ -396,6 +454,10 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
+    if as_int("plan.depthwise", depthwise):
+        if flat or wgmma or tma or persistent or pingpong or warps_k != 1 or tiles != 1:
+            raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w")
+        return Depthwise(tile_w, depthwise)
     if tile_w < 0 or tile_w % 8:
         raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
     halo = bool(tile_w) or flat

@@ -23,7 +23,9 @@ from .ir import (
 )
 from .dtypes import MMA_DTYPES, mma_dtype_for
 from .limits import check_index_limits
-from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma, fit_tile
+from . import depthwise
+from .mainloop import (FRAG, TMA_BLOCK_K, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma,
+                       fit_tile)
 from .small_layer_rules import halo_default, split_k
 from .tma_rules import (tma_cheapest_tile, tma_eligible, tma_min_steps, tma_persistent, tma_short_persistent,
                         tma_steps)
@@ -213,6 +215,10 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     A halo plan's stages depend on the filter, so it needs the geometry; without one, an
     im2col plan is sized for all its stages (an upper bound)."""
     bm, bn, bk = plan.block_m, plan.block_n, plan.block_k
+    if isinstance(plan.loop, Depthwise):
+        if geometry is None:
+            raise ValueError("a depthwise plan's shared memory depends on the filter: pass the geometry")
+        return depthwise.smem_bytes(plan, geometry, pass_, warp_size)
     if plan.loop.halo and geometry is None:
         raise ValueError("a halo plan's shared memory depends on the filter: pass the geometry")
     if isinstance(plan.loop, IN_PLACE_HALO):
@@ -302,6 +308,13 @@ def plan(
     reasons: list[str] = [
         f"GEMM M={gemm.m} ({gemm.m_axis}) x N={gemm.n} ({gemm.n_axis}) x K={gemm.k} ({gemm.k_axis})"
     ]
+    if problem.groups > 1:  # convgen/depthwise.py: a stencil, not a GEMM
+        why = depthwise.eligible(problem, pass_, in_dtype)
+        if why:
+            raise ValueError(why)
+        final = _replace(depthwise.plan_depthwise(problem, pass_, target, elem, reasons), reasons=tuple(reasons))
+        check_plan(final, problem, pass_, target, in_dtype, mma_dtype=elem)
+        return final
 
     if not scalar:
         why = tma_eligible(problem.geometry, pass_, target, in_dtype)
@@ -422,6 +435,11 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     """Reject a plan this kernel cannot run, naming what is wrong.  Used for hand plans too."""
     pass_ = Pass.parse(pass_)
     elem = mma_dtype_for(in_dtype, mma_dtype, target)
+    if geometry.groups > 1 or isinstance(plan.loop, Depthwise):
+        if not isinstance(plan.loop, Depthwise):
+            raise ValueError(f"groups={geometry.groups}: a grouped layer runs the Depthwise kind, not "
+                             f"{type(plan.loop).__name__}")
+        return depthwise.check(plan, geometry, pass_, target, in_dtype, elem)
     ca, cb = gathered_channels(geometry, pass_)
     for name, vec, run in (("vec_a", plan.vec_a, ca), ("vec_b", plan.vec_b, cb)):
         if run % vec:

@@ -402,7 +402,8 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
           stride: PairLike = 1, padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = False,
           bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
           out_dtype: Any = None, device: Optional[int] = None, plan: Optional[Plan] = None,
-          residual: bool = False, alpha: float = 1.0, beta: float = 1.0, mma_dtype: Optional[str] = None) -> tuple:
+          residual: bool = False, alpha: float = 1.0, beta: float = 1.0, mma_dtype: Optional[str] = None,
+          groups: int = 1) -> tuple:
     """prepare()'s arguments checked and turned into what PreparedConv takes."""
     p = Pass.parse(pass_)
     for name, shape in (("x_shape", x_shape), ("w_shape", w_shape)):
@@ -411,8 +412,8 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
                              f"got {shape!r}")
     n, h, w, c = x_shape
     k, r, s, wc = w_shape
-    if wc != c:
-        raise ValueError(f"w_shape has {wc} input channels (w_shape[3]) but x_shape has {c} (x_shape[3])")
+    groups = _rt._groups(groups)
+    _rt._check_group_channels(wc, c, groups, "w_shape", "x_shape (x_shape[3])")
     if activation not in (None, "relu", "gelu"):
         raise ValueError(f"activation must be None, 'relu' or 'gelu', got {activation!r}")
     if activation is not None and p is not Pass.FPROP:
@@ -433,7 +434,7 @@ def _bind(pass_: Pass | str, x_shape: tuple[int, int, int, int], w_shape: tuple[
         raise ValueError(f"bias_dtype must be float16, bfloat16 or float32, got {bias_dtype!r}")
     if b_name != "float32" and not (bias and p is Pass.FPROP):
         raise ValueError("bias_dtype is what fprop reads its bias as; it needs pass_='fprop' and bias=True")
-    problem = _rt._problem(n, h, w, c, k, r, s, stride, padding, dilation)
+    problem = _rt._problem(n, h, w, c, k, r, s, stride, padding, dilation, groups)
     epi = Epilogue(bias=bool(bias), relu=activation == "relu", gelu=activation == "gelu",  # type: ignore[arg-type]
                    out_dtype=_rt._out_dtype(out_dtype, elem), bias_dtype=b_name, residual=residual)  # type: ignore[arg-type]
     check_dtypes(in_name, elem, epi.out_dtype, epi.bias_dtype)  # before any device is touched
@@ -448,6 +449,7 @@ def prepare(
     bias_dtype: Any = "float32", activation: Optional[str] = None, in_dtype: Any = "float16",
     out_dtype: Any = None, device: Optional[int] = None, plan: Optional[Plan] = None,
     residual: bool = False, alpha: float = 1.0, beta: float = 1.0, mma_dtype: Optional[str] = None,
+    groups: int = 1,
 ) -> PreparedConv:
     """Bind one pass of one conv2d (NHWC ``x_shape``, KRSC ``w_shape``) and its options.
 
@@ -462,12 +464,13 @@ def prepare(
     type, float16 for float32) is what the MMAs read: float32 inputs are rounded to it.
     ``out_dtype`` None is the MMAs' 16-bit type; a 16-bit ``bias_dtype`` or ``out_dtype`` must
     be the MMAs' (a kernel has one 16-bit type).  The op runs on ``device`` (default: CuPy's
-    current device).
+    current device).  ``groups`` as in ``torch.nn.functional.conv2d`` (``w_shape`` is then
+    (K, R, S, C / groups)); depthwise layers (groups = C) have a kernel, other groupings not yet.
     """
     return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
                                bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype,
                                device=device, plan=plan, residual=residual, alpha=alpha, beta=beta,
-                               mma_dtype=mma_dtype))
+                               mma_dtype=mma_dtype, groups=groups))
 
 
 def prepare_many(layers: Sequence[Mapping[str, Any]], *, workers: Optional[int] = None) -> list[PreparedConv]:

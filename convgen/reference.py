@@ -8,6 +8,8 @@ kernels use: activations NHWC, weights KRSC (``w[k, r, s, c]``).  For output pix
                     x[n, p*sh - ph + r*dh, q*sw - pw + s*dw, c] * w[k, r, s, c]
 
 where ``(sh, sw)``, ``(ph, pw)``, ``(dh, dw)`` are stride, padding and dilation,
+(with ``groups`` G, c runs over the C/G channels of k's group, ``g*C/G + c`` with
+``g = k // (K/G)``, and w is ``(K, R, S, C/G)``),
 and input positions outside ``[0, H) x [0, W)`` read as zero (the padding).  This
 is a cross-correlation, as in PyTorch and cuDNN; the filter is not flipped.
 :func:`dgrad` and :func:`wgrad` are the exact adjoints of this map with respect
@@ -81,6 +83,7 @@ def _problem(
     stride: PairLike,
     padding: PairLike,
     dilation: PairLike,
+    groups: int = 1,
 ) -> ConvProblem:
     """Build (and so validate) the convolution described by an x shape and a w shape.
 
@@ -95,19 +98,29 @@ def _problem(
         as_pair("stride", stride),
         as_pair("padding", padding),
         as_pair("dilation", dilation),
+        groups,
         n=n,
     )
 
 
 def _check_channels(
-    w_name: str, w_shape: tuple[int, ...], x_name: str, x_shape: tuple[int, ...]
+    w_name: str, w_shape: tuple[int, ...], x_name: str, x_shape: tuple[int, ...], groups: int = 1
 ) -> None:
-    """The weights' C (last axis of KRSC) must equal the activations' C (last axis of NHWC)."""
-    if w_shape[3] != x_shape[3]:
+    """The weights' C (last axis of KRSC) must be the activations' C (last axis of NHWC) over groups."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups!r}")
+    if w_shape[3] * groups != x_shape[3]:
+        per = f" / groups {groups}" if groups > 1 else ""
         raise ValueError(
-            f"{w_name} has {w_shape[3]} input channels but {x_name} has {x_shape[3]} "
-            f"({w_name} shape {w_shape} is (K, R, S, C), {x_name} shape {x_shape} is (N, H, W, C))"
+            f"{w_name} has {w_shape[3]} input channels but {x_name} has {x_shape[3]}{per} "
+            f"({w_name} shape {w_shape} is (K, R, S, C{'/groups' if groups > 1 else ''}), "
+            f"{x_name} shape {x_shape} is (N, H, W, C))"
         )
+
+
+def _grouped(a: F64Array, groups: int) -> F64Array:
+    """A (rows, channels) matrix as (rows, groups, channels per group)."""
+    return a.reshape(a.shape[0], groups, a.shape[1] // groups)
 
 
 def _check_dy(dy_shape: tuple[int, ...], prob: ConvProblem, x_desc: str, w_desc: str) -> None:
@@ -158,27 +171,29 @@ def fprop(
     alpha: float = 1.0,
     beta: float = 1.0,
     gelu: bool = False,
+    groups: int = 1,
 ) -> F64Array:
     """Forward convolution ``y = act(alpha * conv(x, w) + bias + beta * residual)`` in float64.
 
     Args:
         x: activations, shape ``(N, H, W, C)``.
-        w: weights, shape ``(K, R, S, C)``.
+        w: weights, shape ``(K, R, S, C/groups)``.
         bias: per-output-channel bias, shape ``(K,)``, or None.
         stride, padding, dilation: an int or a ``(height, width)`` pair.
         relu: apply ``max(., 0)`` after the bias, as the fused epilogue does.
         residual: a tensor of y's shape ``(N, P, Q, K)``, added times ``beta`` (``alpha``
             scales the convolution); None adds nothing and leaves alpha unused.
         gelu: apply GELU in its erf form (``torch.nn.functional.gelu``'s default) instead.
+        groups: channel groups, as ``torch.nn.functional.conv2d``'s (C = K = groups: depthwise).
 
     Returns:
         y, shape ``(N, P, Q, K)``, float64.
     """
     x = _as_float64("x", x, "(N, H, W, C)")
     w = _as_float64("w", w, "(K, R, S, C)")
-    _check_channels("w", w.shape, "x", x.shape)
-    prob = _problem(x.shape, w.shape, stride, padding, dilation)
-    n, c, k = prob.n, prob.c, prob.k
+    _check_channels("w", w.shape, "x", x.shape, groups)
+    prob = _problem(x.shape, w.shape, stride, padding, dilation, groups)
+    n, c, k, g = prob.n, prob.c, prob.k, prob.groups
     b = None if bias is None else _as_float64("bias", bias, "(K,)", ndim=1)
     if b is not None and b.shape != (k,):
         raise ValueError(f"bias shape {b.shape} does not match the K = {k} output channels of w")
@@ -187,8 +202,13 @@ def fprop(
     y = np.zeros((n * prob.p * prob.q, k))
     for r in range(prob.r):
         for s in range(prob.s):
-            # (N*P*Q, C) pixels this tap reads, times the tap's (C, K) weights.
-            y += xp[_tap(prob, r, s)].reshape(-1, c) @ w[:, r, s, :].T
+            # (N*P*Q, C) pixels this tap reads, times the tap's (C, K) weights (per group).
+            pix = xp[_tap(prob, r, s)].reshape(-1, c)
+            if g == 1:
+                y += pix @ w[:, r, s, :].T
+            else:
+                wt = w[:, r, s, :].reshape(g, k // g, c // g)
+                y += np.einsum("mgc,gkc->mgk", _grouped(pix, g), wt, optimize=True).reshape(-1, k)
     y = y.reshape(prob.y_shape)
 
     if relu and gelu:
@@ -214,6 +234,7 @@ def dgrad(
     stride: PairLike = 1,
     padding: PairLike = 0,
     dilation: PairLike = 1,
+    groups: int = 1,
 ) -> F64Array:
     """Data gradient ``dx = d<fprop(x, w), dy>/dx`` in float64 (the transposed convolution).
 
@@ -229,9 +250,9 @@ def dgrad(
 
     Args:
         dy: output gradient, shape ``(N, P, Q, K)``.
-        w: weights, shape ``(K, R, S, C)``.
+        w: weights, shape ``(K, R, S, C/groups)``.
         input_shape: ``(N, H, W, C)`` of the forward input x.
-        stride, padding, dilation: as for :func:`fprop`.
+        stride, padding, dilation, groups: as for :func:`fprop`.
 
     Returns:
         dx, shape ``(N, H, W, C)``, float64.
@@ -239,17 +260,22 @@ def dgrad(
     dy = _as_float64("dy", dy, "(N, P, Q, K)")
     w = _as_float64("w", w, "(K, R, S, C)")
     x_shape = _as_shape4("input_shape", input_shape, "(N, H, W, C)")
-    _check_channels("w", w.shape, "input_shape", x_shape)
-    prob = _problem(x_shape, w.shape, stride, padding, dilation)
+    _check_channels("w", w.shape, "input_shape", x_shape, groups)
+    prob = _problem(x_shape, w.shape, stride, padding, dilation, groups)
     _check_dy(dy.shape, prob, f"input_shape {x_shape}", f"w {w.shape}")
-    n, c, k = prob.n, prob.c, prob.k
+    n, c, k, g = prob.n, prob.c, prob.k, prob.groups
     ph, pw = prob.padding
 
     dy_rows = dy.reshape(-1, k)  # (N*P*Q, K)
     dxp = np.zeros((n, prob.h + 2 * ph, prob.w + 2 * pw, c))
     for r in range(prob.r):
         for s in range(prob.s):
-            dxp[_tap(prob, r, s)] += (dy_rows @ w[:, r, s, :]).reshape(n, prob.p, prob.q, c)
+            if g == 1:
+                back = dy_rows @ w[:, r, s, :]
+            else:
+                wt = w[:, r, s, :].reshape(g, k // g, c // g)
+                back = np.einsum("mgk,gkc->mgc", _grouped(dy_rows, g), wt, optimize=True)
+            dxp[_tap(prob, r, s)] += back.reshape(n, prob.p, prob.q, c)
     # Gradient that landed on the zero padding belongs to no input element.
     return dxp[:, ph : ph + prob.h, pw : pw + prob.w, :].copy()
 
@@ -261,6 +287,7 @@ def wgrad(
     stride: PairLike = 1,
     padding: PairLike = 0,
     dilation: PairLike = 1,
+    groups: int = 1,
 ) -> tuple[F64Array, F64Array]:
     """Weight and bias gradients ``(dw, db)`` of ``<fprop(x, w, bias), dy>`` in float64.
 
@@ -272,26 +299,31 @@ def wgrad(
     Args:
         x: forward input, shape ``(N, H, W, C)``.
         dy: output gradient, shape ``(N, P, Q, K)``.
-        weight_shape: ``(K, R, S, C)`` of the weights.
-        stride, padding, dilation: as for :func:`fprop`.
+        weight_shape: ``(K, R, S, C/groups)`` of the weights.
+        stride, padding, dilation, groups: as for :func:`fprop`.
 
     Returns:
-        ``(dw, db)``: dw of shape ``(K, R, S, C)`` and db = dy summed over N, P, Q,
+        ``(dw, db)``: dw of shape ``(K, R, S, C/groups)`` and db = dy summed over N, P, Q,
         shape ``(K,)``; both float64.
     """
     x = _as_float64("x", x, "(N, H, W, C)")
     dy = _as_float64("dy", dy, "(N, P, Q, K)")
     w_shape = _as_shape4("weight_shape", weight_shape, "(K, R, S, C)")
-    _check_channels("weight_shape", w_shape, "x", x.shape)
-    prob = _problem(x.shape, w_shape, stride, padding, dilation)
+    _check_channels("weight_shape", w_shape, "x", x.shape, groups)
+    prob = _problem(x.shape, w_shape, stride, padding, dilation, groups)
     _check_dy(dy.shape, prob, f"x {x.shape}", f"weight_shape {w_shape}")
-    c, k = prob.c, prob.k
+    c, k, g = prob.c, prob.k, prob.groups
 
     xp = _pad(x, prob)
     dy_cols = dy.reshape(-1, k).T  # (K, N*P*Q)
     dw = np.empty(prob.w_shape)
     for r in range(prob.r):
         for s in range(prob.s):
-            dw[:, r, s, :] = dy_cols @ xp[_tap(prob, r, s)].reshape(-1, c)
+            pix = xp[_tap(prob, r, s)].reshape(-1, c)
+            if g == 1:
+                dw[:, r, s, :] = dy_cols @ pix
+            else:
+                dw[:, r, s, :] = np.einsum("mgk,mgc->gkc", _grouped(dy_cols.T, g), _grouped(pix, g),
+                                           optimize=True).reshape(k, c // g)
     db = dy.sum(axis=(0, 1, 2))
     return dw, db

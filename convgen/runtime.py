@@ -251,8 +251,21 @@ def _operand(name: str, a: Any, read_dtype: str, vec: int) -> Any:
 
 
 def _problem(n: int, h: int, w: int, c: int, k: int, r: int, s: int, stride: PairLike,
-             padding: PairLike | str, dilation: PairLike) -> ConvProblem:
-    return ConvProblem(h, w, c, k, r, s, stride, resolve_padding(padding, r, s, stride, dilation), dilation, n=n)
+             padding: PairLike | str, dilation: PairLike, groups: Any = 1) -> ConvProblem:
+    return ConvProblem(h, w, c, k, r, s, stride, resolve_padding(padding, r, s, stride, dilation), dilation, groups, n=n)
+
+
+def _groups(groups: Any) -> int:
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups!r}")
+    return int(groups)
+
+
+def _check_group_channels(wc: int, c: int, groups: int, w_name: str, c_name: str) -> None:
+    """w's last axis holds C / groups channels (C for an ungrouped convolution)."""
+    if wc * groups != c:
+        per = f" / groups {groups} = {c / groups:g}" if groups > 1 else ""
+        raise ValueError(f"{w_name} has {wc} input channels ({w_name}[3]) but {c_name} has {c}{per}")
 
 
 @dataclass(frozen=True)
@@ -301,7 +314,7 @@ def conv2d(
     x: Any, w: Any, bias: Any = None, stride: PairLike = 1, padding: PairLike | str = 0,
     dilation: PairLike = 1, activation: Optional[str] = None, out_dtype: Any = None,
     *, residual: Any = None, alpha: float = 1.0, beta: float = 1.0, plan: Optional[Plan] = None,
-    scalar: bool = False, mma_dtype: Optional[str] = None,
+    scalar: bool = False, mma_dtype: Optional[str] = None, groups: int = 1,
 ) -> Any:
     """y = act(alpha * conv(x, w) [+ bias] [+ beta * residual]), NHWC activations and KRSC weights.
 
@@ -320,14 +333,16 @@ def conv2d(
     epilogue; ``alpha`` and ``beta`` scale the convolution and the residual (they need one).
     Returns y: (N, P, Q, K) of ``out_dtype``.
     ``plan`` takes a hand-made :class:`Plan`; ``scalar`` forces the scalar staging path.
+    ``groups`` as in ``torch.nn.functional.conv2d``: w is then (K, R, S, C / groups); only
+    depthwise layers (groups = C, K a multiple of C) have a kernel so far.
     """
     cupy = _cupy()
     key = _call_key("fprop", (x, w, bias, residual), stride, padding, dilation, activation, out_dtype, alpha, beta,
-                    plan, scalar, mma_dtype)
+                    plan, scalar, mma_dtype, groups)
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar,
-                                           residual, alpha, beta, mma_dtype))
+                                           residual, alpha, beta, mma_dtype, groups))
     if call.op is None:
         return cupy.empty(call.problem.y_shape, dtype=call.out_dtype)
     if residual is None:
@@ -347,7 +362,7 @@ def _check_scales(alpha: Any, beta: Any, residual: bool, needs: str) -> None:
 
 
 def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar, residual=None,
-                 alpha=1.0, beta=1.0, mma_dtype=None) -> _Call:
+                 alpha=1.0, beta=1.0, mma_dtype=None, groups=1) -> _Call:
     _check_array("x", x, 4)
     _check_array("w", w, 4)
     if bias is not None:
@@ -360,11 +375,11 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
     _check_options(plan, scalar)
     n, h, wd, c = x.shape
     kk, r, s, wc = w.shape
-    if wc != c:
-        raise ValueError(f"w has {wc} input channels (w.shape[3]) but x has {c} (x.shape[3])")
+    groups = _groups(groups)
+    _check_group_channels(wc, c, groups, "w", "x (x.shape[3])")
     if bias is not None and bias.shape != (kk,):
         raise ValueError(f"bias must have shape ({kk},) to match w's {kk} output channels, got {bias.shape}")
-    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
+    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation, groups)
     in_dtype = _in_dtype(("x", "w"), x, w)
     elem = resolve_mma_dtype(in_dtype, mma_dtype)
     out = _out_dtype(out_dtype, elem)
@@ -385,31 +400,32 @@ def _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, p
 def conv2d_dgrad(
     dy: Any, w: Any, input_shape: tuple[int, int, int, int], stride: PairLike = 1,
     padding: PairLike | str = 0, dilation: PairLike = 1, out_dtype: Any = None,
-    *, plan: Optional[Plan] = None, scalar: bool = False, mma_dtype: Optional[str] = None,
+    *, plan: Optional[Plan] = None, scalar: bool = False, mma_dtype: Optional[str] = None, groups: int = 1,
 ) -> Any:
     """dx, the gradient of conv2d's input: dy (N, P, Q, K), w (K, R, S, C) -> dx of ``input_shape`` (N, H, W, C).
-    Dtypes (bfloat16 among them), ``out_dtype`` and ``mma_dtype`` as :func:`conv2d`'s."""
+    Dtypes (bfloat16 among them), ``out_dtype``, ``mma_dtype`` and ``groups`` as :func:`conv2d`'s."""
     cupy = _cupy()
     shape_key = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else input_shape
-    key = _call_key("dgrad", (dy, w), shape_key, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype)
+    key = _call_key("dgrad", (dy, w), shape_key, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype, groups)
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar,
-                                           mma_dtype))
+                                           mma_dtype, groups))
     if call.op is None:
         return cupy.empty(call.problem.x_shape, dtype=call.out_dtype)
     return call.op(dy, w)
 
 
-def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype=None) -> _Call:
+def _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype=None,
+                 groups=1) -> _Call:
     _check_array("dy", dy, 4)
     _check_array("w", w, 4)
     n, h, wd, c = _shape4("input_shape", input_shape, "(N, H, W, C)")
     _check_options(plan, scalar)
     kk, r, s, wc = w.shape
-    if wc != c:
-        raise ValueError(f"w has {wc} input channels (w.shape[3]) but input_shape has {c}")
-    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
+    groups = _groups(groups)
+    _check_group_channels(wc, c, groups, "w", "input_shape")
+    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation, groups)
     if dy.shape != problem.y_shape:
         raise ValueError(
             f"dy shape {dy.shape} does not match the output shape {problem.y_shape} of input_shape "
@@ -429,22 +445,24 @@ def conv2d_wgrad(
     x: Any, dy: Any, weight_shape: tuple[int, int, int, int], stride: PairLike = 1,
     padding: PairLike | str = 0, dilation: PairLike = 1, bias: bool = True,
     out_dtype: Any = None, deterministic: bool = True,
-    *, plan: Optional[Plan] = None, scalar: bool = False, mma_dtype: Optional[str] = None,
+    *, plan: Optional[Plan] = None, scalar: bool = False, mma_dtype: Optional[str] = None, groups: int = 1,
 ) -> tuple[Any, Any]:
     """(dw, db), the gradients of conv2d's weight and bias: x (N, H, W, C), dy (N, P, Q, K).
 
     db is None when ``bias`` is False.  Split-K partial sums always go to a workspace
     and are reduced in a fixed order, so results are bit-identical from run to run;
     ``deterministic`` is accepted for API compatibility and is always honoured.
-    Dtypes (bfloat16 among them), ``out_dtype`` and ``mma_dtype`` as :func:`conv2d`'s.
+    Dtypes (bfloat16 among them), ``out_dtype``, ``mma_dtype`` and ``groups`` as :func:`conv2d`'s
+    (``weight_shape`` is then (K, R, S, C / groups)).
     """
     cupy = _cupy()
     shape_key = tuple(weight_shape) if isinstance(weight_shape, (tuple, list)) else weight_shape
-    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype)
+    key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype,
+                    groups)
     call = _calls.get(key) if key is not None else None
     if call is None:
         call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar,
-                                           mma_dtype))
+                                           mma_dtype, groups))
     if call.op is None:  # an empty batch contributes nothing: the gradients are exactly zero
         problem = call.problem
         with cupy.cuda.Device(call.device):
@@ -453,7 +471,8 @@ def conv2d_wgrad(
     return call.op(x, dy)
 
 
-def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype=None) -> _Call:
+def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype=None,
+                 groups=1) -> _Call:
     _check_array("x", x, 4)
     _check_array("dy", dy, 4)
     kk, r, s, c = _shape4("weight_shape", weight_shape, "(K, R, S, C)")
@@ -461,9 +480,9 @@ def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype
         raise TypeError(f"bias must be True or False (whether to return db), got {type(bias).__name__}")
     _check_options(plan, scalar)
     n, h, wd, xc = x.shape
-    if xc != c:
-        raise ValueError(f"weight_shape has {c} input channels but x has {xc} (x.shape[3])")
-    problem = _problem(n, h, wd, c, kk, r, s, stride, padding, dilation)
+    groups = _groups(groups)
+    _check_group_channels(c, xc, groups, "weight_shape", "x (x.shape[3])")
+    problem = _problem(n, h, wd, xc, kk, r, s, stride, padding, dilation, groups)
     if dy.shape != problem.y_shape:
         raise ValueError(
             f"dy shape {dy.shape} does not match the output shape {problem.y_shape} of x {x.shape} "

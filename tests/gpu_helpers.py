@@ -78,7 +78,8 @@ def run_pass(
     import cupy as cp
 
     pass_ = Pass.parse(pass_)
-    geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
+    geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
+               **({"groups": problem.groups} if problem.groups > 1 else {}))
     opts = dict(out_dtype=out_dtype, plan=plan, scalar=scalar, **({"mma_dtype": mma_dtype} if mma_dtype else {}))
     elem = mma_dtype or ("bfloat16" if in_dtype == "bfloat16" else "float16")
     draw_ = lambda shape, dtype: draw(rng, shape, dtype, exact, span)  # noqa: E731

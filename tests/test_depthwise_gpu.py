@@ -1,0 +1,121 @@
+"""The depthwise kind (groups = C) on the GPU against the float64 reference, in all three
+passes: the exact-integer tier bit for bit, normal data within the fp16 tolerance, hand
+plans that split wgrad's pixels (or not), bf16, and a Hypothesis fuzz over shapes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from convgen.ir import ConvProblem, Epilogue, Pass, Plan
+from convgen.mainloop import Depthwise
+from convgen.planner import plan as make_plan
+
+from gpu_helpers import check, run_pass, seeded
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+PASSES = [Pass.FPROP, Pass.DGRAD, Pass.WGRAD]
+
+
+def dw(h, w, c, r, s, stride=1, pad=0, dil=1, mult=1, n=2):
+    return ConvProblem(h, w, c, c * mult, r, s, stride, pad, dil, groups=c, n=n)
+
+
+# Tails everywhere: images not a whole number of tiles, C not a whole chunk, strides 1-3
+# (dgrad's fixed taps per residue), dilation, uneven padding, multipliers, 1x1 to 7x7.
+SHAPES = [
+    dw(9, 11, 16, 3, 3, 1, 1),
+    dw(13, 10, 24, 3, 3, 2, 1),
+    dw(15, 17, 40, 3, 3, 2, (1, 0)),
+    dw(12, 12, 144, 3, 3, 1, 1, n=3),
+    dw(11, 9, 32, 5, 5, 2, 2),
+    dw(14, 14, 96, 7, 7, 1, 3),
+    dw(10, 13, 16, 3, 3, 1, 2, 2),
+    dw(8, 8, 8, 3, 3, 1, 1, mult=2),
+    dw(9, 7, 4, 3, 5, (1, 2), (1, 2), mult=3),
+    dw(7, 7, 64, 1, 1, 1, 0),
+    dw(16, 16, 32, 3, 3, 3, 1),
+    dw(6, 6, 3, 3, 3, 1, 1),
+]
+
+
+def _ids(p):
+    return p.describe().replace(" ", "_")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", SHAPES, ids=_ids)
+def test_depthwise_exact_tier(problem, pass_):
+    """Integer data: every product and sum is exact in fp32, so fp32 outputs must match the
+    reference bit for bit (fprop with bias and ReLU, wgrad with db)."""
+    rng = seeded("dw-exact", problem, pass_)
+    epi = dict(bias=True, relu=True) if pass_ is Pass.FPROP else dict(bias=True) if pass_ is Pass.WGRAD else {}
+    res = run_pass(problem, pass_, rng, out_dtype="float32", exact=True, **epi)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", SHAPES[:8], ids=_ids)
+def test_depthwise_normal_fp16(problem, pass_):
+    rng = seeded("dw-normal", problem, pass_)
+    res = run_pass(problem, pass_, rng, out_dtype="float16", bias=pass_ is not Pass.DGRAD)
+    check(res, "float16", what=f"{pass_.value} {problem.describe()}")
+
+
+@pytest.mark.parametrize("split", [1, 3, 17])
+@pytest.mark.parametrize("problem", [SHAPES[1], SHAPES[7], SHAPES[11]], ids=_ids)
+def test_depthwise_wgrad_split(problem, split):
+    """wgrad's pixel slices, with and without the split-K reduction, in exact arithmetic."""
+    base = make_plan(problem, Pass.WGRAD)
+    import dataclasses
+
+    plan = dataclasses.replace(base, split_k=split)
+    res = run_pass(problem, Pass.WGRAD, seeded("dw-split", problem, split), out_dtype="float32", exact=True,
+                   bias=True, plan=plan)
+    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} split {split}")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+def test_depthwise_hand_plan_other_tile(pass_):
+    """A hand plan of another tile and run length than the planner's."""
+    p = dw(13, 19, 32, 3, 3, 1, 1, n=2)
+    plan = (Plan(32, 16, 16, 1, 1, 2, 8, 8, split_k=2, loop=Depthwise(32, 2)) if pass_ is Pass.WGRAD
+            else Plan(64, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(8, 2)))
+    res = run_pass(p, pass_, seeded("dw-hand", pass_), out_dtype="float32", exact=True, plan=plan)
+    check(res, "float32", exact=True, what=f"{pass_.value} hand plan")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+def test_depthwise_bf16(pass_):
+    p = dw(12, 12, 64, 3, 3, 2, 1, n=2)
+    res = run_pass(p, pass_, seeded("dw-bf16", pass_), in_dtype="bfloat16", out_dtype="bfloat16")
+    check(res, "bfloat16", what=f"{pass_.value} bf16")
+
+
+def test_depthwise_residual_gelu():
+    p = dw(10, 10, 32, 3, 3, 1, 1, n=2)
+    res = run_pass(p, Pass.FPROP, seeded("dw-res"), out_dtype="float32", bias=True, gelu=True, residual=True,
+                   alpha=0.5, beta=2.0)
+    check(res, "float32", what="fprop residual gelu")
+
+
+@st.composite
+def depthwise_problems(draw):
+    c = draw(st.sampled_from([1, 2, 4, 8, 16, 24, 48, 72, 96]))
+    mult = draw(st.sampled_from([1, 1, 1, 2]))
+    r, s = draw(st.integers(1, 7)), draw(st.integers(1, 7))
+    stride = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    h = draw(st.integers(max(1, dil[0] * (r - 1) + 1 - 2 * pad[0]), 20))
+    w = draw(st.integers(max(1, dil[1] * (s - 1) + 1 - 2 * pad[1]), 20))
+    return ConvProblem(h, w, c, c * mult, r, s, stride, pad, dil, groups=c, n=draw(st.integers(1, 4)))
+
+
+@given(problem=depthwise_problems(), pass_=st.sampled_from(PASSES), seed=st.integers(0, 2**32 - 1))
+def test_depthwise_fuzz(problem, pass_, seed):
+    res = run_pass(problem, pass_, np.random.default_rng(seed), out_dtype="float32", exact=True,
+                   bias=pass_ is not Pass.DGRAD)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
