@@ -19,7 +19,7 @@ from .ir import ConvGeometry, ConvProblem, DType, Pass, Plan, Target
 from .mainloop import Depthwise
 
 PIX_PAD = 8  # halves of padding per staged pixel: a thread's next run starts in other banks
-MAX_WGRAD_ACCS = 72  # fp32 accumulators a wgrad thread keeps (vec x m x R*S): no spills
+MAX_WGRAD_ACCS = 56  # fp32 sums a wgrad thread keeps (vec x m x its taps): 3-4 blocks of 256 an SM
 THREADS = 256
 
 
@@ -47,6 +47,7 @@ class DwFacts:
     chunk: int  # input channels per block (block_n)
     ch_lanes: int  # threads side by side along the chunk's channels
     threads: int
+    row_groups: int  # wgrad: threads groups, one per `rows` filter rows (1: a thread sums every row)
     halo_h: int  # staged rows: fprop input rows, dgrad dy rows (0 for wgrad)
     halo_w: int
     row0: int  # dgrad: the first staged dy row relative to h0 / SH (floor((PH - (R-1)*DH) / SH))
@@ -66,7 +67,8 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     mult, vec, chunk = g.kg, plan.vec_a, plan.block_n
     tile_w, tile_h = loop.tile_w, plan.block_m // loop.tile_w
     ch_lanes = chunk // vec
-    threads = plan.block_m // loop.cols * ch_lanes
+    groups = row_groups(loop, g)
+    threads = plan.block_m // loop.cols * ch_lanes * groups
     row0 = col0 = 0
     if pass_ is Pass.FPROP:
         halo_h, halo_w = (tile_h - 1) * sh + (g.r - 1) * dh + 1, (tile_w - 1) * sw + (g.s - 1) * dw + 1
@@ -86,10 +88,14 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
         halo_h = halo_w = pix_ld = in_cols = 0
         tiles = (1, 1)
         # each warp's dw and db sums, added in warp order after the loop (bit-reproducible)
-        weights = max(1, threads // warp_size) * (g.r * g.s + 1) * chunk * mult
+        weights = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
     halo = -(-halo_h * halo_w * pix_ld // 8) * 8
-    return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, halo_h, halo_w, row0, col0,
+    return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, row0, col0,
                    pix_ld, in_cols, tiles[0], tiles[1], halo, weights)
+
+
+def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
+    return g.r // loop.rows if loop.rows else 1
 
 
 def smem_bytes(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> int:
@@ -126,19 +132,28 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
             raise ValueError(f"Depthwise dgrad needs its tile ({tile_h}x{loop.tile_w}) and run (cols={loop.cols}) "
                              f"to be whole multiples of the stride {g.stride}: each thread's taps are then fixed "
                              "at compile time")
-    threads = plan.block_m // loop.cols * (plan.block_n // plan.vec_a)
+    if loop.rows and (pass_ is not Pass.WGRAD or g.r % loop.rows):
+        raise ValueError(f"Depthwise.rows={loop.rows} splits wgrad's filter rows between threads: it needs wgrad "
+                         f"and a divisor of R={g.r}")
+    groups = row_groups(loop, g)
+    threads = plan.block_m // loop.cols * (plan.block_n // plan.vec_a) * groups
     if threads != target.warp_size * plan.warps_m:
-        raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s) and {plan.vec_a} channel(s): "
-                         f"{plan.block_m} // {loop.cols} x {plan.block_n} // {plan.vec_a} = {threads} threads, but "
-                         f"plan.warps_m={plan.warps_m} gives {target.warp_size * plan.warps_m} on {target.arch}")
+        raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s), {plan.vec_a} channel(s) and "
+                         f"{loop.rows or g.r} filter row(s): {plan.block_m} // {loop.cols} x {plan.block_n} // "
+                         f"{plan.vec_a} x {groups} = {threads} threads, but plan.warps_m={plan.warps_m} gives "
+                         f"{target.warp_size * plan.warps_m} on {target.arch}")
+    if pass_ is Pass.WGRAD and (plan.block_m // loop.cols * (plan.block_n // plan.vec_a)) % target.warp_size:
+        raise ValueError("Depthwise wgrad's warps each sum one group of filter rows: block_m // cols x "
+                         f"block_n // vec_a must be a multiple of {target.warp_size}")
     if threads > 1024:
         raise ValueError(f"plan has {threads} threads; a block holds at most 1024")
     if plan.block_n // plan.vec_a > target.warp_size:
         raise ValueError(f"plan.block_n // plan.vec_a = {plan.block_n // plan.vec_a} channel lanes is more than a "
                          f"warp ({target.warp_size}): wgrad sums a channel's pixels within a warp first")
-    if pass_ is Pass.WGRAD and plan.vec_a * g.kg * g.r * g.s > 2 * MAX_WGRAD_ACCS:
-        raise ValueError(f"Depthwise wgrad keeps vec_a x m x R*S = {plan.vec_a * g.kg * g.r * g.s} fp32 sums a "
-                         f"thread; at most {2 * MAX_WGRAD_ACCS} fit in registers: use a smaller vec_a")
+    sums = plan.vec_a * g.kg * (loop.rows or g.r) * g.s
+    if pass_ is Pass.WGRAD and sums > 2 * MAX_WGRAD_ACCS:
+        raise ValueError(f"Depthwise wgrad keeps vec_a x m x rows x S = {sums} fp32 sums a thread; at most "
+                         f"{2 * MAX_WGRAD_ACCS} fit in registers: use a smaller vec_a or fewer rows")
     smem = smem_bytes(plan, g, pass_, target.warp_size)
     if smem > target.smem_limit:
         raise ValueError(f"Depthwise plan needs {smem} bytes of shared memory but {target.arch} allows "
@@ -170,22 +185,27 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     reasons.append(f"depthwise (groups = C = {g.c}, {m} filter(s) per channel): {taps} taps per output and no "
                    "channel reduction, so a CUDA-core stencil over a staged halo, not an MMA loop")
     if pass_ is Pass.WGRAD:
-        vec = _vec(g.c, m * taps, MAX_WGRAD_ACCS)
+        # the widest vector, then the most filter rows a thread, whose sums fit MAX_WGRAD_ACCS
+        vec, rows = next(((v, rw) for v in (8, 4, 2, 1) if g.c % v == 0
+                          for rw in range(g.r, 0, -1) if g.r % rw == 0 and v * m * rw * g.s <= MAX_WGRAD_ACCS),
+                         (1, 1))
+        groups = g.r // rows
         chunk = _chunk(g.c, vec, 32)
         lanes = chunk // vec
-        cols = max(1, 16 * lanes // THREADS)  # a block_m of at least one 16-pixel step
-        block_m = THREADS // lanes * cols
-        threads = block_m // cols * lanes
+        pix_lanes = max(target.warp_size // lanes, 1 << max(0, (THREADS // (groups * lanes)).bit_length() - 1))
+        cols = max(1, -(-16 // pix_lanes))  # a block_m of at least one 16-pixel step
+        block_m = pix_lanes * cols
+        threads = pix_lanes * lanes * groups
         npq = g.n * g.p * g.q
         blocks = math.ceil(g.c / chunk)
         # enough slices for 8 blocks an SM, each at least 8 passes of its block_m pixels
         split = max(1, min(math.ceil(8 * target.sm_count / blocks), npq // (8 * block_m), 4096))
-        reasons.append(f"vec {vec}: {vec} x {m} x {taps} = {vec * m * taps} fp32 sums a thread (at most "
-                       f"{MAX_WGRAD_ACCS} keep them in registers)")
+        reasons.append(f"vec {vec}, {rows} filter row(s) a thread: {vec} x {m} x {rows * g.s} = "
+                       f"{vec * m * rows * g.s} fp32 sums a thread (at most {MAX_WGRAD_ACCS}: several blocks an SM)")
         reasons.append(f"{chunk} channels a block, {block_m} pixels a pass, split over {split} slice(s) of the "
                        f"{npq} pixels: {blocks * split} blocks, about 8 an SM; the slices' sums added in a fixed order")
         plan = Plan(block_m, chunk, 16, threads // target.warp_size, 1, 2, vec, vec, elem, elem, split,
-                    Depthwise(block_m, cols))
+                    Depthwise(block_m, cols, rows if groups > 1 else 0))
         return plan
     sh, sw = g.stride
     vec = _vec(g.c, m, 8)
@@ -195,7 +215,8 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     cols = 4 if not dgrad or 4 % sw == 0 else sw * math.ceil(4 / sw)
     out_h, out_w = (g.h, g.w) if dgrad else (g.p, g.q)
     unit_w = math.lcm(cols, sw) if dgrad else cols
-    tile_w = unit_w * max(1, math.ceil(min(out_w, 16) / unit_w))
+    widest = 16 if dgrad or sw == 1 else 8  # a strided fprop's halo is sw times as wide as its tile
+    tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
     unit_h = sh if dgrad else 1
     tile_h = unit_h * max(1, math.ceil(min(out_h, 8) / unit_h))
     while (tile_h * tile_w) % 16 or (tile_h * tile_w // cols * lanes) % target.warp_size:

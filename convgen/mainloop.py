@@ -72,6 +72,7 @@ class Flags(NamedTuple):
     persistent: bool = False
     pingpong: bool = False
     depthwise: int = 0  # a Depthwise kind's pixels per thread (0: another kind)
+    dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -398,23 +399,30 @@ class Depthwise(MainLoop):
     and vec_a channels, so each staged input column it reads serves every output of its run
     that the filter row reaches.  wgrad: a block sums dw and db for block_n channels over a
     slice of the batch's pixels (split_k slices), block_m pixels at a time, ``cols`` per
-    thread (tile_w = block_m: a flat run).  block_k and stages have no meaning here: they
+    thread (tile_w = block_m: a flat run); ``rows`` > 0 splits the filter's rows between
+    threads, ``rows`` each (R / rows thread groups), so a large filter's sums stay in
+    registers with 16-byte channel vectors.  block_k and stages have no meaning here: they
     must be 16 and 2, and warps_n 1 (the thread count is warps_m warps)."""
 
     warp_grid: ClassVar[bool] = False
     tile_w: int = 16
     cols: int = 4
+    rows: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tile_w", _positive("Depthwise", "tile_w", self.tile_w))
         object.__setattr__(self, "cols", _positive("Depthwise", "cols", self.cols))
+        rows = as_int("Depthwise.rows", self.rows)
+        if rows < 0:
+            raise ValueError(f"Depthwise.rows must be >= 0 (0: a thread sums every filter row), got {rows}")
+        object.__setattr__(self, "rows", rows)
         if self.tile_w % self.cols:
             raise ValueError(f"Depthwise.cols={self.cols} must divide Depthwise.tile_w={self.tile_w}: a thread "
                              "owns cols neighbouring pixels of one tile row")
 
     @property
     def tag(self) -> str:
-        return f"dw{self.tile_w}c{self.cols}"
+        return f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "")
 
     def check(self, plan: "Plan") -> None:
         if (plan.block_k, plan.stages, plan.warps_n) != (FRAG, 2, 1):
@@ -430,10 +438,10 @@ class Depthwise(MainLoop):
             raise ValueError(f"Depthwise.cols={self.cols} does not divide plan.block_m={plan.block_m}")
 
     def flags(self) -> Flags:
-        return Flags(tile_w=self.tile_w, depthwise=self.cols)
+        return Flags(tile_w=self.tile_w, depthwise=self.cols, dw_rows=self.rows)
 
     def layout(self) -> str:
-        return f" dw{self.tile_w}c{self.cols}"
+        return " " + self.tag
 
     def describe(self, plan: "Plan") -> str:
         return (f", depthwise stencil: {plan.block_m // self.tile_w}x{self.tile_w} pixels x {plan.block_n} channels "
@@ -444,8 +452,8 @@ KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm
 
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
-               tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0, *,
-               staged: bool = False) -> MainLoop:
+               tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
+               dw_rows: Any = 0, *, staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
@@ -454,10 +462,12 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
+    if as_int("plan.dw_rows", dw_rows) and not as_int("plan.depthwise", depthwise):
+        raise ValueError(f"plan.dw_rows={dw_rows} splits a depthwise wgrad's filter rows: it needs plan.depthwise > 0")
     if as_int("plan.depthwise", depthwise):
         if flat or wgmma or tma or persistent or pingpong or warps_k != 1 or tiles != 1:
             raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w")
-        return Depthwise(tile_w, depthwise)
+        return Depthwise(tile_w, depthwise, dw_rows)
     if tile_w < 0 or tile_w % 8:
         raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
     halo = bool(tile_w) or flat

@@ -37,6 +37,14 @@ def _rect(name: str, n: int, h: int, w: int, c: int, k: int, r: int, s: int,
     return Layer(name, ConvProblem(h, w, c, k, r, s, stride, pad, 1, n=n))
 
 
+def _depthwise(prefix: str, n: int, f: int, layers: tuple[tuple[int, int, int], ...]) -> tuple[Layer, ...]:
+    """Depthwise f x f layers (groups = C = K, padding f // 2) given as (input size, C, stride);
+    named by their channel count and input size, and the stride where it is not 1."""
+    return tuple(Layer(f"{prefix}{c}-{hw}px" + (f"-s{st}" if st > 1 else ""),
+                       ConvProblem(hw, hw, c, c, f, f, st, f // 2, 1, c, n=n))
+                 for hw, c, st in layers)
+
+
 def _pointwise(prefix: str, n: int, pairs: tuple[tuple[int, int, int], ...]) -> tuple[Layer, ...]:
     """1x1 layers given as (spatial size, C, K); named by their channel counts."""
     return tuple(_layer(f"{prefix}{hw}-{c}to{k}", n, hw, c, k, f=1) for hw, c, k in pairs)
@@ -136,6 +144,22 @@ _SUITES: tuple[Suite, ...] = (
               (14, 112, 672), (14, 672, 112), (7, 672, 192), (7, 192, 1152), (7, 1152, 192),
               (7, 1152, 320),
           ))),
+    # Every inverted-residual block's depthwise 3x3 (multiplier 1) at 224x224: block (t, c, n, s)
+    # rows of Table 2 after the stride-2 stem (112x112x32); the first block of each row has the
+    # stride.  Repeated shapes once each (the 384@14 s1 layer serves both the 64- and 96-channel
+    # rows, 960@7 s1 both the 160- and 320-channel ones).
+    Suite("mobilenetv2-dw", "MobileNetV2's depthwise 3x3 layers at 224x224 (Sandler et al. 2018, Table 2; "
+                            "torchvision mobilenet_v2), groups = C, batch 128",
+          _depthwise("dw", 128, 3, (
+              (112, 32, 1), (112, 96, 2), (56, 144, 1), (56, 144, 2), (28, 192, 1), (28, 192, 2),
+              (14, 384, 1), (14, 576, 1), (14, 576, 2), (7, 960, 1),
+          ))),
+    # The 4x4 stride-4 stem takes 224 to 56 and 2x2 stride-2 convs downsample between stages; every
+    # block opens with a 7x7 depthwise conv, padding 3, at its stage's width (depths 3, 3, 9, 3;
+    # widths 96, 192, 384, 768).
+    Suite("convnext-dw", "ConvNeXt-T's depthwise 7x7 layers, padding 3, at 224x224 (Liu et al. 2022, "
+                         "'A ConvNet for the 2020s'; torchvision convnext_tiny), groups = C, batch 64",
+          _depthwise("dw", 64, 7, ((56, 96, 1), (28, 192, 1), (14, 384, 1), (7, 768, 1)))),
     Suite("large", "compute-bound 3x3 layers for the Hopper main loop: VGG-16's (configuration D) "
                    "widest layers at batch 64, and 256-channel layers at batch 512 and 1024", (
         _layer("vgg-conv2_2", 64, 112, 128, 128),

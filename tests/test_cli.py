@@ -255,6 +255,39 @@ def test_plan_text_explains_each_choice(cli):
         assert "  " + line in out.splitlines()
 
 
+def test_plan_groups_is_depthwise_and_matches_the_planner(cli):
+    """--groups G goes into the ConvProblem: groups = C plans the depthwise kind for each pass."""
+    status, out, err = cli("plan", "-n", "2", "-h", "16", "-w", "16", "-c", "32", "-k", "32", "-r", "3", "-s", "3",
+                           "--padding", "1", "--groups", "32", "--json")
+    assert status == 0 and err == ""
+    prob = ConvProblem.create(2, 16, 16, 32, 32, 3, 3, padding=1, groups=32)
+    rows = json.loads(out)
+    assert [r["pass"] for r in rows] == [p.value for p in Pass]
+    for r in rows:
+        spec = make_spec(prob, r["pass"], epilogue=default_epilogue(Pass(r["pass"])))
+        assert r["problem"] == prob.as_dict() and r["problem"]["groups"] == 32
+        assert r["plan"] == spec.plan.as_dict() and r["key"] == spec.key and "depthwise" in r["plan"]
+        assert any("depthwise" in why for why in r["reasons"])
+    status, out, err = cli("plan", "-n", "2", "-h", "16", "-w", "16", "-c", "32", "-k", "32", "-r", "3", "-s", "3",
+                           "--padding", "1", "--groups", "32", "--pass", "fprop")
+    assert status == 0 and out.splitlines()[0] == f"conv fprop: {prob.describe()}" and "depthwise" in out
+
+
+def test_emit_groups_writes_the_depthwise_kernels(cli, tmp_path):
+    out = tmp_path / "dw"
+    status, _, err = cli("emit", "-n", "2", "-h", "16", "-w", "16", "-c", "32", "-k", "64", "-r", "3", "-s", "3",
+                         "--padding", "1", "--groups", "32", "-q", "-o", str(out))
+    assert status == 0 and err == ""
+    prob = ConvProblem.create(2, 16, 16, 32, 64, 3, 3, padding=1, groups=32)
+    entries = read_manifest(out)
+    assert sorted(e["file"] for e in entries) == sorted(f"conv.{p.value}.cu" for p in Pass)
+    for e in entries:
+        pass_ = Pass(e["spec"]["pass"])
+        spec = make_spec(prob, pass_, target=Target("sm_90"), epilogue=default_epilogue(pass_))
+        assert (out / e["file"]).read_text() == emit(spec).source and e["key"] == spec.key
+        assert e["spec"]["geometry"]["groups"] == 32 and "depthwise" in e["spec"]["plan"]
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -279,6 +312,15 @@ ERRORS = {
     "bad-sm-count": (["plan", *SHAPE, "--sm-count", "0"], "sm_count must be >= 1, got 0"),
     "unknown-arch": (["plan", *SHAPE, "--arch", "sm_70"], "argument --arch: invalid choice: 'sm_70'"),
     "unknown-command": (["frobnicate"], "invalid choice: 'frobnicate'"),
+    # only depthwise groupings have a kernel: the planner's message, not a traceback
+    "plan-grouped-not-depthwise": (["plan", *SHAPE[:6], "-c", "64", "-k", "64", *SHAPE[10:], "--groups", "2"],
+                                   "groups=2 with 32 input channels per group: only depthwise layers"),
+    "emit-grouped-not-depthwise": (["emit", *SHAPE[:6], "-c", "64", "-k", "64", *SHAPE[10:], "--groups", "2"],
+                                   "groups=2 with 32 input channels per group"),
+    "groups-not-dividing-c": (["plan", *SHAPE, "--groups", "3"], "groups=3 must divide c=4"),
+    "groups-zero": (["plan", *SHAPE, "--groups", "0"], "groups must be >= 1, got 0"),
+    "groups-not-int": (["plan", *SHAPE, "--groups", "x"], "argument --groups: invalid int value: 'x'"),
+    "groups-with-suite": (["plan", "--suite", "convnext-dw", "--groups", "96"], "--groups goes with a single shape"),
     "no-command": ([], "the following arguments are required: command"),
 }
 

@@ -41,6 +41,9 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stride", type=pair, default=(1, 1), help="N or H,W (default 1)")
     g.add_argument("--padding", default="0", help="N, H,W, 'same' or 'valid' (default 0)")
     g.add_argument("--dilation", type=pair, default=(1, 1), help="N or H,W (default 1)")
+    g.add_argument("--groups", type=int, default=None, metavar="G",
+                   help="grouped convolution as torch's conv2d(groups=G): weights (K, R, S, C/G); only "
+                        "depthwise layers (G = C) have a kernel (default 1)")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -77,9 +80,12 @@ def target(args: argparse.Namespace) -> Target:
 def layers(args: argparse.Namespace) -> list[Layer]:
     """The layers the arguments name: a suite's, or the one full shape."""
     shape = [args.n, args.h, args.w, args.c, args.k, args.r, args.s]
+    groups = getattr(args, "groups", None)
     if args.suite:
         if any(v is not None for v in shape):
             raise UsageError("give either --suite or a single shape (-n -h -w -c -k -r -s), not both")
+        if groups is not None:
+            raise UsageError("--groups goes with a single shape; a suite's layers carry their own groups")
         return list(get_suite(args.suite))
     missing = [f"-{n}" for n, v in zip("nhwckrs", shape) if v is None]
     if missing:
@@ -90,7 +96,8 @@ def layers(args: argparse.Namespace) -> list[Layer]:
             padding = pair(args.padding)
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"--padding: {exc}") from None
-    problem = ConvProblem.create(*shape, stride=args.stride, padding=padding, dilation=args.dilation)  # type: ignore[arg-type]
+    problem = ConvProblem.create(*shape, stride=args.stride, padding=padding, dilation=args.dilation,  # type: ignore[arg-type]
+                                 groups=1 if groups is None else groups)
     return [Layer("conv", problem)]
 
 

@@ -53,7 +53,9 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     from .. import runtime
 
     rng = np.random.default_rng(0)
-    geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
+    geo: dict[str, Any] = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
+    if problem.groups > 1:  # w_shape is then (K, R, S, C/groups)
+        geo["groups"] = problem.groups
 
     def arr(shape):
         return cp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(np.float16))

@@ -77,7 +77,7 @@ def add_parser(subparsers: Any) -> None:
 
 def resolve_items(args: argparse.Namespace) -> tuple[list[str], list[Item]]:
     """(suite names, rows of work) from the arguments; UsageError for a bad combination."""
-    shape = [getattr(args, n, None) for n in "nhwckrs"]
+    shape = [getattr(args, n, None) for n in (*"nhwckrs", "groups")]
     suites: list[str] = []
     for name in args.suite or []:
         for part in name.split(","):

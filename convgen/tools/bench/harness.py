@@ -34,7 +34,7 @@ from ...ir import ConvProblem, Pass, Target
 from ..timing import L2_FLUSH_BYTES, MIN_SPIN_US, CudaDevice, eager_interleaved, host_overhead, time_interleaved
 from .report import build_result, git_info, group
 from .rows import (FUSED, LABELS, RESIDUAL, LOW_RATE_TFLOPS, REFERENCE_GBPS, REFERENCE_SOURCE, REFERENCE_TFLOPS, SAME,
-                   TOLERANCE, Item, _err, finish_row, new_row, work)
+                   TOLERANCE, Item, _err, finish_row, new_row, torch_conv_args, torch_weight_shape, work)
 from .stats import time_stats
 
 GEMM_SIZE = 8192
@@ -195,9 +195,10 @@ class Session:
     # ----------------------------------------------------------------- data
     def make_data(self, problem: ConvProblem, seed: int) -> dict[str, Any]:
         """fp16 data made once; convgen (CuPy, NHWC/KRSC) and cuDNN (torch NCHW views in
-        channels_last memory) read the very same bytes."""
+        channels_last memory) read the very same bytes.  w is (K, R, S, C/groups) on convgen's
+        side and (K, C/groups, R, S) on PyTorch's."""
         cp, torch = self.cp, self.torch
-        fan_in = problem.r * problem.s * problem.c
+        fan_in = problem.r * problem.s * problem.cg
         d: dict[str, Any] = {}
         if torch is not None:
             g = torch.Generator(device="cuda")
@@ -217,6 +218,8 @@ class Session:
             for name in ("x_t", "w_t", "dy_t"):
                 if not d[name].is_contiguous(memory_format=torch.channels_last):
                     raise RuntimeError(f"{name} is not channels_last")  # pragma: no cover
+            if tuple(d["w_t"].shape) != torch_weight_shape(problem):
+                raise RuntimeError(f"w_t is {tuple(d['w_t'].shape)}, not {torch_weight_shape(problem)}")  # pragma: no cover
             d["x"], d["w"], d["dy"] = (cp.from_dlpack(t) for t in (x, w, dy))
             d["b32"] = cp.from_dlpack(b).astype(cp.float32)  # convgen reads the bias as fp32: same values
             if d["x"].data.ptr != x.data_ptr() or d["dy"].data.ptr != dy.data_ptr():
@@ -246,59 +249,63 @@ class Session:
             ) -> tuple[Callable[[], Any], Optional[Callable[[], Any]]]:
         """convgen's call and cuDNN's for one row, computing the same outputs: without bias
         in the same-work rows; with bias (fprop: and ReLU, PyTorch's as a separate op) in
-        the fused rows."""
+        the fused rows.  A grouped layer passes groups=G to both sides; an ungrouped one
+        calls convgen exactly as before (no groups argument)."""
         import convgen
 
         st, pad, dil = problem.stride, problem.padding, problem.dilation
+        gkw: dict[str, Any] = {"groups": problem.groups} if problem.groups > 1 else {}
         torch = self.torch
         bias, relu = work(pass_, variant)
         residual = variant == RESIDUAL  # the residual r is dy's data: fp16, y's shape, NHWC (channels_last)
         if pass_ is Pass.FPROP and residual:
             def cg() -> Any:
                 return convgen.conv2d(d["x"], d["w"], d["b32"], stride=st, padding=pad, dilation=dil,
-                                      activation="relu", residual=d["dy"])
+                                      activation="relu", residual=d["dy"], **gkw)
         elif pass_ is Pass.FPROP:
             b32 = d["b32"] if bias else None
             act = "relu" if relu else None
 
             def cg() -> Any:
-                return convgen.conv2d(d["x"], d["w"], b32, stride=st, padding=pad, dilation=dil, activation=act)
+                return convgen.conv2d(d["x"], d["w"], b32, stride=st, padding=pad, dilation=dil, activation=act,
+                                      **gkw)
         elif pass_ is Pass.DGRAD:
             xs = problem.x_shape
 
             def cg() -> Any:
-                return convgen.conv2d_dgrad(d["dy"], d["w"], xs, stride=st, padding=pad, dilation=dil)
+                return convgen.conv2d_dgrad(d["dy"], d["w"], xs, stride=st, padding=pad, dilation=dil, **gkw)
         else:
             ws = problem.w_shape
 
             def cg() -> Any:
-                return convgen.conv2d_wgrad(d["x"], d["dy"], ws, stride=st, padding=pad, dilation=dil, bias=bias)
+                return convgen.conv2d_wgrad(d["x"], d["dy"], ws, stride=st, padding=pad, dilation=dil, bias=bias,
+                                            **gkw)
         if torch is None:
             return cg, None
         F = torch.nn.functional
         aten = torch.ops.aten
-        sl, pl, dl = list(st), list(pad), list(dil)
+        sl, pl, dl, g = torch_conv_args(problem)
         if pass_ is Pass.FPROP and residual:
             def cd() -> Any:
-                return F.relu(F.conv2d(d["x_t"], d["w_t"], d["b_t"], sl, pl, dl) + d["dy_t"])
+                return F.relu(F.conv2d(d["x_t"], d["w_t"], d["b_t"], sl, pl, dl, g) + d["dy_t"])
         elif pass_ is Pass.FPROP:
             bt = d["b_t"] if bias else None
             if relu:
                 def cd() -> Any:
-                    return F.relu(F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl))
+                    return F.relu(F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl, g))
             else:
                 def cd() -> Any:
-                    return F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl)
+                    return F.conv2d(d["x_t"], d["w_t"], bt, sl, pl, dl, g)
         elif pass_ is Pass.DGRAD:
             def cd() -> Any:
-                return aten.convolution_backward(d["dy_t"], d["x_t"], d["w_t"], None, sl, pl, dl, False, [0, 0], 1,
+                return aten.convolution_backward(d["dy_t"], d["x_t"], d["w_t"], None, sl, pl, dl, False, [0, 0], g,
                                                  [True, False, False])[0]
         else:
             bsz = [problem.k] if bias else None
 
             def cd() -> Any:
                 _, dw, db = aten.convolution_backward(d["dy_t"], d["x_t"], d["w_t"], bsz, sl, pl, dl, False,
-                                                      [0, 0], 1, [False, True, bias])
+                                                      [0, 0], g, [False, True, bias])
                 return (dw, db) if bias else (dw,)
         return cg, cd
 
@@ -542,7 +549,9 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
         "eager": "perf_counter from a synchronised start over eager_calls back-to-back calls to a final synchronise, "
                  "per call, no flush; eager_trials trials per side, interleaved; median reported",
         "host_cost": "perf_counter over host_calls back-to-back calls while a spin kernel holds the GPU, per call",
-        "data": "fp16 N(0,1) x and dy, w scaled by 1/sqrt(R*S*C), bias N(0,1) (fp16 values; convgen reads them as fp32)",
+        "data": "fp16 N(0,1) x and dy, w scaled by 1/sqrt(R*S*C"
+                + ("/groups" if any(it.layer.problem.groups > 1 for it in items) else "")
+                + "), bias N(0,1) (fp16 values; convgen reads them as fp32)",
     }
     return build_result(
         group(items, rows, SAME), group(items, rows, FUSED), group(items, rows, RESIDUAL),

@@ -241,7 +241,8 @@ def run_tag(suites: Sequence[str], layers: Sequence[Layer] | None = None) -> str
     if not suites and layers:
         p = layers[0].problem
         return (f"shape-n{p.n}-{p.h}x{p.w}-c{p.c}-k{p.k}-{p.r}x{p.s}"
-                f"-s{p.stride[0]}{p.stride[1]}-p{p.padding[0]}{p.padding[1]}-d{p.dilation[0]}{p.dilation[1]}")
+                f"-s{p.stride[0]}{p.stride[1]}-p{p.padding[0]}{p.padding[1]}-d{p.dilation[0]}{p.dilation[1]}"
+                + (f"-g{p.groups}" if p.groups > 1 else ""))
     if list(suites) == list(SUITES):
         return "all"
     return "+".join(slug(s) for s in suites)

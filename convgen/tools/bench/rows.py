@@ -86,14 +86,15 @@ def traffic(problem: ConvProblem, pass_: Pass | str, *, bias: bool = False, in_d
     """Bytes each tensor of one pass moves at the least: every input read once, every
     output written once.  fprop reads x, w (and, with bias, the bias, fp32 as convgen reads
     it) and writes y; dgrad reads dy, w and writes dx; wgrad reads x, dy and writes dw (and,
-    with bias, db).  Split-K workspaces and re-reads are implementation costs, not counted."""
+    with bias, db).  w is (K, R, S, C/groups).  Split-K workspaces and re-reads are
+    implementation costs, not counted."""
     p = Pass.parse(pass_)
     i, o = _BYTES[in_dtype], _BYTES[out_dtype]
     n, h, w, c = problem.x_shape
     _, pp, q, k = problem.y_shape
     x = n * h * w * c
     y = n * pp * q * k
-    wt = k * problem.r * problem.s * c
+    wt = k * problem.r * problem.s * problem.cg  # C/groups channels a filter
     if p is Pass.FPROP:
         t = {"x": x * i, "w": wt * i}
         if bias:
@@ -111,12 +112,25 @@ def traffic(problem: ConvProblem, pass_: Pass | str, *, bias: bool = False, in_d
 
 
 def useful_flops(problem: ConvProblem) -> int:
-    """2 * N*P*Q * K * R*S*C: the multiply-adds of the convolution, the same for all three
-    passes (each forward product has one counterpart in dgrad and one in wgrad).  This is
+    """2 * N*P*Q * K * R*S*C/groups: the multiply-adds of the convolution, the same for all
+    three passes (each forward product has one counterpart in dgrad and one in wgrad).  This is
     what TFLOP/s and the floor use.  convgen's implicit GEMM of dgrad (M = N*H*W, K = R*S*K)
     is larger when stride > 1, as it spans filter taps that land between output pixels;
     that size is kept in the JSON as ``gemm_flops``."""
     return problem.flops(Pass.FPROP)
+
+
+def torch_weight_shape(problem: ConvProblem) -> tuple[int, int, int, int]:
+    """The weight's logical shape on PyTorch's side: (K, C/groups, R, S), a KCRS view of
+    convgen's (K, R, S, C/groups) memory (channels_last)."""
+    k, r, s, cg = problem.w_shape
+    return (k, cg, r, s)
+
+
+def torch_conv_args(problem: ConvProblem) -> tuple[list[int], list[int], list[int], int]:
+    """(stride, padding, dilation, groups) as torch.nn.functional.conv2d and
+    torch.ops.aten.convolution_backward take them."""
+    return list(problem.stride), list(problem.padding), list(problem.dilation), problem.groups
 
 
 def pass_bytes(problem: ConvProblem, pass_: Pass | str, **kw: Any) -> int:
@@ -175,8 +189,18 @@ def epilogue_for(pass_: Pass, variant: str = SAME) -> Epilogue:
     return Epilogue(bias=bias and pass_ is not Pass.DGRAD, relu=relu, out_dtype="float16", residual=variant == RESIDUAL)
 
 
-def computes(pass_: Pass, variant: str = SAME) -> dict[str, str]:
-    """What each side computes in a row, in words, for the JSON and the report."""
+def computes(pass_: Pass, variant: str = SAME, groups: int = 1) -> dict[str, str]:
+    """What each side computes in a row, in words, for the JSON and the report; a grouped
+    layer's calls pass groups=G on both sides (w (K, R, S, C/G) for convgen, (K, C/G, R, S)
+    for PyTorch)."""
+    what = _computes(pass_, variant)
+    if groups > 1:
+        what = {"convgen": f"{what['convgen']}; groups={groups}, w (K, R, S, C/{groups})",
+                "cudnn": f"{what['cudnn']}; groups={groups}, w (K, C/{groups}, R, S)"}
+    return what
+
+
+def _computes(pass_: Pass, variant: str = SAME) -> dict[str, str]:
     bias, relu = work(pass_, variant)
     if pass_ is Pass.FPROP:
         if variant == RESIDUAL:
@@ -225,7 +249,7 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
     """A row with the static facts filled in and every measurement null."""
     prob = item.layer.problem
     g = prob.gemm(item.pass_)
-    what = computes(item.pass_, item.variant)
+    what = computes(item.pass_, item.variant, prob.groups)
     bias, _ = work(item.pass_, item.variant)
     row: dict[str, Any] = {
         "suite": item.suite, "layer": item.layer.name, "pass": item.pass_.value,
