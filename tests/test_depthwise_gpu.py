@@ -90,7 +90,7 @@ def test_depthwise_hand_plan_other_tile(pass_):
 @pytest.mark.parametrize("rows", [1, 3])
 def test_depthwise_wgrad_row_groups(rows):
     """wgrad with the filter's rows shared out between thread groups (Depthwise.rows), db too."""
-    p = dw(11, 12, 32, 3, 5, (2, 1), (1, 2), n=2)
+    p = dw(11, 12, 32, 3, 3, (2, 1), (1, 2), n=2)
     groups = 3 // rows
     plan = Plan(32, 16, 16, 3 * groups // 3 if groups == 3 else 1, 1, 2, 8, 8, split_k=3, loop=Depthwise(32, 2, rows))
     res = run_pass(p, Pass.WGRAD, seeded("dw-rows", rows), out_dtype="float32", exact=True, bias=True, plan=plan)
