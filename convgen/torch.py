@@ -3,13 +3,14 @@
     import convgen.torch as cgt
     y = cgt.conv2d(x, w, bias, stride=1, padding=1)     # x (N, C, H, W), w (K, C, R, S), CUDA
     layer = cgt.Conv2d(64, 128, 3, padding=1)          # same arguments, parameters and state_dict as nn.Conv2d
+    dw = cgt.Conv2d(64, 64, 3, padding=1, groups=64)   # depthwise (groups = C, K a multiple of C)
 
 PyTorch is an optional dependency: it is imported here and nowhere else, so
 ``import convgen`` never loads it.  CuPy is imported on the first launch, so
 modules can be built, loaded and saved on a machine without it.
 
 Layouts.  The PyTorch API is PyTorch's: ``x`` has nn.Conv2d's logical shape
-(N, C, H, W) and ``w`` is (K, C, R, S).  convgen's kernels read NHWC activations
+(N, C, H, W) and ``w`` is (K, C/groups, R, S).  convgen's kernels read NHWC activations
 and KRSC weights, which is exactly the memory of a ``channels_last`` tensor: for
 a channels_last float16 ``x``, ``x.permute(0, 2, 3, 1)`` is a contiguous NHWC
 view and goes to the kernel with no copy.  Any other layout or dtype (a
@@ -107,7 +108,7 @@ def _plan_padding(
     return as_pair("padding", padding), (0, 0)
 
 
-def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], groups: int = 1) -> None:
     """Reject what the kernels would compute wrongly, naming the argument at fault."""
     for name, t in (("x", x), ("w", w), ("bias", bias)):
         if t is None and name == "bias":
@@ -125,13 +126,33 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
         raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
     if w.dim() != 4:
         raise ValueError(f"w must be 4-D (K, C, R, S) like nn.Conv2d.weight, got shape {tuple(w.shape)}")
-    if w.shape[1] != x.shape[1]:
+    if groups != 1:
+        _check_groups(groups, x.shape[1], w.shape[0], "x.shape[1]", "w.shape[0]")
+    if w.shape[1] * groups != x.shape[1]:
         raise ValueError(
             f"w has {w.shape[1]} input channels (w.shape[1]) but x has {x.shape[1]} (x.shape[1]); "
-            "convgen computes dense convolutions (groups=1) only"
+            + ("w.shape[1] must be x.shape[1] (groups=1: a dense convolution)" if groups == 1 else
+               f"with groups={groups}, w.shape[1] must be x.shape[1] / groups = {x.shape[1] // groups}")
         )
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
         raise ValueError(f"bias must have shape ({w.shape[0]},) to match w's output channels, got {tuple(bias.shape)}")
+
+
+def _check_groups(groups: Any, in_channels: int, out_channels: int, c_name: str, k_name: str) -> None:
+    """groups != 1 must be a depthwise grouping (groups = C, K a multiple of C): the only one with kernels."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive integer, got {groups!r}")
+    if groups != in_channels:
+        raise ValueError(
+            f"groups={groups} with {in_channels} input channels ({c_name}): besides dense convolutions "
+            "(groups=1), only depthwise groupings (groups = in_channels) have kernels so far; use "
+            "torch.nn.Conv2d / torch.nn.functional.conv2d for other groupings"
+        )
+    if out_channels % groups:
+        raise ValueError(
+            f"groups={groups} (depthwise) needs the output channels to be a multiple of the {in_channels} input "
+            f"channels, got {out_channels} ({k_name})"
+        )
 
 
 
@@ -140,17 +161,17 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
 # break) and CUDA-graph modes capture it; the fake implementations give the outputs' shapes,
 # dtypes and channels_last strides without running anything.
 
-_GEO_SCHEMA = "int[] stride, int[] padding, int[] dilation"
+_GEO_SCHEMA = "int[] stride, int[] padding, int[] dilation, int groups"
 
 
 @torch.library.custom_op("convgen::conv2d", mutates_args=(),
                          schema=f"(Tensor x, Tensor w, Tensor? bias, {_GEO_SCHEMA}) -> Tensor")
-def _fprop_op(x, w, bias, stride, padding, dilation):
-    return _fprop_impl(x, w, bias, stride, padding, dilation)
+def _fprop_op(x, w, bias, stride, padding, dilation, groups):
+    return _fprop_impl(x, w, bias, stride, padding, dilation, groups)
 
 
 @_fprop_op.register_fake
-def _(x, w, bias, stride, padding, dilation):
+def _(x, w, bias, stride, padding, dilation, groups):
     # Plain arithmetic, not ConvGeometry: under dynamic shapes the sizes are symbolic.
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
@@ -161,38 +182,39 @@ def _(x, w, bias, stride, padding, dilation):
 
 @torch.library.custom_op("convgen::conv2d_dgrad", mutates_args=(),
                          schema=f"(Tensor gy, Tensor w, int[] x_shape, ScalarType x_dtype, {_GEO_SCHEMA}) -> Tensor")
-def _dgrad_op(gy, w, x_shape, x_dtype, stride, padding, dilation):
-    return _dgrad_impl(gy, w, x_shape, x_dtype, stride, padding, dilation)
+def _dgrad_op(gy, w, x_shape, x_dtype, stride, padding, dilation, groups):
+    return _dgrad_impl(gy, w, x_shape, x_dtype, stride, padding, dilation, groups)
 
 
 @_dgrad_op.register_fake
-def _(gy, w, x_shape, x_dtype, stride, padding, dilation):
+def _(gy, w, x_shape, x_dtype, stride, padding, dilation, groups):
     return torch.empty(tuple(x_shape), dtype=x_dtype, device=gy.device, memory_format=torch.channels_last)
 
 
 @torch.library.custom_op("convgen::conv2d_wgrad", mutates_args=(),
                          schema=f"(Tensor gy, Tensor x, int[] w_shape, ScalarType w_dtype, ScalarType? b_dtype, "
                                 f"{_GEO_SCHEMA}) -> (Tensor, Tensor)")
-def _wgrad_op(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation):
-    return _wgrad_impl(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation)
+def _wgrad_op(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups):
+    return _wgrad_impl(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups)
 
 
 @_wgrad_op.register_fake
-def _(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation):
+def _(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups):
+    # w_shape is torch's (K, C/groups, R, S): dw has the weight's shape.
     dw = torch.empty(tuple(w_shape), dtype=w_dtype, device=x.device, memory_format=torch.channels_last)
     db = torch.empty((w_shape[0],) if b_dtype is not None else (0,), dtype=b_dtype or w_dtype, device=x.device)
     return dw, db
 
 
 def _setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-    x, w, bias, stride, padding, dilation = inputs
+    x, w, bias, stride, padding, dilation, groups = inputs
     need_dx, need_dw, _ = ctx.needs_input_grad[:3]
     # Keep only what the requested gradients read: x for wgrad, w for dgrad.
     ctx.save_for_backward(x if need_dw else None, w if need_dx else None)
     ctx.x_meta = (tuple(x.shape), x.dtype)
     ctx.w_meta = (tuple(w.shape), w.dtype)
     ctx.b_dtype = None if bias is None else bias.dtype
-    ctx.geo = (list(stride), list(padding), list(dilation))
+    ctx.geo = (list(stride), list(padding), list(dilation), groups)  # what dgrad and wgrad take after the shapes
 
 
 def _grads(ctx: Any, gy: torch.Tensor, dgrad: Any, wgrad: Any):
@@ -210,7 +232,7 @@ def _grads(ctx: Any, gy: torch.Tensor, dgrad: Any, wgrad: Any):
         # Only the bias trains: db is a plain reduction of dy (rounded to float16, as the
         # kernels see it), not worth a wgrad launch.
         db = gy.to(torch.float16).sum(dim=(0, 2, 3), dtype=torch.float32).to(ctx.b_dtype)
-    return dx, dw, db, None, None, None
+    return dx, dw, db, None, None, None, None
 
 
 def _backward(ctx: Any, gy: torch.Tensor):
@@ -231,23 +253,23 @@ _recording: Optional[list[tuple]] = None
 
 
 def _record(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
-            padding: Sequence[int], dilation: Sequence[int], needs: Sequence[bool]) -> torch.Tensor:
+            padding: Sequence[int], dilation: Sequence[int], groups: int, needs: Sequence[bool]) -> torch.Tensor:
     """Note the ops a training step of this layer will want, as _fprop_impl, _dgrad_impl and
     _wgrad_impl key them; the output is zeros of the right shape and layout, nothing runs."""
     assert _recording is not None
     n, c, h, wd = x.shape
-    k, _, r, s = w.shape
+    k, cw, r, s = w.shape  # cw = C/groups
     geo = _geo(stride, padding, dilation)
     p, q = _output_hw(h, wd, c, k, r, s, geo)
-    shapes = ((n, h, wd, c), (k, r, s, c))
+    shapes = ((n, h, wd, c), (k, r, s, cw))
     index = _device_index(x)
     need_dx, need_dw, need_db = needs
-    _recording.append(("fprop", *shapes, geo, _bias_key(bias), _out_dtype(x.dtype), index))
+    _recording.append(("fprop", *shapes, geo, _bias_key(bias), _out_dtype(x.dtype), index, groups))
     if need_dx:
-        _recording.append(("dgrad", *shapes, geo, False, _out_dtype(x.dtype), index))
+        _recording.append(("dgrad", *shapes, geo, False, _out_dtype(x.dtype), index, groups))
     if need_dw:
         b_dtype = bias.dtype if need_db and bias is not None else None
-        _recording.append(("wgrad", *shapes, geo, b_dtype is not None, _out_dtype(w.dtype, b_dtype), index))
+        _recording.append(("wgrad", *shapes, geo, b_dtype is not None, _out_dtype(w.dtype, b_dtype), index, groups))
     return torch.empty((n, k, p, q), dtype=x.dtype, device=x.device, memory_format=torch.channels_last).zero_()
 
 
@@ -296,11 +318,11 @@ class _EagerConv2d(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
     def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: list,
-                padding: list, dilation: list) -> torch.Tensor:
+                padding: list, dilation: list, groups: int) -> torch.Tensor:
         if _recording is not None:  # precompile(): note the layer, run nothing
-            return _record(x, w, bias, stride, padding, dilation, ctx.needs_input_grad[:3])
-        y = _fprop_impl(x, w, bias, stride, padding, dilation)
-        _setup_context(ctx, (x, w, bias, stride, padding, dilation), y)
+            return _record(x, w, bias, stride, padding, dilation, groups, ctx.needs_input_grad[:3])
+        y = _fprop_impl(x, w, bias, stride, padding, dilation, groups)
+        _setup_context(ctx, (x, w, bias, stride, padding, dilation, groups), y)
         return y
 
     @staticmethod
@@ -347,23 +369,23 @@ def _run_fast(fast: _tl.FastConv, x: torch.Tensor, w: torch.Tensor, bias: Option
 
 
 def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: _PairArg,
-            padding: Union[_PairArg, str], dilation: _PairArg) -> torch.Tensor:
+            padding: Union[_PairArg, str], dilation: _PairArg, groups: int = 1) -> torch.Tensor:
     """Everything of :func:`conv2d` except the CUDA check (the CPU tests drive this with a NumPy bridge)."""
     if isinstance(x, torch.Tensor) and x.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d allows
-        return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation).squeeze(0)
+        return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
     compiling = torch.compiler.is_compiling()
     sig = None
     if not compiling and _recording is None:
         # A signature met before, that the kernels read as it is: its FastConv, no checks
         # (they passed for this signature) and no conversions.
         try:
-            sig = _tl.signature(x, w, bias, stride, padding, dilation)
+            sig = _tl.signature(x, w, bias, stride, padding, dilation, groups)
             fast = _tl.fast_calls.get(sig)
         except (AttributeError, TypeError):  # not tensors (the checks say so), or list arguments
             sig = fast = None
         if fast is not None and not _autocasting():
             return _run_fast(fast, x, w, bias)
-    _check_operands(x, w, bias)
+    _check_operands(x, w, bias, groups)
     key = (stride, padding, dilation, w.shape[2], w.shape[3])
     remember = not compiling
     try:
@@ -380,7 +402,7 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     stride_, pad, dilation_, extra = found
     if extra != (0, 0):
         x = F.pad(x, (0, extra[1], 0, extra[0]))
-    args = (x, w, bias, list(stride_), list(pad), list(dilation_))
+    args = (x, w, bias, list(stride_), list(pad), list(dilation_), groups)
     if compiling:
         return _fprop_op(*args)
     if _recording is None and not _autocasting():
@@ -406,13 +428,15 @@ _kernel_geometry: dict[tuple, tuple] = {}
 
 
 def conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None, stride: _PairArg = 1,
-           padding: Union[_PairArg, str] = 0, dilation: _PairArg = 1) -> torch.Tensor:
-    """``F.conv2d`` (groups=1) on convgen's kernels, differentiable in x, w and bias.
+           padding: Union[_PairArg, str] = 0, dilation: _PairArg = 1, groups: int = 1) -> torch.Tensor:
+    """``F.conv2d`` on convgen's kernels, differentiable in x, w and bias.
 
-    x: (N, C, H, W) or (C, H, W); w: (K, C, R, S); bias: (K,) or None; stride,
+    x: (N, C, H, W) or (C, H, W); w: (K, C/groups, R, S); bias: (K,) or None; stride,
     padding, dilation: an int or an (h, w) pair; padding may also be 'same' or
-    'valid'.  Returns y of logical shape (N, K, P, Q) in channels_last memory, of
-    x's dtype (see the module docstring for the precision).  Needs CUDA tensors.
+    'valid'.  groups: 1 (a dense convolution) or C (depthwise, K a multiple of C); other
+    groupings have no kernels yet and raise ValueError.  Returns y of logical shape
+    (N, K, P, Q) in channels_last memory, of x's dtype (see the module docstring for the
+    precision).  Needs CUDA tensors.
     """
     if isinstance(x, torch.Tensor) and x.device.type != "cuda":
         raise RuntimeError(
@@ -420,7 +444,7 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None
             f"but x is on {x.device}. Move the module and its input to a GPU (.cuda()), "
             "or use torch.nn.functional.conv2d / torch.nn.Conv2d on the CPU."
         )
-    return _conv2d(x, w, bias, stride, padding, dilation)
+    return _conv2d(x, w, bias, stride, padding, dilation, groups)
 
 
 class Conv2d(nn.Conv2d):
@@ -428,9 +452,10 @@ class Conv2d(nn.Conv2d):
 
     It *is* an nn.Conv2d (same constructor, parameters ``weight`` (K, C, R, S)
     and ``bias``, initialisation and state_dict keys), so a checkpoint of either
-    loads into the other.  Only what the kernels compute is accepted: groups=1
-    and padding_mode='zeros' (anything else raises ValueError here rather than
-    computing something else later).  Inputs must be CUDA tensors; channels_last
+    loads into the other.  Only what the kernels compute is accepted: groups=1 or a
+    depthwise groups=in_channels (out_channels a multiple of it; the weight is then
+    (K, 1, R, S)), and padding_mode='zeros' (anything else raises ValueError here rather
+    than computing something else later).  Inputs must be CUDA tensors; channels_last
     float16 activations take the zero-copy path.
     """
 
@@ -439,30 +464,28 @@ class Conv2d(nn.Conv2d):
         padding: Union[_PairArg, str] = 0, dilation: _PairArg = 1, groups: int = 1, bias: bool = True,
         padding_mode: str = "zeros", device: Any = None, dtype: Any = None,
     ) -> None:
-        _check_module_options(groups, padding_mode)
+        _check_module_options(in_channels, out_channels, groups, padding_mode)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
                          padding_mode, device, dtype)
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        _check_module_options(self.groups, self.padding_mode)  # attributes can be changed after __init__
+        if self.groups != 1 or self.padding_mode != "zeros":  # attributes can be changed after __init__
+            _check_module_options(self.in_channels, self.out_channels, self.groups, self.padding_mode)
         if input.device.type != "cuda":
             raise RuntimeError(
                 f"convgen.torch.Conv2d runs on a CUDA GPU only, but its input is on {input.device}. "
                 "Move the module and its input to the GPU (.cuda()), or use torch.nn.Conv2d on the CPU "
                 "(its state_dict is interchangeable with this module's)."
             )
-        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation)
+        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return self._conv_forward(input, self.weight, self.bias)
 
 
-def _check_module_options(groups: int, padding_mode: str) -> None:
+def _check_module_options(in_channels: int, out_channels: int, groups: int, padding_mode: str) -> None:
     if groups != 1:
-        raise ValueError(
-            f"convgen.torch.Conv2d supports groups=1 only, got groups={groups}: convgen's kernels compute "
-            "dense convolutions; use torch.nn.Conv2d for grouped or depthwise layers"
-        )
+        _check_groups(groups, in_channels, out_channels, "in_channels", "out_channels")
     if padding_mode != "zeros":
         raise ValueError(
             f"convgen.torch.Conv2d supports padding_mode='zeros' only, got {padding_mode!r}; "

@@ -103,7 +103,8 @@ _prepared: dict[tuple, Any] = {}
 
 
 def _op(*key: Any) -> Any:
-    """The op of (pass, NHWC x_shape, KRSC w_shape, geometry, bias, out_dtype, device)."""
+    """The op of (pass, NHWC x_shape, KRSC w_shape, geometry, bias, out_dtype, device, groups);
+    KRSC is (K, R, S, C/groups)."""
     op = _prepared.get(key)
     if op is None:
         op = _prepared[key] = convgen.prepare(**_prepare_args(key))
@@ -111,10 +112,10 @@ def _op(*key: Any) -> Any:
 
 
 def _prepare_args(key: tuple) -> dict:  # convgen.prepare's arguments for an op's key
-    pass_, x_shape, w_shape, (stride, padding, dilation), bias, out_dtype, device = key
+    pass_, x_shape, w_shape, (stride, padding, dilation), bias, out_dtype, device, groups = key
     return dict(pass_=pass_, x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, dilation=dilation,
                 bias=bool(bias), bias_dtype=bias if isinstance(bias, str) else "float32", out_dtype=out_dtype,
-                device=device)
+                device=device, groups=groups)
 
 
 def _bias_key(bias: Optional[torch.Tensor]) -> Any:
@@ -169,9 +170,9 @@ def _output_hw(h: int, w: int, c: int, k: int, r: int, s: int, geo: tuple) -> tu
 
 
 def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
-                padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+                padding: Sequence[int], dilation: Sequence[int], groups: int = 1) -> torch.Tensor:
     n, c, h, wd = x.shape
-    k, _, r, s = w.shape
+    k, cw, r, s = w.shape  # cw = C/groups
     geo = _geo(stride, padding, dilation)
     p, q = _output_hw(h, wd, c, k, r, s, geo)
     out_dtype = _out_dtype(x.dtype)
@@ -179,7 +180,7 @@ def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     if n == 0:  # nothing to launch
         return y if y.dtype == x.dtype else y.to(x.dtype)
     index = _device_index(x)
-    op = _op("fprop", (n, h, wd, c), (k, r, s, c), geo, _bias_key(bias), out_dtype, index)
+    op = _op("fprop", (n, h, wd, c), (k, r, s, cw), geo, _bias_key(bias), out_dtype, index, groups)
     x16 = _aligned(_nhwc_half(x))
     w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))  # KRSC
     b = _kernel_bias(bias)
@@ -189,15 +190,16 @@ def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
 
 
 def _dgrad_impl(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dtype: torch.dtype,
-                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> torch.Tensor:
+                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                groups: int = 1) -> torch.Tensor:
     n, c, h, wd = x_shape
-    k, _, r, s = w.shape
+    k, cw, r, s = w.shape
     geo = _geo(stride, padding, dilation)
     out_dtype = _out_dtype(x_dtype)
     dx = _nchw_empty((n, c, h, wd), out_dtype, gy.device)
     if n:
         index = _device_index(gy)
-        op = _op("dgrad", (n, h, wd, c), (k, r, s, c), geo, False, out_dtype, index)
+        op = _op("dgrad", (n, h, wd, c), (k, r, s, cw), geo, False, out_dtype, index, groups)
         gy16 = _aligned(_nhwc_half(gy))  # dense NHWC float16 dy (a view when gy is channels_last fp16)
         w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))
         _launch(op, index, gy16, w16, (dx.permute(0, 2, 3, 1),), None, _workspace(op, gy.device))
@@ -206,19 +208,19 @@ def _dgrad_impl(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dty
 
 def _wgrad_impl(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dtype: torch.dtype,
                 b_dtype: Optional[torch.dtype], stride: Sequence[int], padding: Sequence[int],
-                dilation: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                dilation: Sequence[int], groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     n, c, h, wd = x.shape
-    k, _, r, s = w_shape
+    k, cw, r, s = w_shape  # cw = C/groups
     geo = _geo(stride, padding, dilation)
     out_dtype = _out_dtype(w_dtype, b_dtype)
-    dw = _nchw_empty((k, c, r, s), out_dtype, x.device)  # KRSC memory, (K, C, R, S) logical
+    dw = _nchw_empty((k, cw, r, s), out_dtype, x.device)  # KRSC memory, (K, C/groups, R, S) logical
     db = torch.empty((k,) if b_dtype is not None else (0,), dtype=dw.dtype, device=x.device)
     if n == 0:  # an empty batch contributes nothing: the gradients are exactly zero
         dw.zero_()
         db.zero_()
     else:
         index = _device_index(x)
-        op = _op("wgrad", (n, h, wd, c), (k, r, s, c), geo, b_dtype is not None, out_dtype, index)
+        op = _op("wgrad", (n, h, wd, c), (k, r, s, cw), geo, b_dtype is not None, out_dtype, index, groups)
         gy16 = _aligned(_nhwc_half(gy))
         x16 = _aligned(_nhwc_half(x))
         _launch(op, index, x16, gy16, (dw.permute(0, 2, 3, 1),) + ((db,) if b_dtype is not None else ()), None,
@@ -253,7 +255,8 @@ def _is_cl(shape: Sequence[int], stride: Sequence[int]) -> bool:
 def signature(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], *geometry: Any) -> tuple:
     """What a FastConv is kept under: everything about the operands that decides what the
     kernels are handed (shapes, strides, dtypes, devices) and conv2d's geometry arguments as
-    given.  Raises TypeError when those arguments are unhashable (lists): no fast path."""
+    given (groups among them: the same shapes under another groups are another call).
+    Raises TypeError when those arguments are unhashable (lists): no fast path."""
     b = None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device)
     return (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, b, geometry)
 
@@ -267,18 +270,19 @@ class FastConv:
     current, a misaligned view, a gradient of another layout) takes the implementations."""
 
     def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
-                 padding: Sequence[int], dilation: Sequence[int]) -> None:
+                 padding: Sequence[int], dilation: Sequence[int], groups: int = 1) -> None:
         n, c, h, wd = x.shape
-        k, _, r, s = w.shape
+        k, cw, r, s = w.shape  # cw = C/groups
         self.geo = _geo(stride, padding, dilation)
-        self.geo_lists = (list(stride), list(padding), list(dilation))  # what the implementations take
+        self.groups = groups
+        self.geo_lists = (list(stride), list(padding), list(dilation), groups)  # what the implementations take
         p, q = _output_hw(h, wd, c, k, r, s, self.geo)
         self.index, self.device = _device_index(x), x.device
-        self.x_shape, self.w_shape, self.y_shape = (n, c, h, wd), (k, c, r, s), (n, k, p, q)
+        self.x_shape, self.w_shape, self.y_shape = (n, c, h, wd), (k, cw, r, s), (n, k, p, q)
         self._gy_strides = {_cl_strides(self.y_shape)}  # strides of gradients met that are dense channels_last
         self.b_dtype = None if bias is None else bias.dtype
-        self._shapes = ((n, h, wd, c), (k, r, s, c))
-        self.fprop = _op("fprop", *self._shapes, self.geo, _bias_key(bias), "float16", self.index)
+        self._shapes = ((n, h, wd, c), (k, r, s, cw))
+        self.fprop = _op("fprop", *self._shapes, self.geo, _bias_key(bias), "float16", self.index, groups)
         self._backward_ops: dict[tuple, Any] = {}
 
     @staticmethod
@@ -307,7 +311,8 @@ class FastConv:
     def _backward_op(self, pass_: str, bias: bool) -> Any:
         op = self._backward_ops.get((pass_, bias))
         if op is None:
-            op = self._backward_ops[(pass_, bias)] = _op(pass_, *self._shapes, self.geo, bias, "float16", self.index)
+            op = self._backward_ops[(pass_, bias)] = _op(pass_, *self._shapes, self.geo, bias, "float16", self.index,
+                                                         self.groups)
         return op
 
     def grads(self, gy: torch.Tensor, x: Optional[torch.Tensor], w: Optional[torch.Tensor],

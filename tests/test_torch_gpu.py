@@ -74,12 +74,12 @@ def tol(reduction: int, dtype: torch.dtype) -> float:
     return tolerance(reduction, "float16" if dtype == torch.float16 else "float32")
 
 
-def reference(x, w, b, gy, stride, padding, dilation):
+def reference(x, w, b, gy, stride, padding, dilation, groups=1):
     """(y, dx, dw, db) of F.conv2d in float64 on the kernels' view of the operands."""
     xr = x.detach().half().double().requires_grad_()
     wr = w.detach().half().double().requires_grad_()
     br = None if b is None else b.detach().float().double().requires_grad_()
-    yr = F.conv2d(xr, wr, br, stride, padding, dilation)
+    yr = F.conv2d(xr, wr, br, stride, padding, dilation, groups)
     yr.backward(gy.detach().half().double())
     return yr.detach(), xr.grad, wr.grad, None if br is None else br.grad
 
@@ -400,8 +400,11 @@ def test_drop_in_for_nn_conv2d(args, kwargs):
 
 
 def test_drop_in_refuses_what_it_cannot_compute():
-    with pytest.raises(ValueError, match="groups=1"):
+    with pytest.raises(ValueError, match=r"groups=2 .*only depthwise groupings \(groups = in_channels\)"):
         cgt.Conv2d(8, 8, 3, groups=2, device=DEV)
+    with pytest.raises(ValueError, match=r"groups=2 .*only depthwise groupings"):
+        cgt.conv2d(tensor((1, 8, 6, 6), torch.float16, gen("groups=2")),
+                   tensor((8, 4, 3, 3), torch.float16, gen("groups=2 w")), groups=2)
     with pytest.raises(ValueError, match="padding_mode"):
         cgt.Conv2d(8, 8, 3, padding=1, padding_mode="reflect", device=DEV)
 
@@ -537,3 +540,101 @@ def test_torch_compile_fullgraph(mode):
     assert counters["stats"]["unique_graphs"] >= 1
     if mode == "reduce-overhead":
         assert not counters["inductor"]["cudagraph_skips"], f"CUDA graphs were skipped: {dict(counters['inductor'])}"
+
+
+# --------------------------------------------------------------------------- depthwise (groups = C)
+
+
+DEPTHWISE = [  # Conv2d's arguments: in_channels, out_channels (a multiple), kernel_size, and its options
+    ((16, 16, 3), dict(padding=1)),
+    ((24, 48, 3), dict(stride=2, padding=1)),  # channel multiplier 2
+    ((32, 32, 5), dict(padding="same", bias=False)),
+    ((8, 24, (3, 5)), dict(stride=(1, 2), padding=(1, 2), dilation=(2, 1))),  # multiplier 3
+    ((64, 64, 7), dict(padding=3)),
+    ((3, 6, 4), dict(padding="same")),  # even kernel: asymmetric 'same', C not a multiple of 8
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+@pytest.mark.parametrize("args, kwargs", DEPTHWISE, ids=lambda v: str(v))
+def test_depthwise_drop_in_forward_and_backward(args, kwargs, dtype):
+    """convgen.torch.Conv2d(groups=in_channels) against nn.Conv2d of the same groups and
+    weights on the same data (y, dx, dw, db), and both against F.conv2d in float64 on the
+    values the kernels saw.  Float16 takes the fast path (channels_last operands), the
+    others the converting implementations."""
+    c = args[0]
+    torch.manual_seed(0)
+    ours = cgt.Conv2d(*args, **kwargs, groups=c, device=DEV, dtype=dtype)
+    ref = nn.Conv2d(*args, **kwargs, groups=c, device=DEV, dtype=dtype)
+    assert tuple(ours.weight.shape) == (args[1], 1, *ours.kernel_size)
+    ref.load_state_dict(ours.state_dict())
+    if dtype == torch.float16:
+        ours.to(memory_format=CL)
+    g = gen("depthwise", args, kwargs, str(dtype))
+    x = tensor((3, c, 17, 14), dtype, g, channels_last=dtype == torch.float16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    for trial in range(2):  # the second call of a signature: its FastConv when float16
+        for t in (x, x_ref, ours.weight, ours.bias, ref.weight, ref.bias):
+            if t is not None:
+                t.grad = None
+        y, y_ref = ours(x), ref(x_ref)
+        assert y.shape == y_ref.shape and y.dtype == y_ref.dtype == dtype
+        gy = tensor(y.shape, dtype, gen("depthwise gy", args, kwargs, str(dtype), trial), channels_last=False)
+        y.backward(gy)
+        y_ref.backward(gy)
+        n, k, p, q = y.shape
+        r, s = ours.kernel_size
+        want, dxr, dwr, dbr = reference(x, ours.weight, ours.bias, gy, ours.stride, ours.padding, ours.dilation, c)
+        results = [("y", y, y_ref, want, r * s), ("dx", x.grad, x_ref.grad, dxr, (k // c) * r * s),
+                   ("dw", ours.weight.grad, ref.weight.grad, dwr, n * p * q)]
+        if ours.bias is not None:
+            results.append(("db", ours.bias.grad, ref.bias.grad, dbr, n * p * q))
+        for name, a, a_ref, r64, red in results:
+            assert a.dtype == dtype and a.shape == a_ref.shape, (name, a.dtype, tuple(a.shape))
+            t = tol(red, dtype)
+            assert rel_err(a, r64) <= t, f"trial {trial}, {name} vs float64: {rel_err(a, r64):.3g} > {t:.3g}"
+            # nn.Conv2d computes on the unrounded operands: allow fp16 rounding on both sides.
+            t16 = 2 * tol(red, torch.float16)
+            err = rel_err(a, a_ref)
+            assert err <= t16, f"trial {trial}, {name} vs nn.Conv2d: {err:.3g} > {t16:.3g}"
+
+
+def _small_depthwise_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        cgt.Conv2d(8, 16, 1), nn.ReLU(), cgt.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+        cgt.Conv2d(16, 32, 3, stride=2, padding=1, groups=16, bias=False), nn.ReLU(), cgt.Conv2d(32, 8, 1),
+    ).to(DEV, torch.float16).to(memory_format=CL)
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "reduce-overhead"])
+def test_depthwise_torch_compile_fullgraph(mode):
+    """A model with depthwise layers under torch.compile(fullgraph=True): no graph break, and
+    bit for bit what the eager model gives, which is F.conv2d's (checked in float64 once)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _small_depthwise_model()
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    for trial in range(3):
+        g = gen("compile-depthwise", mode, trial)
+        x = tensor((4, 8, 16, 16), torch.float16, g)
+        gy = tensor((4, 8, 8, 8), torch.float16, g)
+        got = [t.clone() for t in _step(compiled, x, gy)]
+        want = _step(model, x, gy)
+        for i, (a, e) in enumerate(zip(got, want)):
+            assert a.shape == e.shape and torch.isfinite(a).all(), f"trial {trial}, output {i}"
+            assert torch.equal(a, e), f"trial {trial}, output {i}: max |diff| {float((a - e).abs().max()):.3g}"
+    assert counters["stats"]["unique_graphs"] >= 1
+    if mode == "reduce-overhead":
+        assert not counters["inductor"]["cudagraph_skips"], f"CUDA graphs were skipped: {dict(counters['inductor'])}"
+    # The eager model against nn.Conv2d layers with the same weights, in float64.
+    ref = nn.Sequential(
+        nn.Conv2d(8, 16, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, groups=16, bias=False), nn.ReLU(), nn.Conv2d(32, 8, 1),
+    ).to(DEV, torch.float64)
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    x = tensor((4, 8, 16, 16), torch.float16, gen("compile-depthwise-ref"))
+    with torch.no_grad():
+        assert rel_err(model(x), ref(x.double())) <= 4 * tol(16 * 9, torch.float16)
