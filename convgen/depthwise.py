@@ -12,6 +12,7 @@ partial sums the split-K reduction adds in a fixed order (bit-reproducible).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ class DwFacts:
     in_cols: int  # staged columns one thread's run reads per filter row
     tiles_h: int  # tiles over the output (fprop: P x Q; dgrad: H x W)
     tiles_w: int
+    tiles_pb: int  # tiles a block computes in turn (Depthwise.tiles); two halo buffers when > 1
     halo_halves: int  # the staged halo, rounded up to 16 bytes
     weight_floats: int  # the chunk's weights (fprop, dgrad) or wgrad's cross-warp sums
 
@@ -91,7 +93,7 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
         weights = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
     halo = -(-halo_h * halo_w * pix_ld // 8) * 8
     return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, row0, col0,
-                   pix_ld, in_cols, tiles[0], tiles[1], halo, weights)
+                   pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, halo, weights)
 
 
 def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
@@ -100,7 +102,7 @@ def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
 
 def smem_bytes(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> int:
     f = facts(plan, g, pass_, warp_size)
-    return f.halo_halves * 2 + f.weight_floats * 4
+    return f.halo_halves * 2 * (2 if f.tiles_pb > 1 else 1) + f.weight_floats * 4
 
 
 def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType, elem: DType) -> None:
@@ -122,6 +124,8 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
                              f"{elem!r}, got {read!r}")
     if pass_ is not Pass.WGRAD and plan.split_k != 1:
         raise ValueError(f"Depthwise {pass_.value} has no reduction to split: plan.split_k must be 1")
+    if pass_ is Pass.WGRAD and loop.tiles != 1:
+        raise ValueError(f"Depthwise wgrad walks its pixel slice itself: Depthwise.tiles must be 1, got {loop.tiles}")
     if pass_ is Pass.WGRAD and loop.tile_w != plan.block_m:
         raise ValueError(f"Depthwise wgrad walks flat runs of block_m pixels: Depthwise.tile_w must be "
                          f"plan.block_m={plan.block_m}, got {loop.tile_w}")
@@ -222,9 +226,17 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     while (tile_h * tile_w) % 16 or (tile_h * tile_w // cols * lanes) % target.warp_size:
         tile_h += unit_h
     threads = tile_h * tile_w // cols * lanes
+    blocks = g.n * math.ceil(out_h / tile_h) * math.ceil(out_w / tile_w) * math.ceil(g.c / chunk)
+    tiles = max(1, min(4, blocks // (8 * target.sm_count)))  # keep 8 blocks an SM's worth of work
     reasons.append(f"vec {vec}: {vec * m} output channels a thread in one store; {chunk} channels a block "
                    f"({lanes} lanes)")
+    if tiles > 1:
+        reasons.append(f"{tiles} tiles a block in turn, the next halo copied while one is computed "
+                       f"({blocks} tiles, {blocks // tiles} blocks)")
     reasons.append(f"tile {tile_h}x{tile_w} pixels, {cols} a thread along a row ({threads} threads): a staged "
                    "column serves every output of the run its filter row reaches")
-    return Plan(tile_h * tile_w, chunk, 16, threads // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
-                Depthwise(tile_w, cols))
+    plan = Plan(tile_h * tile_w, chunk, 16, threads // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
+                Depthwise(tile_w, cols, 0, tiles))
+    if smem_bytes(plan, g, pass_, target.warp_size) > target.smem_limit:  # two halos do not fit: one
+        plan = dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
+    return plan

@@ -494,7 +494,7 @@ def emit(spec: KernelSpec) -> KernelSource:
         # a 2-D halo block computes `tiles` pixel tiles (or stacks of whole images); a flat
         # one `tiles` runs of block_m positions
         grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
-                     else (plan.block_n if spec.pass_ is Pass.WGRAD else 1) if ctx.dw else plan.block_m),
+                     else (plan.block_n if spec.pass_ is Pass.WGRAD else ctx.dw.tiles_pb) if ctx.dw else plan.block_m),
         grid_n_tiles=1 if spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil((g.c if ctx.dw else gemm_n) / plan.block_n),
         grid_z=plan.split_k,
         grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)

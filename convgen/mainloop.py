@@ -401,13 +401,16 @@ class Depthwise(MainLoop):
     slice of the batch's pixels (split_k slices), block_m pixels at a time, ``cols`` per
     thread (tile_w = block_m: a flat run); ``rows`` > 0 splits the filter's rows between
     threads, ``rows`` each (R / rows thread groups), so a large filter's sums stay in
-    registers with 16-byte channel vectors.  block_k and stages have no meaning here: they
+    registers with 16-byte channel vectors.  ``tiles`` > 1 (fprop, dgrad) has a block compute
+    that many neighbouring tiles in turn, copying the next one's halo while it computes the
+    current one (two halo buffers).  block_k and stages have no meaning here: they
     must be 16 and 2, and warps_n 1 (the thread count is warps_m warps)."""
 
     warp_grid: ClassVar[bool] = False
     tile_w: int = 16
     cols: int = 4
     rows: int = 0
+    tiles: int = 1  # fprop, dgrad: pixel tiles a block computes in turn, the next one's halo copied meanwhile
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tile_w", _positive("Depthwise", "tile_w", self.tile_w))
@@ -416,13 +419,14 @@ class Depthwise(MainLoop):
         if rows < 0:
             raise ValueError(f"Depthwise.rows must be >= 0 (0: a thread sums every filter row), got {rows}")
         object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "tiles", _positive("Depthwise", "tiles", self.tiles))
         if self.tile_w % self.cols:
             raise ValueError(f"Depthwise.cols={self.cols} must divide Depthwise.tile_w={self.tile_w}: a thread "
                              "owns cols neighbouring pixels of one tile row")
 
     @property
     def tag(self) -> str:
-        return f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "")
+        return f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "") + _tiles_suffix(self.tiles)
 
     def check(self, plan: "Plan") -> None:
         if (plan.block_k, plan.stages, plan.warps_n) != (FRAG, 2, 1):
@@ -438,7 +442,7 @@ class Depthwise(MainLoop):
             raise ValueError(f"Depthwise.cols={self.cols} does not divide plan.block_m={plan.block_m}")
 
     def flags(self) -> Flags:
-        return Flags(tile_w=self.tile_w, depthwise=self.cols, dw_rows=self.rows)
+        return Flags(tile_w=self.tile_w, tiles=self.tiles, depthwise=self.cols, dw_rows=self.rows)
 
     def layout(self) -> str:
         return " " + self.tag
@@ -465,9 +469,9 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
     if as_int("plan.dw_rows", dw_rows) and not as_int("plan.depthwise", depthwise):
         raise ValueError(f"plan.dw_rows={dw_rows} splits a depthwise wgrad's filter rows: it needs plan.depthwise > 0")
     if as_int("plan.depthwise", depthwise):
-        if flat or wgmma or tma or persistent or pingpong or warps_k != 1 or tiles != 1:
-            raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w")
-        return Depthwise(tile_w, depthwise, dw_rows)
+        if flat or wgmma or tma or persistent or pingpong or warps_k != 1:
+            raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w and tiles")
+        return Depthwise(tile_w, depthwise, dw_rows, tiles)
     if tile_w < 0 or tile_w % 8:
         raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
     halo = bool(tile_w) or flat

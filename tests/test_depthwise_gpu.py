@@ -129,3 +129,18 @@ def test_depthwise_fuzz(problem, pass_, seed):
     res = run_pass(problem, pass_, np.random.default_rng(seed), out_dtype="float32", exact=True,
                    bias=pass_ is not Pass.DGRAD)
     check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
+
+
+@pytest.mark.parametrize("tiles", [2, 3])
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", [dw(13, 19, 32, 3, 3, 1, 1, n=3), dw(14, 11, 16, 5, 3, 2, (2, 1), mult=2, n=2)],
+                         ids=_ids)
+def test_depthwise_tiles_per_block(problem, pass_, tiles):
+    """Several tiles a block, the next halo copied while one computes (two buffers); the batch's
+    tiles are not a whole number of blocks, so the last block stops early."""
+    vec = 8 if problem.kg == 1 else 4
+    lanes = 32 // vec
+    plan = Plan(64, 32, 16, 64 // 2 * lanes // 32, 1, 2, vec, 1, loop=Depthwise(8, 2, 0, tiles))
+    res = run_pass(problem, pass_, seeded("dw-tiles", problem, pass_, tiles), out_dtype="float32", exact=True,
+                   bias=pass_ is Pass.FPROP, plan=plan)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} tiles {tiles}")
