@@ -136,6 +136,10 @@ def cases():
 
 CASES = cases()
 IDS = [c[0] for c in CASES]
+# The implicit-GEMM kernels: the depthwise suites' stencils (groups > 1) have none of their
+# tiles, fragments or gathers (tests/test_depthwise*.py test those).
+GEMM_CASES = [c for c in CASES if c[1].geometry.groups == 1]
+GEMM_IDS = [c[0] for c in GEMM_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +248,7 @@ def test_header_names_key_plan_and_version(name, spec, sources):
     assert not any(reason in header for reason in spec.plan.reasons if "GEMM M=" in reason)
 
 
-@pytest.mark.parametrize("name, spec", CASES, ids=IDS)
+@pytest.mark.parametrize("name, spec", GEMM_CASES, ids=GEMM_IDS)
 def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     ks = sources[name]
     src = ks.source
@@ -302,7 +306,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
         assert ctype == expected[arg], (arg, decl)
 
 
-@pytest.mark.parametrize("name, spec", CASES[::3], ids=IDS[::3])
+@pytest.mark.parametrize("name, spec", GEMM_CASES[::3], ids=GEMM_IDS[::3])
 def test_source_constants_are_the_spec(name, spec, sources):
     src, g, p = sources[name].source, spec.geometry, spec.plan
     for const, value in dict(H=g.h, W=g.w, C=g.c, K=g.k, R=g.r, S=g.s, P=g.p, Q=g.q, SH=g.stride[0], SW=g.stride[1],
@@ -410,7 +414,7 @@ def test_cuda_without_cp_async_has_no_async_copies(arch, sources):
 
 
 def test_cuda_with_cp_async_uses_it_for_vector_fp16_gathers(sources):
-    for name, spec in CASES:
+    for name, spec in GEMM_CASES:
         if spec.target.arch != "sm_90":
             continue
         code = code_only(sources[name].source)
@@ -452,7 +456,7 @@ def test_scalar_im2col_gathers_own_whole_rows(pass_, plan_, gather_map):
     assert code.count("RowMap<") == ("RowMap" in gather_map)  # used by at most one gather
 
 
-@pytest.mark.parametrize("name, spec", CASES[::2], ids=IDS[::2])
+@pytest.mark.parametrize("name, spec", GEMM_CASES[::2], ids=GEMM_IDS[::2])
 def test_epilogue_strip_fits_the_warp_and_the_scratch(name, spec, sources):
     """DRAIN_G fragments drained side by side: a divisor of the warp's fragment columns, at most
     4 (one 128-byte fp16 row), and its scratch counted in the shared memory the launch asks for."""
@@ -495,9 +499,9 @@ def test_sliced_k_kernels_add_their_slices_and_only_slice_zero_drains(sources):
 def test_narrow_halo_tiles_read_fragment_rows_through_ldmatrix(sources):
     """A halo tile narrower than a fragment (tile_w = 8): A and B come in through ldmatrix,
     the MMAs are raw m16n8k16, and no WMMA is left in the kernel; other kernels keep WMMA."""
-    narrow = [(n, s) for n, s in CASES if s.plan.tile_w % 16]
+    narrow = [(n, s) for n, s in GEMM_CASES if s.plan.tile_w % 16]
     assert len(narrow) == 7
-    for name, spec in CASES:
+    for name, spec in GEMM_CASES:
         src = sources[name].source
         body = src.split("namespace {", 1)[1]
         if spec.plan.tile_w % 16 == 0:
@@ -604,7 +608,7 @@ def test_every_kernel_template_is_reached():
     assert reached == set(KERNEL_TEMPLATES), set(KERNEL_TEMPLATES) ^ reached
 
 
-HALO = [(name, spec) for name, spec in CASES if spec.plan.tile_w]
+HALO = [(name, spec) for name, spec in GEMM_CASES if spec.plan.tile_w]
 # (TILE_H, TILE_W, HALO_H, HALO_W): the tile is block_m / tile_w rows of tile_w pixels; its halo
 # reaches (tile - 1) * stride + (taps - 1) * dilation + 1 input pixels each way, once per
 # stacked image.  Worked out by hand:

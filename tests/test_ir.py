@@ -32,7 +32,7 @@ from convgen.ir import (
     Target,
     resolve_padding,
 )
-from convgen.mainloop import KINDS, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
+from convgen.mainloop import KINDS, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -434,11 +434,12 @@ def test_kinds_check_the_plans_shared_fields(loop, changes, msg):
 
 def test_kind_tags_name_their_configuration():
     tags = [Im2col().tag, Im2col(2).tag, Wgmma().tag, HaloTile(16).tag, HaloTile(32, 4).tag, HaloLdsm(8).tag,
-            HaloLdsm(8, 2).tag, FlatHalo().tag, FlatHalo(3).tag, StagedHalo(16).tag, TmaWgmma().tag]
+            HaloLdsm(8, 2).tag, FlatHalo().tag, FlatHalo(3).tag, StagedHalo(16).tag, TmaWgmma().tag,
+            Depthwise(16, 4).tag, Depthwise(32, 2, 1).tag, Depthwise(8, 4, 0, 3).tag]
     assert tags == ["im2col", "im2colk2", "wgmma", "halo16", "halo32x4", "ldsm8", "ldsm8x2", "flat", "flatx3",
-                    "staged16", "tma"]
+                    "staged16", "tma", "dw16c4", "dw32c2r1", "dw8c4x3"]
     assert {k.__name__ for k in KINDS} == {"Im2col", "Wgmma", "TmaWgmma", "HaloTile", "HaloLdsm", "FlatHalo",
-                                                "StagedHalo"}
+                                                "StagedHalo", "Depthwise"}
 
 
 # Plans in the dicts they have always been written as (the tuning database's format, part of

@@ -126,7 +126,10 @@ def test_plan_invariants_hold_for_any_sm_count(prob, sm_count, arch):
         check_invariants(prob, pass_, Target(arch, sm_count), "float16", False)
 
 
-@pytest.mark.parametrize("name, prob", ALL_LAYERS, ids=[n for n, _ in ALL_LAYERS])
+GEMM_LAYERS = [(n, p) for n, p in ALL_LAYERS if p.groups == 1]  # the depthwise suites' stencils: test_depthwise*.py
+
+
+@pytest.mark.parametrize("name, prob", GEMM_LAYERS, ids=[n for n, _ in GEMM_LAYERS])
 def test_suite_layers_plan_on_every_arch(name, prob):
     for pass_ in Pass:
         for arch in ARCHES:

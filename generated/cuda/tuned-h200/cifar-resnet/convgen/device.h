@@ -240,4 +240,13 @@ template <int V> __device__ __forceinline__ void add_sum(Sum<V>& s, const Sum<V>
   for (int e = 0; e < V; ++e) s.v[e] += t.v[e];
 }
 
+// ---- a butterfly step within a warp (the depthwise wgrad's per-channel sums) ----
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return __shfl_xor(v, lane_mask);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#endif
+}
+
 }  // namespace
