@@ -4,7 +4,6 @@ No GPU: the bench's calls are recorded on stand-ins for convgen and torch."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,6 +13,8 @@ from convgen.mainloop import Depthwise
 from convgen.planner import make_spec
 from convgen.suites import SUITE_INFO, SUITES, Layer
 from convgen.tools.bench import command, harness, report, rows
+
+from test_bench import _fake_torch, _Recorder  # the bench tests' stand-ins for convgen's and torch's calls
 
 # N=2, 8x8, C=K=G=16, 3x3 pad 1 stride 2: x 2x8x8x16, w 16x3x3x1, y 2x4x4x16
 DW = ConvProblem(8, 8, 16, 16, 3, 3, 2, 1, 1, 16, n=2)
@@ -123,23 +124,6 @@ def test_suite_rows_plan_depthwise_kernels():
 
 
 # --------------------------------------------------------------------------- bench: the calls
-
-
-class _Recorder:
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, name):
-        def fn(*args, **kw):
-            self.calls.append((name, args, kw))
-            return (None, "dw", None) if name == "convolution_backward" else name
-        return fn
-
-
-def _fake_torch(rec):
-    F = SimpleNamespace(conv2d=rec("conv2d"), relu=rec("relu"))
-    return SimpleNamespace(nn=SimpleNamespace(functional=F),
-                           ops=SimpleNamespace(aten=SimpleNamespace(convolution_backward=rec("convolution_backward"))))
 
 
 def _session(rec):
