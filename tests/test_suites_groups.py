@@ -4,7 +4,6 @@ No GPU: the bench's calls are recorded on stand-ins for convgen and torch."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from convgen.cli import build_parser, main
