@@ -198,8 +198,8 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     from .planner import make_spec
 
     what = f"{pass_.value} {problem.describe()}"
-    if problem.groups > 1:  # the depthwise kind has no candidate set yet (convgen/depthwise.py)
-        log.info("autotune %s: not tuned, grouped layers have no tuning candidates yet; using the planner's plan", what)
+    if problem.depthwise:  # the depthwise kind has no candidate set yet (convgen/depthwise.py)
+        log.info("autotune %s: not tuned, depthwise layers have no tuning candidates yet; using the planner's plan", what)
         return None
     if _capturing():  # tuning synchronises: not inside a graph capture
         log.info("autotune %s: not tuned, the stream is capturing a CUDA graph; using the planner's plan", what)

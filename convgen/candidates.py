@@ -85,7 +85,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     WMMA plans on every suite layer (benchmarks/NOTES.md)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-    gemm = problem.gemm(pass_)
+    gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
     for p in _tma_candidates(problem, pass_, target, in_dtype) + _halo_candidates(problem, pass_, target, in_dtype):
@@ -106,7 +106,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             continue  # a tile past the GEMM's extent only computes padding
         if bn < 64 and gemm.n > bn * 2:
             continue  # far too narrow: many re-reads of A for nothing
-        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * problem.groups
         steps = math.ceil(gemm.k / bk)
         splits = {1}
         if tiles < 2 * target.sm_count and steps >= 8:  # one, two and four waves of slices
@@ -151,12 +151,12 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
     if (not target.info.wgmma or pass_ is Pass.WGRAD or in_dtype not in ("float16", "bfloat16")
             or (base.vec_a, base.vec_b) != (8, 8)):
         return []
-    gemm = problem.gemm(pass_)
+    gemm = problem.group_gemm(pass_)
     out: list[Plan] = []
     for bm, bn, wm, bk, stages in _WGMMA_SHAPES:
         if bn > max(fit_tile(gemm.n), FRAG) or bm > max(fit_tile(gemm.m), FRAG):
             continue
-        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn) * problem.groups
         steps = math.ceil(gemm.k / bk)
         splits = [1] + ([min(math.ceil(target.sm_count / tiles), steps // 4)]
                         if tiles < target.sm_count // 2 and steps >= 8 else [])

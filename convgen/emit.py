@@ -164,6 +164,11 @@ class Shape:
     pw: int
     dh: int
     dw: int
+    # A grouped layer on a GEMM loop is `groups` GEMMs side by side: c and k above are then
+    # one group's channels, and c_pix, k_pix a pixel's in x and y (every group's).
+    groups: int = 1
+    c_pix: int = 0
+    k_pix: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,7 @@ class SplitK:
     ways: int
     vec: int
     db_vec: int
+    out_n: int  # a row of the output, and of each slice: every group's columns
 
 
 # The main-loop kinds (`_kind`), and the MMA flavours they compute with.
@@ -347,8 +353,10 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
     and the planner's helpers, so no template re-derives one (or reads the plan itself)."""
     p, plan, g = spec.pass_, spec.plan, spec.geometry
     threads = plan.warps * be.warp_size
-    gemm = g.gemm(p, 1)
+    gemm = g.gemm(p, 1)  # the output's (every group's columns)
     kind = _kind(spec)
+    side = 1 if kind == "depthwise" else g.groups  # GEMMs side by side: the depthwise kind has none
+    block_gemm = g.group_gemm(p, 1) if side > 1 else gemm  # what a block tiles
     halo = None
     if plan.halo:
         imgs = halo_images(plan, g, p)  # 1 unless an 8-wide halo tile stacks whole images
@@ -366,7 +374,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
     if plan.split_k > 1:
         split = SplitK(
             slices=plan.split_k, reduce_name=spec.name + "_reduce", rows=REDUCE_ROWS,
-            ways=reduce_ways(plan.split_k), vec=reduce_vec(gemm.n), db_vec=reduce_vec(g.k),
+            ways=reduce_ways(plan.split_k), vec=reduce_vec(gemm.n), db_vec=reduce_vec(g.k), out_n=gemm.n,
         )
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     return Context(
@@ -378,7 +386,8 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         banner=_banner(spec),
         be=be,
         elem=_elem(spec.mma_dtype or "float16", be),
-        shape=Shape(h=g.h, w=g.w, c=g.c, k=g.k, r=g.r, s=g.s, p=g.p, q=g.q, sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw),
+        shape=Shape(h=g.h, w=g.w, c=g.c // side, k=g.k // side, r=g.r, s=g.s, p=g.p, q=g.q, sh=sh, sw=sw, ph=ph,
+                    pw=pw, dh=dh, dw=dw, groups=side, c_pix=g.c, k_pix=g.k),
         tile=Tile(
             block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
             warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
@@ -410,8 +419,8 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
             pad=EPI_PAD,
         ),
         split=split,
-        gemm_n=gemm.n,
-        gemm_n_axis=gemm.n_axis,
+        gemm_n=block_gemm.n,
+        gemm_n_axis=block_gemm.n_axis,
         smem_bytes=smem_bytes(plan, p, be.warp_size, g),
         wgmma_regs=plan.block_n // 2,
         classes=residue_classes(g) if p is Pass.DGRAD and kind == "tma" else (),
@@ -485,7 +494,7 @@ def emit(spec: KernelSpec) -> KernelSource:
         sh, sw = g.stride
         rows = dict(grid_rows_per_image=math.ceil(g.h / sh) * math.ceil(g.w / sw), grid_groups=sh * sw)
     else:
-        rows = dict(grid_fixed_rows=g.k)
+        rows = dict(grid_fixed_rows=g.k // ctx.shape.groups)  # M = one group's filters
     main = Launch(
         kernel=ctx.name,
         args=main_args,
@@ -495,7 +504,8 @@ def emit(spec: KernelSpec) -> KernelSource:
         # one `tiles` runs of block_m positions
         grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
                      else (plan.block_n if spec.pass_ is Pass.WGRAD else ctx.dw.tiles_pb) if ctx.dw else plan.block_m),
-        grid_n_tiles=1 if spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil((g.c if ctx.dw else gemm_n) / plan.block_n),
+        grid_n_tiles=(1 if spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil(g.c / plan.block_n) if ctx.dw
+                      else ctx.shape.groups * math.ceil(gemm_n / plan.block_n)),  # a grouped GEMM: groups x N tiles
         grid_z=plan.split_k,
         grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if isinstance(plan.loop, TmaWgmma) and plan.loop.persistent else 0),
@@ -505,10 +515,11 @@ def emit(spec: KernelSpec) -> KernelSource:
     if reduce_args and ctx.split is not None:
         # One block per run of outputs, so every load of the reduction is issued at once;
         # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).
-        outputs = g.gemm(spec.pass_, 1).m * gemm_n
+        full = g.gemm(spec.pass_, 1)  # every group's outputs
+        outputs = full.m * full.n
         per_image = dict(grid_fixed_rows=outputs) if spec.pass_ is Pass.WGRAD else dict(grid_rows_per_image=outputs)
         reduce = Launch(
             kernel=ctx.split.reduce_name, args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
-            grid_m_tile=reduce_outputs_per_block(plan.split_k, gemm_n), grid_n_tiles=1, grid_z=1, **per_image,
+            grid_m_tile=reduce_outputs_per_block(plan.split_k, full.n), grid_n_tiles=1, grid_z=1, **per_image,
         )
     return KernelSource(spec=spec, source=source, filename=f"{spec.name}.{be.file_ext}", main=main, reduce=reduce)

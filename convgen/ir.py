@@ -180,6 +180,18 @@ class ConvGeometry:
             return GemmShape(n * self.h * self.w, self.c, rs * self.kg, "N*H*W", "C", f"R*S*K{g}")
         return GemmShape(self.k, rs * self.cg, n * self.p * self.q, "K", f"R*S*C{g}", "N*P*Q")
 
+    def group_gemm(self, pass_: Pass | str, n: int) -> GemmShape:
+        """One group's GEMM: what a GEMM kernel's block tiles.  ``groups`` of them side by
+        side fill :meth:`gemm`'s output (its channel axis is every group's); for an
+        ungrouped layer the two are the same."""
+        full = self.gemm(pass_, n)
+        if self.groups == 1:
+            return full
+        p = Pass.parse(pass_)
+        if p is Pass.WGRAD:
+            return GemmShape(self.kg, full.n, full.k, "K/G", full.n_axis, full.k_axis)
+        return GemmShape(full.m, full.n // self.groups, full.k, full.m_axis, f"{full.n_axis}/G", full.k_axis)
+
     def describe(self) -> str:
         sh, sw = self.stride
         ph, pw = self.padding
@@ -236,6 +248,9 @@ class ConvProblem(ConvGeometry):
 
     def gemm(self, pass_: Pass | str, n: int | None = None) -> GemmShape:  # type: ignore[override]
         return super().gemm(pass_, self.n if n is None else n)
+
+    def group_gemm(self, pass_: Pass | str, n: int | None = None) -> GemmShape:  # type: ignore[override]
+        return super().group_gemm(pass_, self.n if n is None else n)
 
     def flops(self, pass_: Pass | str) -> int:
         return self.gemm(pass_).flops

@@ -104,10 +104,12 @@ def check_geometry(g: ConvGeometry, pass_: Pass) -> None:
 
 def check_plan(g: ConvGeometry, pass_: Pass, plan: Plan) -> None:
     """Reject a plan whose grid or tile indices overflow for this geometry."""
-    gemm_n = g.gemm(pass_, 1)
-    tiles_n = -(-gemm_n.n // plan.block_n)
+    side_by_side = 1 if g.depthwise else g.groups  # a grouped GEMM's groups, along the grid's y
+    gemm_n = g.group_gemm(pass_, 1) if side_by_side > 1 else g.gemm(pass_, 1)
+    tiles_n = -(-gemm_n.n // plan.block_n) * side_by_side
     if tiles_n > GRID_YZ_MAX:
-        _fail(f"output-column tiles ceil({gemm_n.n_axis} / block_n) = ceil({gemm_n.n} / {plan.block_n})",
+        groups = f"{g.groups} groups x " if side_by_side > 1 else ""
+        _fail(f"output-column tiles {groups}ceil({gemm_n.n_axis} / block_n) = {groups}ceil({gemm_n.n} / {plan.block_n})",
               tiles_n, GRID_YZ_MAX, "they are the launch grid's y extent")
     if pass_ is Pass.DGRAD and not plan.halo and plan.block_k * g.r * g.s * g.c > INT_MAX:
         _fail("block_k * R*S*C (dgrad's weight step)", plan.block_k * g.r * g.s * g.c, INT_MAX,

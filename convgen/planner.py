@@ -65,13 +65,14 @@ def gathered_channels(geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
 
     fprop: A = im2col(x) runs over C channels, B = w rows over R*S*C.
     dgrad: A = dy over K, B = w over C.  wgrad: A = dy^T over K, B = im2col(x) over C.
+    A grouped layer's runs are one group's channels (C/G, K/G).
     """
     g = geometry
     if pass_ is Pass.FPROP:
-        return g.c, g.r * g.s * g.c
+        return g.cg, g.r * g.s * g.cg
     if pass_ is Pass.DGRAD:
-        return g.k, g.c
-    return g.k, g.c
+        return g.kg, g.cg
+    return g.kg, g.cg
 
 
 def a_is_col(pass_: Pass) -> bool:
@@ -304,17 +305,18 @@ def plan(
     pass_ = Pass.parse(pass_)
     target = target or Target()
     elem = mma_dtype_for(in_dtype, mma_dtype, target)
-    gemm = problem.gemm(pass_)
+    gemm = problem.group_gemm(pass_)  # one group's: the GEMM a block tiles
     reasons: list[str] = [
         f"GEMM M={gemm.m} ({gemm.m_axis}) x N={gemm.n} ({gemm.n_axis}) x K={gemm.k} ({gemm.k_axis})"
+        + (f", {problem.groups} of them side by side (one per group)" if problem.groups > 1 else "")
     ]
-    if problem.groups > 1:  # convgen/depthwise.py: a stencil, not a GEMM
-        why = depthwise.eligible(problem, pass_, in_dtype)
-        if why:
-            raise ValueError(why)
+    if problem.depthwise:  # convgen/depthwise.py: a stencil, not a GEMM
         final = _replace(depthwise.plan_depthwise(problem, pass_, target, elem, reasons), reasons=tuple(reasons))
         check_plan(final, problem, pass_, target, in_dtype, mma_dtype=elem)
         return final
+    if problem.groups > 1:
+        reasons.append(f"groups={problem.groups}: one GEMM per group, side by side along the grid's y "
+                       "(groups x N tiles)")
 
     if not scalar:
         why = tma_eligible(problem.geometry, pass_, target, in_dtype)
@@ -435,11 +437,14 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     """Reject a plan this kernel cannot run, naming what is wrong.  Used for hand plans too."""
     pass_ = Pass.parse(pass_)
     elem = mma_dtype_for(in_dtype, mma_dtype, target)
-    if geometry.groups > 1 or isinstance(plan.loop, Depthwise):
+    if geometry.depthwise or isinstance(plan.loop, Depthwise):
         if not isinstance(plan.loop, Depthwise):
-            raise ValueError(f"groups={geometry.groups}: a grouped layer runs the Depthwise kind, not "
+            raise ValueError(f"groups={geometry.groups}: a depthwise layer runs the Depthwise kind, not "
                              f"{type(plan.loop).__name__}")
         return depthwise.check(plan, geometry, pass_, target, in_dtype, elem)
+    if geometry.groups > 1 and plan.loop.halo:
+        raise ValueError(f"{type(plan.loop).__name__}: {halo_eligible(geometry, pass_, in_dtype)}; a grouped "
+                         "layer runs the im2col loops (Im2col, Wgmma)")
     ca, cb = gathered_channels(geometry, pass_)
     for name, vec, run in (("vec_a", plan.vec_a, ca), ("vec_b", plan.vec_b, cb)):
         if run % vec:
@@ -555,6 +560,8 @@ def halo_eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType = "float1
     `stages_whole_halo`, else HaloTile, HaloLdsm and FlatHalo)."""
     if pass_ is Pass.WGRAD:
         return "the halo path computes fprop and dgrad only (wgrad reduces over pixels)"
+    if geometry.groups > 1:
+        return f"groups={geometry.groups}: the halo kinds stage every channel of a pixel, not one group's"
     if in_dtype not in MMA_DTYPES:
         return "the halo path reads fp16 inputs"
     if stages_whole_halo(geometry, pass_):

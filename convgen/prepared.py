@@ -465,7 +465,7 @@ def prepare(
     ``out_dtype`` None is the MMAs' 16-bit type; a 16-bit ``bias_dtype`` or ``out_dtype`` must
     be the MMAs' (a kernel has one 16-bit type).  The op runs on ``device`` (default: CuPy's
     current device).  ``groups`` as in ``torch.nn.functional.conv2d`` (``w_shape`` is then
-    (K, R, S, C / groups)); depthwise layers (groups = C) have a kernel, other groupings not yet.
+    (K, R, S, C / groups)).
     """
     return PreparedConv(*_bind(pass_, x_shape, w_shape, stride=stride, padding=padding, dilation=dilation, bias=bias,
                                bias_dtype=bias_dtype, activation=activation, in_dtype=in_dtype, out_dtype=out_dtype,

@@ -333,8 +333,8 @@ def conv2d(
     epilogue; ``alpha`` and ``beta`` scale the convolution and the residual (they need one).
     Returns y: (N, P, Q, K) of ``out_dtype``.
     ``plan`` takes a hand-made :class:`Plan`; ``scalar`` forces the scalar staging path.
-    ``groups`` as in ``torch.nn.functional.conv2d``: w is then (K, R, S, C / groups); only
-    depthwise layers (groups = C, K a multiple of C) have a kernel so far.
+    ``groups`` as in ``torch.nn.functional.conv2d``: w is then (K, R, S, C / groups).  Depthwise
+    layers (groups = C) run a stencil kind, other groupings one GEMM per group side by side.
     """
     cupy = _cupy()
     key = _call_key("fprop", (x, w, bias, residual), stride, padding, dilation, activation, out_dtype, alpha, beta,

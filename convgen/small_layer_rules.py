@@ -36,8 +36,8 @@ def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem:
     """(split-K, why) for an im2col plan whose block needs ``smem`` bytes: slices enough
     to fill the SMs' resident blocks when the output has fewer than half as many tiles
     as SMs and the reduction is long, each slice keeping at least 4 K-steps."""
-    gemm = problem.gemm(pass_)
-    tiles = math.ceil(gemm.m / plan.block_m) * math.ceil(gemm.n / plan.block_n) if gemm.m else 0
+    gemm = problem.group_gemm(pass_)  # a grouped layer's groups tile side by side
+    tiles = math.ceil(gemm.m / plan.block_m) * math.ceil(gemm.n / plan.block_n) * problem.groups if gemm.m else 0
     steps = math.ceil(gemm.k / plan.block_k) if gemm.k else 0
     occupancy = 1
     if pass_ is Pass.WGRAD:

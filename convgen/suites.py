@@ -160,6 +160,13 @@ _SUITES: tuple[Suite, ...] = (
     Suite("convnext-dw", "ConvNeXt-T's depthwise 7x7 layers, padding 3, at 224x224 (Liu et al. 2022, "
                          "'A ConvNet for the 2020s'; torchvision convnext_tiny), groups = C, batch 64",
           _depthwise("dw", 64, 7, ((56, 96, 1), (28, 192, 1), (14, 384, 1), (7, 768, 1)))),
+    # Each bottleneck's middle conv is a 3x3 grouped one, 32 groups, 4 channels a group at the first
+    # stage's width (128), doubling with the width each stage; a stage's first block has the stride.
+    Suite("resnext50-grouped", "ResNeXt-50 (32x4d)'s grouped 3x3 layers at 224x224 (Xie et al. 2017, Table 1; "
+                               "torchvision resnext50_32x4d), groups 32, batch 64",
+          tuple(Layer(f"g32-{c}-{hw}px" + ("-s2" if st > 1 else ""), ConvProblem(hw, hw, c, c, 3, 3, st, 1, 1, 32, n=64))
+                for hw, c, st in ((56, 128, 1), (56, 256, 2), (28, 256, 1), (28, 512, 2), (14, 512, 1), (14, 1024, 2),
+                                  (7, 1024, 1)))),
     Suite("large", "compute-bound 3x3 layers for the Hopper main loop: VGG-16's (configuration D) "
                    "widest layers at batch 64, and 256-channel layers at batch 512 and 1024", (
         _layer("vgg-conv2_2", 64, 112, 128, 128),

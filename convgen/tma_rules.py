@@ -217,6 +217,9 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     if in_dtype not in ("float16", "bfloat16"):
         return "copies fp16 inputs as they are (the copy engine cannot cast)"
     g = geometry
+    if g.groups > 1:
+        return (f"groups={g.groups}: its tensor maps box every channel of a pixel, not one group's "
+                "(a grouped layer runs the im2col loop, a GEMM per group)")
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     if pass_ is not Pass.DGRAD:
         if g.c % 64:

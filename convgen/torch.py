@@ -3,7 +3,7 @@
     import convgen.torch as cgt
     y = cgt.conv2d(x, w, bias, stride=1, padding=1)     # x (N, C, H, W), w (K, C, R, S), CUDA
     layer = cgt.Conv2d(64, 128, 3, padding=1)          # same arguments, parameters and state_dict as nn.Conv2d
-    dw = cgt.Conv2d(64, 64, 3, padding=1, groups=64)   # depthwise (groups = C, K a multiple of C)
+    dw = cgt.Conv2d(64, 64, 3, padding=1, groups=64)   # depthwise (groups = C); any groups dividing C and K
 
 PyTorch is an optional dependency: it is imported here and nowhere else, so
 ``import convgen`` never loads it.  CuPy is imported on the first launch, so
@@ -139,20 +139,14 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
 
 
 def _check_groups(groups: Any, in_channels: int, out_channels: int, c_name: str, k_name: str) -> None:
-    """groups != 1 must be a depthwise grouping (groups = C, K a multiple of C): the only one with kernels."""
+    """groups must divide both channel counts, as torch.nn.Conv2d demands (checked here so the
+    message names the argument, before any kernel is planned)."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups must be a positive integer, got {groups!r}")
-    if groups != in_channels:
-        raise ValueError(
-            f"groups={groups} with {in_channels} input channels ({c_name}): besides dense convolutions "
-            "(groups=1), only depthwise groupings (groups = in_channels) have kernels so far; use "
-            "torch.nn.Conv2d / torch.nn.functional.conv2d for other groupings"
-        )
-    if out_channels % groups:
-        raise ValueError(
-            f"groups={groups} (depthwise) needs the output channels to be a multiple of the {in_channels} input "
-            f"channels, got {out_channels} ({k_name})"
-        )
+    for count, name in ((in_channels, c_name), (out_channels, k_name)):
+        if count % groups:
+            raise ValueError(f"groups={groups} must divide the {count} channels of {name}: each group has "
+                             f"{name} / groups of them")
 
 
 
@@ -433,8 +427,7 @@ def conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None
 
     x: (N, C, H, W) or (C, H, W); w: (K, C/groups, R, S); bias: (K,) or None; stride,
     padding, dilation: an int or an (h, w) pair; padding may also be 'same' or
-    'valid'.  groups: 1 (a dense convolution) or C (depthwise, K a multiple of C); other
-    groupings have no kernels yet and raise ValueError.  Returns y of logical shape
+    'valid'.  groups: as in F.conv2d (dividing C and K; groups = C is depthwise).  Returns y of logical shape
     (N, K, P, Q) in channels_last memory, of x's dtype (see the module docstring for the
     precision).  Needs CUDA tensors.
     """
@@ -452,10 +445,10 @@ class Conv2d(nn.Conv2d):
 
     It *is* an nn.Conv2d (same constructor, parameters ``weight`` (K, C, R, S)
     and ``bias``, initialisation and state_dict keys), so a checkpoint of either
-    loads into the other.  Only what the kernels compute is accepted: groups=1 or a
-    depthwise groups=in_channels (out_channels a multiple of it; the weight is then
-    (K, 1, R, S)), and padding_mode='zeros' (anything else raises ValueError here rather
-    than computing something else later).  Inputs must be CUDA tensors; channels_last
+    loads into the other.  Only what the kernels compute is accepted: groups dividing
+    in_channels and out_channels (the weight is then (K, C/groups, R, S); groups =
+    in_channels is depthwise), and padding_mode='zeros' (anything else raises ValueError here
+    rather than computing something else later).  Inputs must be CUDA tensors; channels_last
     float16 activations take the zero-copy path.
     """
 

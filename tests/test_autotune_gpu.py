@@ -20,11 +20,13 @@ from gpu_helpers import check, run_pass
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
 
-PROBLEM = ConvProblem(14, 14, 32, 48, 3, 3, 1, 1, 1, n=8)  # in no shipped database
+# in no shipped database: a dense layer, and a grouped one (4 GEMMs side by side)
+PROBLEMS = [ConvProblem(14, 14, 32, 48, 3, 3, 1, 1, 1, n=8), ConvProblem(14, 14, 64, 64, 3, 3, 1, 1, 1, 4, n=8)]
 
 
+@pytest.mark.parametrize("problem", PROBLEMS, ids=["dense", "groups4"])
 @pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
-def test_first_call_tunes_records_and_reads_back(pass_, tmp_path, monkeypatch, caplog):
+def test_first_call_tunes_records_and_reads_back(pass_, problem, tmp_path, monkeypatch, caplog):
     import cupy as cp
 
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))  # a cold cache and an empty user database
@@ -32,13 +34,13 @@ def test_first_call_tunes_records_and_reads_back(pass_, tmp_path, monkeypatch, c
     convgen.clear_cache()
     target = detect_target()
     gpu = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    if tuning_db.lookup(gpu, PROBLEM.geometry, pass_, "float16", target.arch) is not None:
+    if tuning_db.lookup(gpu, problem.geometry, pass_, "float16", target.arch) is not None:
         pytest.skip("a shipped database already covers this shape: nothing to tune")
     convgen.set_autotune(True)
     try:
         with caplog.at_level(logging.INFO, logger="convgen.autotune"):
             t0 = time.perf_counter()
-            res = run_pass(PROBLEM, pass_, np.random.default_rng(16), bias=pass_ is not Pass.DGRAD)
+            res = run_pass(problem, pass_, np.random.default_rng(16), bias=pass_ is not Pass.DGRAD)
             elapsed = time.perf_counter() - t0  # the tuning, the tuned kernel's call and the reference
         check(res, "float16", what=f"autotuned {pass_.value}")
         m = re.search(r"tuned .* in ([0-9.]+) s", caplog.text)
@@ -48,17 +50,17 @@ def test_first_call_tunes_records_and_reads_back(pass_, tmp_path, monkeypatch, c
         assert float(m.group(1)) <= autotune.BUDGET_S + 1.0, caplog.text
         assert elapsed < 10.0, f"the first call took {elapsed:.1f} s"
         db = tuning_db.read_db(tmp_path / "tuning.json")
-        key = tuning_db.tune_key(PROBLEM.geometry, pass_, "float16", target.arch)
+        key = tuning_db.tune_key(problem.geometry, pass_, "float16", target.arch)
         entry = db["gpus"][tuning_db.gpu_slug(gpu)][key]
         assert entry["pass"] == pass_.value and entry["us"] <= entry["default_us"]
         tuning_db._loaded.clear()  # as a new process would read the database
-        plan = tuning_db.tuned_plan(gpu, PROBLEM.geometry, pass_, "float16", target.arch)
+        plan = tuning_db.tuned_plan(gpu, problem.geometry, pass_, "float16", target.arch)
         assert plan is not None and plan.as_dict() == entry["plan"]
         # The next process (here: a cleared kernel cache) runs the recorded plan without tuning.
         convgen.clear_cache()
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="convgen.autotune"):
-            res = run_pass(PROBLEM, pass_, np.random.default_rng(17), bias=pass_ is not Pass.DGRAD)
+            res = run_pass(problem, pass_, np.random.default_rng(17), bias=pass_ is not Pass.DGRAD)
         check(res, "float16", what=f"tuned {pass_.value}, second process")
         assert "tuning" not in caplog.text, caplog.text
     finally:

@@ -312,11 +312,9 @@ ERRORS = {
     "bad-sm-count": (["plan", *SHAPE, "--sm-count", "0"], "sm_count must be >= 1, got 0"),
     "unknown-arch": (["plan", *SHAPE, "--arch", "sm_70"], "argument --arch: invalid choice: 'sm_70'"),
     "unknown-command": (["frobnicate"], "invalid choice: 'frobnicate'"),
-    # only depthwise groupings have a kernel: the planner's message, not a traceback
-    "plan-grouped-not-depthwise": (["plan", *SHAPE[:6], "-c", "64", "-k", "64", *SHAPE[10:], "--groups", "2"],
-                                   "groups=2 with 32 input channels per group: only depthwise layers"),
-    "emit-grouped-not-depthwise": (["emit", *SHAPE[:6], "-c", "64", "-k", "64", *SHAPE[10:], "--groups", "2"],
-                                   "groups=2 with 32 input channels per group"),
+    # a grouping that divides neither channel count: the IR's message, not a traceback
+    "groups-not-dividing-k": (["emit", *SHAPE[:6], "-c", "64", "-k", "6", *SHAPE[10:], "--groups", "4"],
+                              "groups=4 must divide k=6"),
     "groups-not-dividing-c": (["plan", *SHAPE, "--groups", "3"], "groups=3 must divide c=4"),
     "groups-zero": (["plan", *SHAPE, "--groups", "0"], "groups must be >= 1, got 0"),
     "groups-not-int": (["plan", *SHAPE, "--groups", "x"], "argument --groups: invalid int value: 'x'"),

@@ -1,4 +1,4 @@
-"""Grouped (depthwise) layers outside the kernels: the depthwise suites, what `convgen bench`
+"""Grouped layers outside the kernels: the grouped suites, what `convgen bench`
 runs and counts for a grouped layer on each side, and `--groups` on the command line.
 No GPU: the bench's calls are recorded on stand-ins for convgen and torch."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from convgen.cli import build_parser, main
 from convgen.ir import ConvProblem, Pass, Target
-from convgen.mainloop import Depthwise
+from convgen.mainloop import Depthwise, Im2col
 from convgen.planner import make_spec
 from convgen.suites import SUITE_INFO, SUITES, Layer
 from convgen.tools.bench import command, harness, report, rows
@@ -17,7 +17,7 @@ from test_bench import _fake_torch, _Recorder  # the bench tests' stand-ins for 
 
 # N=2, 8x8, C=K=G=16, 3x3 pad 1 stride 2: x 2x8x8x16, w 16x3x3x1, y 2x4x4x16
 DW = ConvProblem(8, 8, 16, 16, 3, 3, 2, 1, 1, 16, n=2)
-# C=8, K=12, G=4: w 12x3x3x2 (a grouping the planner refuses, but bytes and FLOPs are defined)
+# C=8, K=12, G=4: w 12x3x3x2 (two channels a group: a GEMM per group)
 GROUPED = ConvProblem(8, 8, 8, 12, 3, 3, 1, 1, 1, 4, n=2)
 PLAIN = ConvProblem(8, 8, 4, 6, 3, 3, 1, 1, 1, n=2)
 
@@ -60,9 +60,23 @@ def test_depthwise_suites_plan_the_depthwise_kind_for_every_pass(suite):
             assert isinstance(spec.plan.loop, Depthwise), (layer.name, pass_)
 
 
-def test_only_the_depthwise_suites_are_grouped():
+def test_only_the_depthwise_and_resnext_suites_are_grouped():
     grouped = {name for name, layers in SUITES.items() if any(l.problem.groups > 1 for l in layers)}
-    assert grouped == {"mobilenetv2-dw", "convnext-dw"}
+    assert grouped == {"mobilenetv2-dw", "convnext-dw", "resnext50-grouped"}
+
+
+def test_resnext_suite_is_resnext50s_grouped_layers_on_the_im2col_loop():
+    layers = SUITES["resnext50-grouped"]
+    assert len(layers) == 7 and all(l.problem.groups == 32 and l.problem.n == 64 for l in layers)
+    # 4 channels a group at the first stage's width, doubling with it; each stage's stride-2 layer
+    assert [l.problem.cg for l in layers] == [4, 8, 8, 16, 16, 32, 32]
+    assert [l.problem.stride for l in layers].count((2, 2)) == 3
+    assert "Xie" in SUITE_INFO["resnext50-grouped"].source
+    for layer in layers:
+        for pass_ in Pass:
+            spec = make_spec(layer.problem, pass_, target=Target("sm_90", 132))
+            assert isinstance(spec.plan.loop, Im2col), (layer.name, pass_, spec.plan.loop)
+            assert any("one GEMM per group" in r for r in spec.plan.reasons)
 
 
 # --------------------------------------------------------------------------- bench: bytes, FLOPs, floors

@@ -76,9 +76,8 @@ class FakeKernels:
         assert not kw, kw
         n, h, wd, c = x_shape
         k, r, s, cw = w_shape
-        # convgen.prepare's contract: KRSC weights of C/groups channels; groups 1 or depthwise (groups = C, K = m*C)
-        assert type(groups) is int and cw * groups == c, (groups, x_shape, w_shape)
-        assert groups == 1 or (groups == c and k % c == 0), f"groups={groups}: no kernel for this grouping"
+        # convgen.prepare's contract: KRSC weights of C/groups channels, groups dividing C and K
+        assert type(groups) is int and cw * groups == c and k % groups == 0, (groups, x_shape, w_shape)
         self.prepared.append((pass_, tuple(x_shape), tuple(w_shape), bias))
         self.groups.append(groups)
         fake = self
@@ -357,8 +356,7 @@ def test_cpu_tensors_are_refused_with_a_clear_error():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(groups=2), r"groups=2 .*only depthwise groupings \(groups = in_channels\) have kernels"),
-
+    (dict(groups=3), r"groups=3 must divide the 4 channels of in_channels"),
     (dict(padding_mode="reflect"), "padding_mode='zeros'"),
     (dict(padding="same", stride=2), "strided"),
     (dict(padding="full"), "Invalid padding string"),
@@ -655,6 +653,26 @@ def test_depthwise_values_and_gradients(fake, geo, dtype, channels_last, bias):
     assert fake.groups == [c, c, c], "groups must reach convgen.prepare for every pass"
 
 
+@pytest.mark.parametrize("geo", [((2, 8, 9, 11), (12, 3, 3), 1, 1, 1, 4), ((2, 12, 10, 7), (6, 3, 2), (2, 1), (1, 0), (1, 2), 3)],
+                         ids=["g4", "g3-strided"])
+def test_grouped_values_and_gradients(fake, geo):
+    """Groups with several channels each reach convgen.prepare with (K, R, S, C/G) weights, and
+    y, dx, dw (K, C/G, R, S) and db match F.conv2d with the same groups."""
+    (n, c, h, wd), (k, r, s), stride, padding, dilation, g = geo
+    x = make((n, c, h, wd), torch.float16, True, 1)
+    w = make((k, c // g, r, s), torch.float16, False, 2)
+    b = make((k,), torch.float16, False, 3)
+    y = cgt._conv2d(x, w, b, stride, padding, dilation, g)
+    gy = make(tuple(y.shape), torch.float16, False, 4, requires_grad=False)
+    y.backward(gy)
+    yr, dxr, dwr, dbr = reference_grads(x, w, b, gy, stride, padding, dilation, g)
+    assert rel_err(y, yr) <= tol(torch.float16)
+    for name, t, ref in (("x", x, dxr), ("w", w, dwr), ("bias", b, dbr)):
+        assert t.grad.shape == t.shape and rel_err(t.grad, ref) <= tol(torch.float16), name
+    assert all(ws == (k, r, s, c // g) for _, _, ws, _ in fake.prepared), fake.prepared
+    assert fake.groups == [g, g, g]
+
+
 def test_depthwise_fast_path_and_its_signature(fake, monkeypatch):
     """A channels_last float16 depthwise call leaves a FastConv whose repeat calls build and
     convert nothing and give the reference; the same shapes under another groups never take
@@ -720,28 +738,28 @@ def test_module_forward_passes_its_groups_to_conv2d(monkeypatch):
 
 
 @pytest.mark.parametrize("args, kwargs, match", [
-    ((8, 8, 3), dict(groups=2), r"groups=2 .*only depthwise groupings \(groups = in_channels\) have kernels so far"),
-    ((8, 16, 3), dict(groups=4), "groups=4"),
-    ((8, 12, 3), dict(groups=8), "groups=8 .*multiple"),
+    ((6, 8, 3), dict(groups=4), "groups=4 must divide the 6 channels of in_channels"),
+    ((8, 12, 3), dict(groups=8), "groups=8 must divide the 12 channels of out_channels"),
+    ((8, 12, 3), dict(groups=0), "groups must be a positive integer"),
 ])
-def test_non_depthwise_groupings_are_refused(args, kwargs, match):
+def test_groupings_that_do_not_divide_the_channels_are_refused(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         cgt.Conv2d(*args, **kwargs)
 
 
-def test_non_depthwise_groups_are_refused_by_the_functional_and_after_init(fake):
+def test_bad_groups_are_refused_by_the_functional_and_after_init(fake):
     x = make((1, 8, 6, 6), torch.float16, True, 1)
-    with pytest.raises(ValueError, match=r"groups=2 .*only depthwise groupings"):
-        cgt._conv2d(x, make((8, 4, 3, 3), torch.float16, False, 2), None, 1, 1, 1, 2)
-    with pytest.raises(ValueError, match="groups=8 .*multiple"):
+    with pytest.raises(ValueError, match=r"groups=3 must divide the 8 channels of x.shape\[1\]"):
+        cgt._conv2d(x, make((9, 3, 3, 3), torch.float16, False, 2), None, 1, 1, 1, 3)
+    with pytest.raises(ValueError, match=r"groups=8 must divide the 12 channels of w.shape\[0\]"):
         cgt._conv2d(x, make((12, 1, 3, 3), torch.float16, False, 2), None, 1, 1, 1, 8)
     with pytest.raises(ValueError, match=r"with groups=8, w.shape\[1\] must be"):
         cgt._conv2d(x, make((8, 2, 3, 3), torch.float16, False, 2), None, 1, 1, 1, 8)
     with pytest.raises(ValueError, match="groups must be a positive integer"):
         cgt._conv2d(x, make((8, 1, 3, 3), torch.float16, False, 2), None, 1, 1, 1, 0)
     layer = cgt.Conv2d(8, 8, 3, groups=8)
-    layer.groups = 2  # attributes can be changed after __init__: the forward checks again
-    with pytest.raises(ValueError, match="groups=2"):
+    layer.groups = 3  # attributes can be changed after __init__: the forward checks again
+    with pytest.raises(ValueError, match="groups=3"):
         layer(torch.randn(1, 8, 6, 6))
     assert not any(fake.calls.values()) and not fake.prepared
 

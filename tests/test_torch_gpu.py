@@ -400,11 +400,11 @@ def test_drop_in_for_nn_conv2d(args, kwargs):
 
 
 def test_drop_in_refuses_what_it_cannot_compute():
-    with pytest.raises(ValueError, match=r"groups=2 .*only depthwise groupings \(groups = in_channels\)"):
-        cgt.Conv2d(8, 8, 3, groups=2, device=DEV)
-    with pytest.raises(ValueError, match=r"groups=2 .*only depthwise groupings"):
-        cgt.conv2d(tensor((1, 8, 6, 6), torch.float16, gen("groups=2")),
-                   tensor((8, 4, 3, 3), torch.float16, gen("groups=2 w")), groups=2)
+    with pytest.raises(ValueError, match=r"groups=3 must divide the 8 channels of in_channels"):
+        cgt.Conv2d(8, 9, 3, groups=3, device=DEV)
+    with pytest.raises(ValueError, match=r"groups=3 must divide the 8 channels of x.shape\[1\]"):
+        cgt.conv2d(tensor((1, 8, 6, 6), torch.float16, gen("groups=3")),
+                   tensor((9, 3, 3, 3), torch.float16, gen("groups=3 w")), groups=3)
     with pytest.raises(ValueError, match="padding_mode"):
         cgt.Conv2d(8, 8, 3, padding=1, padding_mode="reflect", device=DEV)
 

@@ -42,8 +42,8 @@ def add_shape_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--padding", default="0", help="N, H,W, 'same' or 'valid' (default 0)")
     g.add_argument("--dilation", type=pair, default=(1, 1), help="N or H,W (default 1)")
     g.add_argument("--groups", type=int, default=None, metavar="G",
-                   help="grouped convolution as torch's conv2d(groups=G): weights (K, R, S, C/G); only "
-                        "depthwise layers (G = C) have a kernel (default 1)")
+                   help="grouped convolution as torch's conv2d(groups=G): weights (K, R, S, C/G); G = C is "
+                        "depthwise (default 1)")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ constexpr int R = 3, S = 3, P = 32, Q = 32;
 constexpr int SH = 1, SW = 1;
 constexpr int PH = 1, PW = 1;
 constexpr int DH = 1, DW = 1;
+constexpr int G = 1, C_PIX = C, K_PIX = K;  // a pixel's channels: C in x (dx), K in y (dy)
 // A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
 // gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
 constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
@@ -418,7 +419,7 @@ const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ work
     const int n = tile_n + col;
     if (m < 0) return;
     add_run(v, bias + n, n, GEMM_N);
-    store_run<half_t>(y + m * GEMM_N + n, v, n, GEMM_N);
+    store_run<half_t>(y + m * K_PIX + n, v, n, GEMM_N);
   });
 }
 

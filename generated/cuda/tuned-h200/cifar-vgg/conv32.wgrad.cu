@@ -21,6 +21,7 @@ constexpr int R = 3, S = 3, P = 32, Q = 32;
 constexpr int SH = 1, SW = 1;
 constexpr int PH = 1, PW = 1;
 constexpr int DH = 1, DW = 1;
+constexpr int G = 1, C_PIX = C, K_PIX = K;  // a pixel's channels: C in x (dx), K in y (dy)
 // A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
 // gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
 constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
@@ -302,7 +303,7 @@ struct GatherDy : ReadAs<half_t, 8> {
     const long long npq = static_cast<long long>(kt) * BK + Map::row(i);
     const int kc = tile_m + Map::col(i);
     ok = npq < npq_total && kc < K;
-    return ok ? dy + npq * K + kc : dy;
+    return ok ? dy + npq * K_PIX + kc : dy;
   }
 };
 
@@ -339,16 +340,16 @@ struct GatherX : ReadAs<half_t, 8> {
     const long long npq = static_cast<long long>(kt) * BK + Map::row(i);
     Tap t;
     if constexpr (HOIST) t = hoisted[Map::col_slot(i)]; else t = tap(i);
-    if constexpr (POINTWISE) {  // pixel npq is row npq of x viewed as [N*P*Q][C]; a column past C has dh < 0
+    if constexpr (POINTWISE) {  // pixel npq is row npq of x viewed as [N*P*Q][C_PIX]; a column past C has dh < 0
       ok = npq < npq_total && t.dh == 0;
-      return ok ? x + npq * C + t.c : x;
+      return ok ? x + npq * C_PIX + t.c : x;
     }
     const long long n = udiv64<P * Q>(npq);
     const int pq = static_cast<int>(npq - n * (P * Q));
     const int p = udiv<Q>(pq), q = pq - p * Q;
     const int ih = p * SH + t.dh, iw = q * SW + t.dw;
     ok = npq < npq_total && ih >= 0 && ih < H && iw >= 0 && iw < W;
-    return ok ? x + ((n * H + ih) * W + iw) * C + t.c : x;
+    return ok ? x + ((n * H + ih) * W + iw) * C_PIX + t.c : x;
   }
 };
 
@@ -371,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_32x12
   // flush once at the end (zero-filled rows past N*P*Q add nothing).
   constexpr int DB_ITERS = (BM + THREADS - 1) / THREADS;
   float db_acc[DB_ITERS] = {};
-  const bool db_block = blockIdx.y == 0;
+  const bool db_block = tile_n == 0;  // the first N tile
   mainloop(sa, sb, reinterpret_cast<half_t*>(smem_raw), kt0, nk, acc, [&](const half_t* As) {
     if (!db_block) return;
 #pragma unroll
@@ -387,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_32x12
     for (int d = 0; d < DB_ITERS; ++d) {
       const int m = tile_m + static_cast<int>(threadIdx.x) + d * THREADS;
       if (static_cast<int>(threadIdx.x) + d * THREADS >= BM || m >= K) continue;
-      db_workspace[blockIdx.z * K + m] = db_acc[d];
+      db_workspace[blockIdx.z * K_PIX + m] = db_acc[d];
     }
   }
 
@@ -395,11 +396,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_32x12
     const int m = tile_m + row;
     const int n = tile_n + col;
     if (m >= K) return;
-    store_run<float>(workspace + (static_cast<long long>(blockIdx.z) * K + m) * GEMM_N + n, v, n, GEMM_N);
+    store_run<float>(workspace + (static_cast<long long>(blockIdx.z) * K_PIX + m) * GEMM_N + n, v, n, GEMM_N);
   });
 }
 
-// Split-K: slice z wrote its partial tile to workspace[z][M][N]; the slices are summed
+// Split-K: slice z wrote its partial tile to workspace[z][M][OUT_N] (OUT_N: every group's
+// columns, laid out as the output is; wgrad's M counts every group's filters); the slices are summed
 // here, bandwidth-bound, so the launch covers every output at once (no serial walk) and a
 // thread reads RED_V outputs per slice as one vector.  A block is RED_ROWS rows of 32
 // lanes: each output gets RED_WAYS rows (one per slice residue), so with few slices a
@@ -408,12 +410,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_32x12
 // dependent ones); the output's first row then adds its rows' partials in order and
 // applies the epilogue.  Every sum's order depends only on SLICES, so results are
 // bit-identical from run to run.
-// db is reduced the same way from db_workspace[z][K], RED_DB_V outputs per thread.
+// db is reduced the same way from db_workspace[z][K_PIX], RED_DB_V outputs per thread.
 constexpr int SLICES = 176;
 constexpr int RED_ROWS = 8, RED_WAYS = 8, RED_ACCS = 4;
+constexpr int OUT_N = 288;
 constexpr int RED_V = 4;  // outputs per thread: 4 (one 16-byte load per slice) when N allows
 constexpr int RED_DB_V = 4;
-static_assert(RED_ROWS % RED_WAYS == 0 && GEMM_N % RED_V == 0, "reduction layout");
+static_assert(RED_ROWS % RED_WAYS == 0 && OUT_N % RED_V == 0, "reduction layout");
 
 // Row `way`'s share of sum_z part[z * stride .. + V).
 template <int V>
@@ -471,8 +474,8 @@ extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_im2col
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
   alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs
-  reduce_slices<RED_V>(workspace, m_rows * GEMM_N, rows, [&](long long idx, Sum<RED_V>& s) {
+  reduce_slices<RED_V>(workspace, m_rows * OUT_N, rows, [&](long long idx, Sum<RED_V>& s) {
     store_vec(out + idx, s.v);  // idx is a multiple of RED_V: aligned
   });
-  reduce_slices<RED_DB_V>(db_workspace, K, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
+  reduce_slices<RED_DB_V>(db_workspace, K_PIX, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
 }

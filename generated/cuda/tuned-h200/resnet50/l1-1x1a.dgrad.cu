@@ -21,6 +21,7 @@ constexpr int R = 1, S = 1, P = 56, Q = 56;
 constexpr int SH = 1, SW = 1;
 constexpr int PH = 0, PW = 0;
 constexpr int DH = 1, DW = 1;
+constexpr int G = 1, C_PIX = C, K_PIX = K;  // a pixel's channels: C in x (dx), K in y (dy)
 // A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
 // gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
 constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
@@ -341,14 +342,14 @@ struct GatherDy : ReadAs<half_t, 8> {
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
     if (m >= m_total) return Origin{-(1 << 30), 0, dy};  // past the class: every tap is out of bounds
-    if constexpr (POINTWISE) return Origin{0, 0, dy + m * K};  // one class; pixel m reads row m of dy as [M][K]
+    if constexpr (POINTWISE) return Origin{0, 0, dy + m * K_PIX};  // one class; pixel m reads row m of dy as [M][K_PIX]
     const long long n = udiv64<Cls::HC * Cls::WC>(m);
     const int rem = static_cast<int>(m - n * (Cls::HC * Cls::WC));
     const int hh = udiv<Cls::WC>(rem), ww = rem - hh * Cls::WC;
     // Exact divisions: the class makes h + PH - first*DH a multiple of SH (likewise for w).
     const int p0 = (hh * SH + Cls::CH + PH - Cls::TR.first * DH) / SH;
     const int q0 = (ww * SW + Cls::CW + PW - Cls::TS.first * DW) / SW;
-    return Origin{p0, q0, dy + (n * (static_cast<long long>(P) * Q * K) + (static_cast<long long>(p0) * Q + q0) * K)};
+    return Origin{p0, q0, dy + (n * (static_cast<long long>(P) * Q * K_PIX) + (static_cast<long long>(p0) * Q + q0) * K_PIX)};
   }
   __device__ __forceinline__ GatherDy(const T* dy_, long long tile_m_, long long m_total_)
       : dy(dy_), tile_m(tile_m_), m_total(m_total_) {
@@ -376,7 +377,7 @@ struct GatherDy : ReadAs<half_t, 8> {
     ok = kk < Cls::RED && static_cast<unsigned>(o.p0 - dp) < static_cast<unsigned>(P) &&
          static_cast<unsigned>(o.q0 - dq) < static_cast<unsigned>(Q);
     // The tap's offset depends on the column only: computed once for all of a thread's rows.
-    return o.at + (kc - static_cast<long long>(dp * Q + dq) * K);
+    return o.at + (kc - static_cast<long long>(dp * Q + dq) * K_PIX);
   }
 };
 
@@ -440,7 +441,7 @@ __device__ __forceinline__ void dgrad_class(const half_t* __restrict__ dy, const
     const int n = tile_n + col;
     if (m >= m_class) return;
     const long long pix = Cls::pixel(m);
-    store_run<half_t>(dx + pix * GEMM_N + n, v, n, GEMM_N);
+    store_run<half_t>(dx + pix * C_PIX + n, v, n, GEMM_N);
   });
 }
 

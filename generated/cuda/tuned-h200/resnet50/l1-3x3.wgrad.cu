@@ -22,6 +22,7 @@ constexpr int R = 3, S = 3, P = 56, Q = 56;
 constexpr int SH = 1, SW = 1;
 constexpr int PH = 1, PW = 1;
 constexpr int DH = 1, DW = 1;
+constexpr int G = 1, C_PIX = C, K_PIX = K;  // a pixel's channels: C in x (dx), K in y (dy)
 // A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
 // gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
 constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
@@ -361,7 +362,8 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
   }
 }
 
-// Split-K: slice z wrote its partial tile to workspace[z][M][N]; the slices are summed
+// Split-K: slice z wrote its partial tile to workspace[z][M][OUT_N] (OUT_N: every group's
+// columns, laid out as the output is; wgrad's M counts every group's filters); the slices are summed
 // here, bandwidth-bound, so the launch covers every output at once (no serial walk) and a
 // thread reads RED_V outputs per slice as one vector.  A block is RED_ROWS rows of 32
 // lanes: each output gets RED_WAYS rows (one per slice residue), so with few slices a
@@ -370,12 +372,13 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
 // dependent ones); the output's first row then adds its rows' partials in order and
 // applies the epilogue.  Every sum's order depends only on SLICES, so results are
 // bit-identical from run to run.
-// db is reduced the same way from db_workspace[z][K], RED_DB_V outputs per thread.
+// db is reduced the same way from db_workspace[z][K_PIX], RED_DB_V outputs per thread.
 constexpr int SLICES = 32;
 constexpr int RED_ROWS = 8, RED_WAYS = 8, RED_ACCS = 4;
+constexpr int OUT_N = 576;
 constexpr int RED_V = 4;  // outputs per thread: 4 (one 16-byte load per slice) when N allows
 constexpr int RED_DB_V = 4;
-static_assert(RED_ROWS % RED_WAYS == 0 && GEMM_N % RED_V == 0, "reduction layout");
+static_assert(RED_ROWS % RED_WAYS == 0 && OUT_N % RED_V == 0, "reduction layout");
 
 // Row `way`'s share of sum_z part[z * stride .. + V).
 template <int V>
@@ -433,8 +436,8 @@ extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_tma_64
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
   alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs
-  reduce_slices<RED_V>(workspace, m_rows * GEMM_N, rows, [&](long long idx, Sum<RED_V>& s) {
+  reduce_slices<RED_V>(workspace, m_rows * OUT_N, rows, [&](long long idx, Sum<RED_V>& s) {
     store_vec(out + idx, s.v);  // idx is a multiple of RED_V: aligned
   });
-  reduce_slices<RED_DB_V>(db_workspace, K, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
+  reduce_slices<RED_DB_V>(db_workspace, K_PIX, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
 }

@@ -21,6 +21,7 @@ constexpr int R = 1, S = 1, P = 28, Q = 28;
 constexpr int SH = 1, SW = 1;
 constexpr int PH = 0, PW = 0;
 constexpr int DH = 1, DW = 1;
+constexpr int G = 1, C_PIX = C, K_PIX = K;  // a pixel's channels: C in x (dx), K in y (dy)
 // A 1x1, stride-1, unpadded conv is a plain GEMM: its im2col is the identity, so the
 // gathers read rows of x (or dy) as they are, with no tap decomposition or halo test.
 constexpr bool POINTWISE = R == 1 && S == 1 && SH == 1 && SW == 1 && PH == 0 && PW == 0;
@@ -306,12 +307,12 @@ struct GatherX : ReadAs<half_t, 8> {
   __device__ __forceinline__ Origin origin(int i) const {
     const long long m = tile_m + Map::row(i);
     if (m >= m_total) return Origin{-(1 << 30), 0, x};  // past M: every tap is out of bounds
-    if constexpr (POINTWISE) return Origin{0, 0, x + m * C};  // pixel m is row m of x viewed as [M][C]
+    if constexpr (POINTWISE) return Origin{0, 0, x + m * C_PIX};  // pixel m is row m of x viewed as [M][C_PIX]
     const long long n = udiv64<P * Q>(m);
     const int pq = static_cast<int>(m - n * (P * Q));
     const int p = udiv<Q>(pq), q = pq - p * Q;
     const int ih0 = p * SH - PH, iw0 = q * SW - PW;
-    return Origin{ih0, iw0, x + (n * (static_cast<long long>(H) * W * C) + (static_cast<long long>(ih0) * W + iw0) * C)};
+    return Origin{ih0, iw0, x + (n * (static_cast<long long>(H) * W * C_PIX) + (static_cast<long long>(ih0) * W + iw0) * C_PIX)};
   }
   __device__ __forceinline__ GatherX(const T* x_, long long tile_m_, long long m_total_)
       : x(x_), tile_m(tile_m_), m_total(m_total_) {
@@ -337,7 +338,7 @@ struct GatherX : ReadAs<half_t, 8> {
     // Unsigned compares: a negative row or column wraps to a huge one and fails too.
     ok = kk < RSC && static_cast<unsigned>(o.ih0 + r * DH) < static_cast<unsigned>(H) &&
          static_cast<unsigned>(o.iw0 + s * DW) < static_cast<unsigned>(W);
-    return o.at + ((static_cast<long long>(r * DH) * W + s * DW) * C + c);
+    return o.at + ((static_cast<long long>(r * DH) * W + s * DW) * C_PIX + c);
   }
 };
 
@@ -383,7 +384,7 @@ const float* __restrict__ bias, half_t* __restrict__ y, float* __restrict__ work
     const int n = tile_n + col;
     if (m >= m_total) return;
     add_run(v, bias + n, n, GEMM_N);
-    store_run<half_t>(y + m * GEMM_N + n, v, n, GEMM_N);
+    store_run<half_t>(y + m * K_PIX + n, v, n, GEMM_N);
   });
 }
 
