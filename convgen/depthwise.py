@@ -7,11 +7,15 @@ each staged value as few times as possible from shared memory.  fprop and dgrad 
 stage a pixel tile's halo once per block and let a thread compute a run of ``cols``
 neighbouring outputs of one row, so every staged column it loads serves each output the
 filter row reaches from it; wgrad sums over the batch's pixels, split into slices whose
-partial sums the split-K reduction adds in a fixed order (bit-reproducible).
+partial sums the split-K reduction adds in a fixed order (bit-reproducible).  wgrad stages
+the same way: a block walks its slice's pixel tiles, staging each tile's dy and x halo while
+the previous one is summed, and a thread's run of ``cols`` outputs of one row meets every
+staged x column its filter rows reach once, for all its taps.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -21,14 +25,20 @@ from .mainloop import Depthwise
 
 PIX_PAD = 8  # halves of padding per staged pixel: a thread's next run starts in other banks
 MAX_WGRAD_ACCS = 56  # fp32 sums a wgrad thread keeps (vec x m x its taps): 3-4 blocks of 256 an SM
+MAX_WGRAD_HELD = 64  # fp32 sums plus the run's dy values a wgrad thread holds (cols x vec x m): <= ~96 registers
+MAX_WGRAD_COLS = 16  # a wgrad run's length: the unrolled body grows as cols x in_cols x rows
+WGRAD_PADS = (0, 8, 16, 24, 32, 40, 48, 56)  # halves of padding a wgrad staged pixel may take (16-byte steps)
+MIN_RESIDENT = 512  # threads an SM a wgrad plan keeps where it can: 16 warps in flight hide the staging
+STAGE_COST = 16  # thread instructions one staged access costs (its index, bounds test and copy): wgrad's model
+TILE_COST = 24  # and one tile costs each thread (the waits, the barriers, the tile's decode)
 THREADS = 256
 
 
 def eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType) -> str | None:
     """Why the depthwise kind cannot run this layer (None when it can)."""
     if not geometry.depthwise:
-        return (f"groups={geometry.groups} with {geometry.cg} input channels per group: only depthwise layers "
-                "(groups = C) have a kernel; grouped convolutions with several channels per group are not built yet")
+        return (f"groups={geometry.groups} with {geometry.cg} input channels per group: the Depthwise kind runs "
+                "one channel per group; a grouped layer with several runs the im2col loops (Im2col, Wgmma)")
     return None
 
 
@@ -60,6 +70,9 @@ class DwFacts:
     tiles_pb: int  # tiles a block computes in turn (Depthwise.tiles); two halo buffers when > 1
     halo_halves: int  # the staged halo, rounded up to 16 bytes
     weight_floats: int  # the chunk's weights (fprop, dgrad) or wgrad's cross-warp sums
+    dy_ld: int = 0  # wgrad: halves per staged dy pixel (the chunk's KROW filters and a pad)
+    dy_halves: int = 0  # wgrad: the staged dy tile, rounded up to 16 bytes
+    stage_vec: int = 0  # wgrad: halves per staging copy (as wide as C and the chunk allow, up to 16 bytes)
 
 
 def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFacts:
@@ -87,13 +100,59 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
         tiles = (math.ceil(g.h / tile_h), math.ceil(g.w / tile_w))
         weights = g.r * g.s * chunk * mult
     else:
-        halo_h = halo_w = pix_ld = in_cols = 0
-        tiles = (1, 1)
-        # each warp's dw and db sums, added in warp order after the loop (bit-reproducible)
-        weights = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
+        return _wgrad_facts(plan, g, warp_size)
     halo = -(-halo_h * halo_w * pix_ld // 8) * 8
     return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, row0, col0,
                    pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, halo, weights)
+
+
+def _round16(halves: int) -> int:
+    return -(-halves // 8) * 8
+
+
+def _wgrad_facts(plan: Plan, g: ConvGeometry, warp_size: int) -> DwFacts:
+    """wgrad's tile of dy pixels and the x halo its taps reach, both staged (two buffers each);
+    the pads make a warp's loads of its runs' first columns conflict-free where one allows it."""
+    loop = plan.loop
+    assert isinstance(loop, Depthwise)
+    (sh, sw), (dh, dw) = g.stride, g.dilation
+    mult, vec, chunk, cols = g.kg, plan.vec_a, plan.block_n, loop.cols
+    tile_w, tile_h = loop.tile_w, plan.block_m // loop.tile_w
+    lanes, groups, per_row = chunk // vec, row_groups(loop, g), tile_w // cols
+    threads = plan.block_m // cols * lanes * groups
+    halo_h, halo_w = (tile_h - 1) * sh + (g.r - 1) * dh + 1, (tile_w - 1) * sw + (g.s - 1) * dw + 1
+    runs = range(min(tile_h * per_row, max(1, warp_size // lanes)))  # the runs of a group's first warp
+    x_pix = [run // per_row * sh * halo_w + run % per_row * cols * sw for run in runs]
+    dy_pix = [run // per_row * tile_w + run % per_row * cols for run in runs]
+    pix_ld = _conflict_free_ld(chunk, vec, lanes, x_pix, warp_size)
+    dy_ld = _conflict_free_ld(chunk * mult, vec, lanes, dy_pix, warp_size, mult)
+    stage_vec = next(v for v in (8, 4, 2, 1) if g.c % v == 0 and chunk % v == 0)
+    # each warp's dw and db sums, added in warp order after the loop (bit-reproducible)
+    sums = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
+    return DwFacts(tile_h, tile_w, cols, vec, mult, chunk, lanes, threads, groups, halo_h, halo_w, 0, 0, pix_ld,
+                   (cols - 1) * sw + (g.s - 1) * dw + 1, math.ceil(g.p / tile_h), math.ceil(g.q / tile_w), loop.tiles,
+                   _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec)
+
+
+def _bank_ways(ld: int, vec: int, lanes: int, pix: list[int], warp_size: int, pieces: int = 1) -> int:
+    """How many distinct 4-byte words the busiest bank serves in one wavefront when lane t of
+    a warp loads ``vec`` halves at pix[t // lanes] * ld + (t % lanes) * vec * pieces (1: no
+    conflict).  A wavefront moves 128 bytes: 8 lanes of 16-byte loads, 16 of 8, 32 of less."""
+    size = 2 * vec
+    per = 32 if size <= 4 else 128 // size
+    worst = 1
+    for first in range(0, min(warp_size, len(pix) * lanes), per):
+        words = set()
+        for t in range(first, min(first + per, len(pix) * lanes)):
+            start = (pix[t // lanes] * ld + t % lanes * vec * pieces) * 2
+            words.update(range(start // 4, (start + size - 1) // 4 + 1))
+        worst = max(worst, max(collections.Counter(w % 32 for w in words).values()))
+    return worst
+
+
+def _conflict_free_ld(base: int, vec: int, lanes: int, pix: list[int], warp_size: int, pieces: int = 1) -> int:
+    """The shortest staged pixel (``base`` halves and one of WGRAD_PADS) with the fewest bank conflicts."""
+    return min((base + pad for pad in WGRAD_PADS), key=lambda ld: (_bank_ways(ld, vec, lanes, pix, warp_size, pieces), ld))
 
 
 def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
@@ -102,6 +161,8 @@ def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
 
 def smem_bytes(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> int:
     f = facts(plan, g, pass_, warp_size)
+    if pass_ is Pass.WGRAD:  # two x halos and two dy tiles; the sums reuse them once the last tile is done
+        return max((f.halo_halves + f.dy_halves) * 2 * 2, f.weight_floats * 4)
     return f.halo_halves * 2 * (2 if f.tiles_pb > 1 else 1) + f.weight_floats * 4
 
 
@@ -125,10 +186,8 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
     if pass_ is not Pass.WGRAD and plan.split_k != 1:
         raise ValueError(f"Depthwise {pass_.value} has no reduction to split: plan.split_k must be 1")
     if pass_ is Pass.WGRAD and loop.tiles != 1:
-        raise ValueError(f"Depthwise wgrad walks its pixel slice itself: Depthwise.tiles must be 1, got {loop.tiles}")
-    if pass_ is Pass.WGRAD and loop.tile_w != plan.block_m:
-        raise ValueError(f"Depthwise wgrad walks flat runs of block_m pixels: Depthwise.tile_w must be "
-                         f"plan.block_m={plan.block_m}, got {loop.tile_w}")
+        raise ValueError(f"Depthwise wgrad's block walks every tile of its slice (plan.split_k slices of the batch's "
+                         f"tiles), two buffers deep: Depthwise.tiles must be 1, got {loop.tiles}")
     if pass_ is Pass.DGRAD:
         sh, sw = g.stride
         tile_h = plan.block_m // loop.tile_w
@@ -158,6 +217,10 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
     if pass_ is Pass.WGRAD and sums > 2 * MAX_WGRAD_ACCS:
         raise ValueError(f"Depthwise wgrad keeps vec_a x m x rows x S = {sums} fp32 sums a thread; at most "
                          f"{2 * MAX_WGRAD_ACCS} fit in registers: use a smaller vec_a or fewer rows")
+    held = loop.cols * plan.vec_a * g.kg
+    if pass_ is Pass.WGRAD and (held > 64 or loop.cols > 2 * MAX_WGRAD_COLS):
+        raise ValueError(f"Depthwise wgrad holds its run's dy values, Depthwise.cols x vec_a x m = {held} floats, "
+                         f"and unrolls cols={loop.cols} outputs: at most 64 values and {2 * MAX_WGRAD_COLS} cols")
     smem = smem_bytes(plan, g, pass_, target.warp_size)
     if smem > target.smem_limit:
         raise ValueError(f"Depthwise plan needs {smem} bytes of shared memory but {target.arch} allows "
@@ -189,28 +252,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     reasons.append(f"depthwise (groups = C = {g.c}, {m} filter(s) per channel): {taps} taps per output and no "
                    "channel reduction, so a CUDA-core stencil over a staged halo, not an MMA loop")
     if pass_ is Pass.WGRAD:
-        # the widest vector, then the most filter rows a thread, whose sums fit MAX_WGRAD_ACCS
-        vec, rows = next(((v, rw) for v in (8, 4, 2, 1) if g.c % v == 0
-                          for rw in range(g.r, 0, -1) if g.r % rw == 0 and v * m * rw * g.s <= MAX_WGRAD_ACCS),
-                         (1, 1))
-        groups = g.r // rows
-        chunk = _chunk(g.c, vec, 32)
-        lanes = chunk // vec
-        pix_lanes = max(target.warp_size // lanes, 1 << max(0, (THREADS // (groups * lanes)).bit_length() - 1))
-        cols = max(1, -(-16 // pix_lanes))  # a block_m of at least one 16-pixel step
-        block_m = pix_lanes * cols
-        threads = pix_lanes * lanes * groups
-        npq = g.n * g.p * g.q
-        blocks = math.ceil(g.c / chunk)
-        # enough slices for 8 blocks an SM, each at least 8 passes of its block_m pixels
-        split = max(1, min(math.ceil(8 * target.sm_count / blocks), npq // (8 * block_m), 4096))
-        reasons.append(f"vec {vec}, {rows} filter row(s) a thread: {vec} x {m} x {rows * g.s} = "
-                       f"{vec * m * rows * g.s} fp32 sums a thread (at most {MAX_WGRAD_ACCS}: several blocks an SM)")
-        reasons.append(f"{chunk} channels a block, {block_m} pixels a pass, split over {split} slice(s) of the "
-                       f"{npq} pixels: {blocks * split} blocks, about 8 an SM; the slices' sums added in a fixed order")
-        plan = Plan(block_m, chunk, 16, threads // target.warp_size, 1, 2, vec, vec, elem, elem, split,
-                    Depthwise(block_m, cols, rows if groups > 1 else 0))
-        return plan
+        return _plan_wgrad(g, target, elem, reasons)
     sh, sw = g.stride
     vec = _vec(g.c, m, 8)
     chunk = _chunk(g.c, vec, 8)
@@ -240,3 +282,91 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     if smem_bytes(plan, g, pass_, target.warp_size) > target.smem_limit:  # two halos do not fit: one
         plan = dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
     return plan
+
+
+def _wgrad_chunk(c: int, vec: int, warp_size: int) -> int:
+    """wgrad's channels a block: 16, 32 or 64 (lanes of vec within a warp), the one that pads C
+    least (C = 144: 9 chunks of 16, not 3 of 64 with a third of the last idle), then the widest."""
+    fits = [ch for ch in (16, 32, 64) if ch // vec <= warp_size] or [vec]
+    return min(fits, key=lambda ch: (math.ceil(c / ch) * ch, -ch))
+
+
+def _wgrad_tile_cost(g: ConvGeometry, vec: int, rows: int, cols: int, tile_h: int, tile_w: int, chunk: int,
+                     threads: int, stage_vec: int) -> float:
+    """Thread instructions per output pixel inside the image (the model _plan_wgrad minimises):
+    each thread's FMAs, shared loads and conversions of its run (every staged x column of each
+    of its filter rows, its dy values once), the block's staging copies and per-tile costs,
+    over the tile's pixels that are in the image on average (edge tiles idle partly)."""
+    m, (sh, sw), (dh, dw) = g.kg, g.stride, g.dilation
+    in_cols = (cols - 1) * sw + (g.s - 1) * dw + 1
+    per_thread = rows * in_cols * (1 + vec) + cols * m * (1 + vec) + rows * cols * g.s * vec * m + TILE_COST
+    halo = ((tile_h - 1) * sh + (g.r - 1) * dh + 1) * ((tile_w - 1) * sw + (g.s - 1) * dw + 1)
+    staged = (halo * chunk + tile_h * tile_w * chunk * m) // stage_vec
+    tiles = math.ceil(g.p / tile_h) * math.ceil(g.q / tile_w)
+    return (threads * per_thread + staged * STAGE_COST) * tiles / (g.p * g.q)
+
+
+def _resident_threads(threads: int, smem: int, held: int, target: Target) -> int:
+    """Threads an SM holds of a wgrad block: by shared memory (the part's per-block limit taken as
+    the SM's), by 2048 threads, and by registers (its ``held`` floats and ~32 more, in 8s, of 64 K)."""
+    regs = -(-(held + 32) // 8) * 8
+    return min(target.smem_limit // max(smem, 1), 2048 // threads, 65536 // (regs * threads)) * threads
+
+
+def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]) -> Plan:
+    """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules below."""
+    m, warp = g.kg, target.warp_size
+    # The most filter rows a thread (its dy, read and converted once, then serves all of their
+    # taps), then the widest channel vector, whose vec x m x rows x S sums fit MAX_WGRAD_ACCS.
+    rows, vec = next(((rw, v) for rw in range(g.r, 0, -1) if g.r % rw == 0 for v in (8, 4, 2, 1)
+                      if g.c % v == 0 and v * m * rw * g.s <= MAX_WGRAD_ACCS), (1, 1))
+    groups = g.r // rows
+    chunk = _wgrad_chunk(g.c, vec, warp)
+    lanes = chunk // vec
+    stage_vec = next(v for v in (8, 4, 2, 1) if g.c % v == 0 and chunk % v == 0)
+    acc = vec * m * rows * g.s
+    max_cols = max(1, min(MAX_WGRAD_COLS, (MAX_WGRAD_HELD - acc) // (vec * m)))
+    budget = target.smem_limit // 3  # three blocks an SM where the part allows (227 KB on an H100 / H200)
+    # The tile: tile_h rows of per_row runs of cols outputs (block_m a multiple of 16), 64-256
+    # threads (whole warps of one row group each; up to 1024 only where no smaller block has whole
+    # warps), staged buffers within the budget, MIN_RESIDENT threads an SM where shared memory and
+    # registers allow, at the least modelled cost per output pixel.
+    best = None
+    for most in (THREADS, 1024):
+        for cols in range(1, max_cols + 1):
+            for per_row in range(1, math.ceil(g.q / cols) + 1):
+                for tile_h in range(1, max(g.p, 8) + 1):
+                    threads = tile_h * per_row * lanes * groups
+                    if (threads > most or threads < min(64, most) or (tile_h * per_row * lanes) % warp
+                            or (tile_h * cols * per_row) % 16):
+                        continue
+                    tile_w = cols * per_row
+                    plan = Plan(tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, vec, elem, elem, 1,
+                                Depthwise(tile_w, cols, rows if groups > 1 else 0))
+                    smem = smem_bytes(plan, g, Pass.WGRAD, warp)
+                    cost = _wgrad_tile_cost(g, vec, rows, cols, tile_h, tile_w, chunk, threads, stage_vec)
+                    few = _resident_threads(threads, smem, acc + cols * vec * m, target) < MIN_RESIDENT
+                    key = (smem > budget, smem if smem > budget else 0, few, round(cost, 3), -threads, tile_h, cols)
+                    if best is None or key < best[0]:
+                        best = (key, plan, cost, smem)
+        if best is not None:
+            break
+    assert best is not None, "a 16-pixel run of one row group always has whole warps within 1024 threads"
+    _, plan, cost, smem = best
+    loop = plan.loop
+    assert isinstance(loop, Depthwise)
+    tile_h, threads = plan.block_m // loop.tile_w, plan.warps_m * warp
+    tiles = g.n * math.ceil(g.p / tile_h) * math.ceil(g.q / loop.tile_w)
+    chunks = math.ceil(g.c / chunk)
+    # enough slices for 8 blocks an SM, at most one a tile: each slice sums its own run of tiles
+    split = max(1, min(math.ceil(8 * target.sm_count / chunks), tiles, 4096))
+    reasons.append(f"{rows} filter row(s) a thread ({groups} row group(s)), vec {vec}: {acc} fp32 sums a thread (at "
+                   f"most {MAX_WGRAD_ACCS}); every staged value it reads serves up to {rows * g.s} taps")
+    reasons.append(f"{chunk} channels a block ({lanes} lanes of {vec}): C = {g.c} in {chunks} chunk(s), the fewest "
+                   f"idle channels")
+    reasons.append(f"tile {tile_h}x{loop.tile_w} dy pixels, runs of {loop.cols} outputs a thread ({threads} threads): "
+                   f"the least modelled cost, {cost:.0f} thread instructions an output pixel; both buffers "
+                   f"{smem} bytes of shared memory")
+    reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
+                   "about 8 an SM; the next tile staged while one is summed, the slices' sums added in a fixed order")
+    return dataclasses.replace(plan, split_k=split)
