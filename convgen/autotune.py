@@ -123,7 +123,7 @@ def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
         return cp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(dt))
 
     geo = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
-               out_dtype=epilogue.out_dtype)
+               groups=problem.groups, out_dtype=epilogue.out_dtype)
     if pass_ is Pass.FPROP:
         x, w = arr(problem.x_shape), arr(problem.w_shape)
         b = cp.asarray(rng.standard_normal(problem.k).astype(epilogue.bias_dtype)) if epilogue.bias else None

@@ -334,7 +334,8 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
     best = None
     for most in (THREADS, 1024):
         for cols in range(1, max_cols + 1):
-            for per_row in range(1, math.ceil(g.q / cols) + 1):
+            # (a tiny image still gets a block of whole warps: runs past its edge idle)
+            for per_row in range(1, max(math.ceil(g.q / cols), 16) + 1):
                 for tile_h in range(1, max(g.p, 8) + 1):
                     threads = tile_h * per_row * lanes * groups
                     if (threads > most or threads < min(64, most) or (tile_h * per_row * lanes) % warp

@@ -193,3 +193,33 @@ def test_no_tuning_while_a_cuda_graph_is_being_captured(monkeypatch, tmp_path, c
     with caplog.at_level(logging.INFO, logger="convgen.autotune"):
         assert _tune(monkeypatch, tmp_path) is None
     assert not (tmp_path / "tuning.json").exists() and "capturing" in caplog.text
+
+
+@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+def test_runner_calls_the_grouped_convolution_it_tunes(pass_, monkeypatch):
+    """The tuner times each candidate through convgen's own front end on arrays of the
+    problem's shapes.  It must describe the grouping too: w holds C / G channels, so a call
+    without groups is refused by the front end's channel check (this happened: every grouped
+    first call fell back untuned on the H200).  The front end is recorded, not run (no GPU)."""
+    import cupy
+    import numpy as np
+
+    from convgen import runtime
+    from convgen.ir import Epilogue
+
+    problem = ConvProblem(10, 10, 32, 48, 3, 3, 1, 1, 1, 4, n=2)
+    calls = []
+
+    def front(name, first, second, third, kwargs):
+        w_shape = second.shape if name != "wgrad" else tuple(third)
+        c = first.shape[3] if name != "dgrad" else third[3]
+        runtime._check_group_channels(w_shape[3], c, kwargs.get("groups", 1), "w", "x")
+        calls.append((name, kwargs))
+
+    monkeypatch.setattr(cupy, "asarray", np.asarray)
+    monkeypatch.setattr(runtime, "conv2d", lambda x, w, b=None, **kw: front("fprop", x, w, None, kw))
+    monkeypatch.setattr(runtime, "conv2d_dgrad", lambda dy, w, shape, **kw: front("dgrad", dy, w, shape, kw))
+    monkeypatch.setattr(runtime, "conv2d_wgrad", lambda x, dy, shape, **kw: front("wgrad", x, dy, shape, kw))
+    run = autotune._runner(problem, pass_, Epilogue(), "float16")
+    run(None)
+    assert [name for name, _ in calls] == [pass_.value]

@@ -261,6 +261,8 @@ def _emulate_wgrad(problem, pl, rng):
     (dw(9, 7, 4, 3, 5, (1, 2), (1, 2), mult=3), None),
     (dw(14, 14, 96, 7, 7, 1, 3), None),
     (dw(6, 6, 3, 3, 3, 1, 1), None),
+    (dw(1, 1, 4, 1, 1, 1, 0, n=1), None),  # a 1x1 image: the block's runs lie mostly past its edge
+    (dw(2, 3, 8, 3, 3, 2, 1, mult=2), None),
     (dw(10, 13, 16, 3, 3, 1, 2, 2, n=3), None),
     (dw(11, 12, 32, 3, 3, (2, 1), (1, 2), n=2), Plan(32, 16, 16, 3, 1, 2, 8, 8, split_k=3, loop=Depthwise(32, 2, 1))),
     (dw(20, 21, 32, 5, 3, (2, 1), (2, 1), (1, 2), n=2), Plan(64, 32, 16, 4, 1, 2, 4, 4, split_k=4, loop=Depthwise(16, 4))),
@@ -289,7 +291,8 @@ def test_wgrad_kernels_compile_without_spills():
              (dw(6, 6, 3, 3, 3, 1, 1), "bfloat16", True, None),
              (dw(16, 16, 32, 3, 3, 3, 1), "float16", False, 1),
              (dw(10, 13, 16, 3, 3, 1, 2, 2), "float32", True, 1),
-             (dw(56, 56, 96, 7, 7, 1, 3, n=64), "bfloat16", False, None)]
+             (dw(56, 56, 96, 7, 7, 1, 3, n=64), "bfloat16", False, None),
+             (dw(1, 1, 4, 1, 1, 1, 0, n=1), "float16", True, None)]
     for problem, out, bias, split in cases:
         for arch in ("sm_90", "sm_80" if out == "bfloat16" else "sm_75"):  # sm_75 has no bf16 MMA
             in_dtype = "bfloat16" if out == "bfloat16" else "float16"
