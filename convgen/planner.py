@@ -26,6 +26,7 @@ from .limits import check_index_limits
 from . import depthwise
 from .mainloop import (FRAG, TMA_BLOCK_K, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma,
                        fit_tile)
+from .short_reduction_rules import exact_n_tile
 from .small_layer_rules import halo_default, split_k
 from .tma_rules import (tma_cheapest_tile, tma_eligible, tma_min_steps, tma_persistent, tma_short_persistent,
                         tma_steps)
@@ -325,17 +326,19 @@ def plan(
         least, evidence = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        short = tma_short_persistent(problem, pass_, target, steps) if why is None and steps < least else None
-        if why is None and (pass_ is Pass.WGRAD or (steps >= least or short is None) and gemm.n >= 64):
-            if steps < least:
+        short, short_why = (tma_short_persistent(problem, pass_, target, steps) if why is None and steps < least
+                            else (None, ""))
+        if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64 or short is not None):
+            if short is not None:
                 reasons.append(f"{steps} K-step(s), fewer than the TMA loop's {least}, through its persistent "
                                "kernel: measured faster on such 1x1 layers (tma_rules.tma_short_persistent)")
-            return _replace(_tma_plan(problem, pass_, target, reasons, steps), read_a=elem, read_b=elem)
+            return _replace(_tma_plan(problem, pass_, target, reasons, steps, short_tile=short, short_why=short_why),
+                            read_a=elem, read_b=elem)
         if why is None or target.info.tma:  # on other targets the TMA loop is not a candidate worth naming
             reasons.append("not the TMA main loop: " + (
                 why if why is not None else
                 f"{steps} K-step(s) of 64 channels, fewer than {least}; its ring's fill and its epilogue would "
-                f"not be amortised ({evidence}), and not its persistent kernel: {short}" if steps < least else
+                f"not be amortised ({evidence}), and not its persistent kernel: {short_why}" if steps < least else
                 f"N={gemm.n} is narrower than its narrowest tile (64)"))
 
     bn = fit_tile(gemm.n, 128)
@@ -364,6 +367,10 @@ def plan(
 
     warps = 8 if bm * bn >= 128 * 128 else 4
     wm, wn = _warp_grid(bm, bn, warps)
+    exact = None if scalar else exact_n_tile(problem, pass_)
+    if exact is not None:
+        bm, bn, wm, wn, why = exact
+        reasons.append(why)
     reasons.append(
         f"{wm * wn} warps as {wm}x{wn}: warp tile {bm // wm}x{bn // wn} "
         f"= {(bm // wm // FRAG) * (bn // wn // FRAG)} fragments per warp"
@@ -507,12 +514,16 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
         raise ValueError(f"Wgmma: the wgmma main loop {why}")
 
 
-def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int) -> Plan:
+def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int,
+              short_tile: tuple[int, int, int, bool] | None = None, short_why: str = "") -> Plan:
+    """The TMA loop's plan: the cost model's tile, or the persistent kernel that replaces it;
+    a short reduction's persistent tile (``short_tile``, tma_short_persistent) comes chosen."""
     gemm = problem.gemm(pass_)
     (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
-    persistent, why_persistent = tma_persistent(problem, pass_, target, bm, bn)
+    persistent, why_persistent = ((short_tile, short_why) if short_tile is not None
+                                  else tma_persistent(problem, pass_, target, bm, bn))
     pingpong = False
     if persistent:
         bm, bn, stages, pingpong = persistent
@@ -531,11 +542,14 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
         f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps"
         f"{' in the heaviest class' if pass_ is Pass.DGRAD and problem.stride != (1, 1) else ''}; {gather}; a "
         "producer warpgroup feeds the consumers' asynchronous wgmma",
-        f"block N {modelled[1]}: with block M {modelled[0]}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "") + ", the least "
-        f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "
-        f"of K at the tile's measured rate{traffic}): "
-        f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s (rates measured on "
-        f"fprop), {us:.0f} us predicted",
+        (f"block N {bn}: the short reduction's persistent tile (below), not the long-reduction cost model's"
+         if short_tile is not None else
+         f"block N {modelled[1]}: with block M {modelled[0]}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "")
+         + ", the least "
+         f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "
+         f"of K at the tile's measured rate{traffic}): "
+         f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s (rates measured on "
+         f"fprop), {us:.0f} us predicted"),
         f"block M {bm}: " + ("2 consumer warpgroups of a whole tile each" if pingpong else
                              f"{bm // 64} consumer warpgroup(s) of 64 rows"),
         f"K-step {TMA_BLOCK_K}: one 128-byte swizzle row of fp16 per pixel and tap",

@@ -60,11 +60,23 @@ TMA_MIN_STEPS = 8
 # 2026-12-03_h200_tma-short-probe_4931b53-*; in the bench at 2626a97 1.24-1.65x on those
 # rows).  A 64-wide tile's single step lost (l1-1x1a, 64 -> 64 channels: fprop 26.9 against
 # 20.8 us, dgrad 27.0 against 22.8): each tile is one copy and a drain, streaming that the
-# im2col loop's four resident blocks hide better, so a tile needs steps x block N >= 128 (the
-# 128-wide single steps measured at 2626a97, ResNet-18 l2-proj and MobileNetV2 pw14 fprop,
-# ran 1.03x and, against ce4fdc5's figure, 1.10x).  Steps part zeros (channels not a
-# multiple of 64) and strided dgrad were not measured, so they keep the bound.
+# im2col loop's four resident blocks hide better, so a tile needs steps x block N >= 128.
 MIN_SHORT_STEP_COLUMNS = 128
+# Short reductions take the persistent tile that tma_persistent_roofline predicts fastest, not
+# the long-reduction cost model's: on the 28 pointwise layers of MobileNetV2 and EfficientNet-B0
+# where the tuner timed several persistent tiles (H200 at f26ee2e, benchmarks/results/tuning/
+# nvidia-h200_2026-12-04_f26ee2e-*), its pick ran within 3% of the fastest (geometric mean; worst
+# 12%), where the cost model's tile had no persistent twin on most of them.  Those runs also bound
+# what a short step may leave empty: dgrad's steps with K = 40, 80, 112 or 160 of 64-channel
+# boxes (zeros past K) ran 1.2-1.5x the im2col default, K = 32 (half a box) lost to the im2col
+# loop's exact tile (pw28-144to32 25.0 against 18.9 us); and the tile's columns: N = 32 on a
+# 64-wide tile (half padding) still won 1.25x (pw28-192to32 fprop 21.0/27.2, pw28-32to192 dgrad
+# 21.3/26.3), N = 16 and 24 (a quarter to 3/8 used) ran at half the im2col loop's speed.
+MIN_SHORT_STEP_FILL = 0.5    # a step's channels over its 64: more than this
+MIN_SHORT_COLUMN_FILL = 0.5  # N over the tiles' columns: at least this
+# The persistent 128x64 tile's rate: 1.28-1.32x the 64x64 tile's on the N = 64 layers it was
+# measured on (PERSISTENT_TILES' notes), where TMA_TILES has no 128x64 entry.
+PERSISTENT_128X64_RATE = 1.3 * 349.0
 # Strided dgrad needs twice that in its heaviest residue class: at 8 such steps the TMA loop
 # ran within 10% of the im2col loop either way on four real layers (ResNet-18 l2-3x3-down
 # 1.05x, Darknet down2 1.10x, ResNet-50 l2-3x3-down 0.91x, ResNet-18 l4-proj 0.82x, H200 at
@@ -93,25 +105,69 @@ def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
     return TMA_MIN_STEPS, "measured slower on ResNet-50's 1x1 layers"
 
 
-def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target, steps: int) -> str | None:
-    """Why a reduction of ``steps`` (:func:`tma_steps`, fewer than :func:`tma_min_steps`)
-    stays off the TMA loop (None: the persistent kernel takes it, as measured in the notes
-    at MIN_SHORT_STEP_COLUMNS)."""
+def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
+                         steps: int) -> tuple[tuple[int, int, int, bool] | None, str]:
+    """The persistent tile (block_m, block_n, stages, ping-pong) for a reduction of ``steps``
+    (:func:`tma_steps`, fewer than :func:`tma_min_steps`), or None where the layer stays off
+    the TMA loop; and why (the bounds measured in the notes at MIN_SHORT_STEP_COLUMNS)."""
     if pass_ is Pass.WGRAD:
-        return "wgrad has no persistent kernel"
+        return None, "wgrad has no persistent kernel"
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
-        return "strided dgrad's short layers were not measured on the persistent kernel"
+        return None, "strided dgrad's short layers were not measured on the persistent kernel"
     channels = problem.c if pass_ is Pass.FPROP else problem.k
-    if channels % TMA_BLOCK_K:
-        return f"its {channels} channels leave a step part zeros, which was not measured on the persistent kernel"
-    _, bm, bn, _, _ = tma_cheapest_tile(problem, pass_, target)
-    tile, why = tma_persistent(problem, pass_, target, bm, bn)
-    if tile is None:
-        return why
-    if steps * tile[1] < MIN_SHORT_STEP_COLUMNS:
-        return (f"its {tile[0]}x{tile[1]} tile's {steps} step(s) are fewer than {MIN_SHORT_STEP_COLUMNS} "
-                "step-columns, which ran slower than the im2col loop (ResNet-50 l1-1x1a)")
-    return None
+    fill = channels / (math.ceil(channels / TMA_BLOCK_K) * TMA_BLOCK_K)
+    if fill <= MIN_SHORT_STEP_FILL:
+        return None, (f"its {channels} channels fill {fill:.0%} of their 64-channel steps, no more than "
+                      f"{MIN_SHORT_STEP_FILL:.0%}, which lost to the im2col loop (MobileNetV2 pw28-144to32 dgrad)")
+    gemm = problem.gemm(pass_)
+    fits, why = [], ""
+    for tile in short_persistent_tiles(pass_, gemm.n):  # narrowest first: the first refusal is the reason
+        bm, bn = tile[:2]
+        columns = gemm.n / (math.ceil(gemm.n / bn) * bn)
+        tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+        if columns < MIN_SHORT_COLUMN_FILL:
+            why = why or (f"N={gemm.n} fills {columns:.0%} of its {bm}x{bn} tiles' columns, under "
+                          f"{MIN_SHORT_COLUMN_FILL:.0%}, which ran at half the im2col loop's speed "
+                          "(MobileNetV2 pw112-16to96 dgrad)")
+        elif tiles < MIN_PERSISTENT_TILES_PER_SM * target.sm_count:
+            why = why or (f"its {tiles} {bm}x{bn} tiles are fewer than {MIN_PERSISTENT_TILES_PER_SM} per SM, too "
+                          "few for a persistent block to overlap")
+        elif steps * bn < MIN_SHORT_STEP_COLUMNS:
+            why = why or (f"its {bm}x{bn} tile's {steps} step(s) are fewer than {MIN_SHORT_STEP_COLUMNS} "
+                          "step-columns, which ran slower than the im2col loop (ResNet-50 l1-1x1a)")
+        else:
+            fits.append((tma_persistent_roofline(problem, pass_, target, bm, bn), tile, tiles))
+    if not fits:
+        return None, why
+    us, tile, tiles = min(fits, key=lambda f: f[0])
+    how = "ping-pong" if tile[3] else "cooperative"
+    return tile, (f"persistent {tile[0]}x{tile[1]} tile ({how}): {tiles} tiles, {us:.0f} us predicted, the least over "
+                  f"the persistent tiles with at least {MIN_PERSISTENT_TILES_PER_SM} per SM (a block's tiles x the "
+                  "longer of each tile's MMAs at its rate and its bytes at an SM's share of HBM bandwidth: "
+                  "tma_persistent_roofline)")
+
+
+def short_persistent_tiles(pass_: Pass, n: int) -> list[tuple[int, int, int, bool]]:
+    """The persistent tiles measured for this pass (PERSISTENT_TILES), none much wider than N,
+    narrowest first."""
+    widest = max(fit_tile(n, 256), 64)
+    return sorted({t for (p, _, _), t in PERSISTENT_TILES.items() if p is pass_ and t[1] <= widest},
+                  key=lambda t: (t[1], t[0], t[2]))
+
+
+def tma_persistent_roofline(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int) -> float:
+    """Predicted microseconds of a persistent ``bm`` x ``bn`` plan on a short reduction: each
+    block walks ceil(tiles / SMs) tiles, and a tile takes the longer of its MMAs (at the tile's
+    measured rate, an SM's share) and its bytes at an SM's share of HBM bandwidth: A's and B's
+    64-channel steps (B counted in full: its re-reads come from L2, which is not free either)
+    and its output once."""
+    gemm = problem.gemm(pass_)
+    steps = problem.r * problem.s * math.ceil((problem.c if pass_ is Pass.FPROP else problem.k) / TMA_BLOCK_K)
+    rate = next((r for m, n, _, r in TMA_TILES if (m, n) == (bm, bn)), PERSISTENT_128X64_RATE)
+    mma_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
+    bytes_us = 2 * (steps * TMA_BLOCK_K * (bm + bn) + bm * bn) / (HBM_BYTES_PER_US / target.sm_count)
+    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+    return math.ceil(tiles / target.sm_count) * max(mma_us, bytes_us)
 
 
 def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
@@ -209,7 +265,8 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
     (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
     16-byte units.  fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows,
-    and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes; dgrad
+    and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes, except in a
+    1x1 fprop, whose w rows end with its one tap (the boxes read zeros past C); dgrad
     reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, and
     walks dy one pixel per pixel of a stride residue class, through one map per class."""
     if not (target.info.tma and target.info.wgmma):
@@ -222,8 +279,11 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
                 "(a grouped layer runs the im2col loop, a GEMM per group)")
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     if pass_ is not Pass.DGRAD:
-        if g.c % 64:
+        if g.c % 64 and not (pass_ is Pass.FPROP and g.r * g.s == 1):
             return f"stages 64 channels of one tap per box: C={g.c} is not a multiple of 64"
+        if g.c % 64 and (g.c % 8 or g.c < MIN_DGRAD_K):  # a 1x1 fprop's tail: read as dgrad reads dy's
+            return (f"reads x in 64-channel boxes, past C as dgrad reads dy past K: C={g.c} must be a multiple of 8 "
+                    f"and at least {MIN_DGRAD_K}, the narrowest such box that has run")
         if pass_ is Pass.WGRAD and g.k % 8:
             return f"copies dy's rows as whole 16-byte runs: K={g.k} is not a multiple of 8"
         if max(sh, sw) > 8:

@@ -98,23 +98,23 @@ def test_dgrad_takes_maps_of_dy_and_w_and_boxes_of_64_channels():
 def test_default_plans_take_the_loop_where_the_reduction_is_long():
     """fprop and stride-1 dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps) take the
     TMA loop.  A 1x1 dgrad of K=256 (4 K-steps) takes it only through the persistent kernel:
-    with tiles enough (392 at batch 64; at batch 8 the cost model's 64x256 tile has no
-    persistent kernel), whole 64-channel steps (not K=96), and more than one 64-wide step a
-    tile.  Strided dgrad counts its heaviest residue class: 4 taps x 4 steps of K=256 at
-    stride 2 take the loop, a 1x1 at stride 2 (one tap, 2 steps of K=128) does not; each
-    says why."""
+    with tiles enough (392 at batch 64; at batch 8 no persistent tile has two an SM), steps
+    more than half full (K=96, not K=32), and more than one 64-wide step a tile.  Strided
+    dgrad counts its heaviest residue class: 4 taps x 4 steps of K=256 at stride 2 take the
+    loop, a 1x1 at stride 2 (one tap, 2 steps of K=128) does not; each says why."""
     from convgen.planner import plan as default_plan
 
     assert default_plan(LAYER, Pass.FPROP, SM90).tma and default_plan(LAYER, Pass.DGRAD, SM90).tma
     short = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
     assert short.tma and short.loop.persistent and any("4 K-step(s), fewer than" in r for r in short.reasons)
     few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=8), Pass.DGRAD, SM90)
-    assert not few.tma and any("4 K-step(s)" in r and "not its persistent kernel: one block per tile" in r
-                               for r in few.reasons)
+    assert not few.tma and any("4 K-step(s)" in r and "fewer than 2 per SM" in r for r in few.reasons)
     single = default_plan(ConvProblem(56, 56, 64, 64, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)  # one step, N = 64
     assert not single.tma and any("fewer than 128 step-columns" in r for r in single.reasons)
-    part = default_plan(ConvProblem(14, 14, 1024, 96, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
-    assert not part.tma and any("96 channels leave a step part zeros" in r for r in part.reasons)
+    part = default_plan(ConvProblem(14, 14, 1024, 96, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)  # steps 3/4 full
+    assert part.tma and part.loop.persistent
+    half = default_plan(ConvProblem(14, 14, 1024, 32, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)  # half-empty steps
+    assert not half.tma and any("32 channels fill 50% of their 64-channel steps" in r for r in half.reasons)
     assert default_plan(dataclasses.replace(LAYER, stride=(2, 2)), Pass.DGRAD, SM90).tma
     strided_1x1 = default_plan(ConvProblem(28, 28, 256, 128, 1, 1, 2, 0, 1, n=64), Pass.DGRAD, SM90)
     assert not strided_1x1.tma and any("2 K-step(s)" in r for r in strided_1x1.reasons)
@@ -135,6 +135,8 @@ TMA_COMPILE = [
      Epilogue(bias=True, relu=True)),
     (dataclasses.replace(LAYER, k=40), Plan(128, 64, 64, 8, 1, 2, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
      Epilogue(out_dtype="float32")),
+    (ConvProblem(14, 14, 40, 72, 1, 1, 1, 0, 1, n=2),  # a 1x1's channel tail: one step, part zeros
+     Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)), Epilogue(bias=True)),
 ]
 
 

@@ -108,6 +108,33 @@ def test_tma_persistent_exact_tier(problem, plan, one_sm):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
 
 
+# A 1x1 fprop whose C is not a whole number of 64-channel boxes: its last step's boxes run
+# past C in x's channels and w's rows, and both must read zeros there (C < one box, one box
+# and a tail, three and a tail of 8; stride 2; M tails).
+CHANNEL_TAIL_SHAPES = [
+    ConvProblem(14, 14, 40, 72, 1, 1, 1, 0, 1, n=2),
+    ConvProblem(9, 11, 112, 48, 1, 1, 1, 0, 1, n=3),
+    ConvProblem(16, 15, 80, 64, 1, 1, 2, 0, 1, n=3),
+    ConvProblem(7, 7, 200, 136, 1, 1, 1, 0, 1, n=5),
+]
+
+
+@pytest.mark.parametrize("problem", CHANNEL_TAIL_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", TMA_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_channel_tail_exact_tier(problem, plan):
+    res = run_pass(problem, Pass.FPROP, _seed("tma-tail", problem, plan), out_dtype="float32", bias=True, plan=plan,
+                   exact=True)
+    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+@pytest.mark.parametrize("problem", CHANNEL_TAIL_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", PERSISTENT_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_persistent_channel_tail_exact_tier(problem, plan, one_sm):
+    res = run_pass(problem, Pass.FPROP, _seed("tma-tail-persistent", problem, plan), out_dtype="float32",
+                   bias=True, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
+
+
 @pytest.mark.parametrize("plan", [PERSISTENT_PLANS[0], PERSISTENT_PLANS[5]], ids=lambda p: p.brief().replace(" ", "_"))
 def test_tma_persistent_grid_walks_a_real_layer(plan):
     """A layer of 7 to 8 tiles per SM on the whole GPU, normal data through fp16 with ReLU."""
@@ -282,6 +309,14 @@ def tma_dgrad_problems():  # K from the narrowest dy the loop takes (tma_rules.M
 
 @given(problem=tma_problems(), plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma(problem, plan, seed):
+    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
+    check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+@given(problem=tma_problems(c=st.integers(4, 30).map(lambda i: 8 * i)).filter(lambda p: p.r * p.s == 1),
+       plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_pointwise_channel_tails(problem, plan, seed):
+    """1x1 fprop with C of 32 to 240 in 16-byte runs: whole boxes and tails alike."""
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
 
