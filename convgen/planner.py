@@ -326,13 +326,16 @@ def plan(
         least, evidence = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        short, short_why = (tma_short_persistent(problem, pass_, target, steps) if why is None and steps < least
-                            else (None, ""))
+        # A short reduction, or a 1x1 layer's long one, may take the persistent tile the roofline picks
+        pointwise = problem.r * problem.s == 1 and pass_ is not Pass.WGRAD
+        short, short_why = (tma_short_persistent(problem, pass_, target, steps)
+                            if why is None and (steps < least or pointwise) else (None, ""))
         if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64 or short is not None):
-            if short is not None:
+            if short is not None and steps < least:
                 reasons.append(f"{steps} K-step(s), fewer than the TMA loop's {least}, through its persistent "
                                "kernel: measured faster on such 1x1 layers (tma_rules.tma_short_persistent)")
-            return _replace(_tma_plan(problem, pass_, target, reasons, steps, short_tile=short, short_why=short_why),
+            return _replace(_tma_plan(problem, pass_, target, reasons, steps, short_tile=short, short_why=short_why,
+                                      short_first=steps < least),
                             read_a=elem, read_b=elem)
         if why is None or target.info.tma:  # on other targets the TMA loop is not a candidate worth naming
             reasons.append("not the TMA main loop: " + (
@@ -515,15 +518,21 @@ def _check_wgmma(plan: Plan, pass_: Pass, target: Target) -> None:
 
 
 def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int,
-              short_tile: tuple[int, int, int, bool] | None = None, short_why: str = "") -> Plan:
-    """The TMA loop's plan: the cost model's tile, or the persistent kernel that replaces it;
-    a short reduction's persistent tile (``short_tile``, tma_short_persistent) comes chosen."""
+              short_tile: tuple[int, int, int, bool] | None = None, short_why: str = "",
+              short_first: bool = True) -> Plan:
+    """The TMA loop's plan: the cost model's tile, or the persistent kernel that replaces it.
+    The roofline's persistent tile (``short_tile``, tma_short_persistent) replaces it outright
+    on a short reduction (``short_first``), and on a 1x1 layer's long one where the cost
+    model's tile has no persistent kernel."""
     gemm = problem.gemm(pass_)
     (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
-    persistent, why_persistent = ((short_tile, short_why) if short_tile is not None
-                                  else tma_persistent(problem, pass_, target, bm, bn))
+    persistent, why_persistent = (None, "") if short_first and short_tile else tma_persistent(problem, pass_, target, bm, bn)
+    if persistent is None and short_tile is not None:
+        persistent, why_persistent = short_tile, short_why
+    else:
+        short_tile = None  # the cost model's tile (or its persistent twin) stands
     pingpong = False
     if persistent:
         bm, bn, stages, pingpong = persistent

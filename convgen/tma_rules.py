@@ -73,6 +73,7 @@ MIN_SHORT_STEP_COLUMNS = 128
 # 64-wide tile (half padding) still won 1.25x (pw28-192to32 fprop 21.0/27.2, pw28-32to192 dgrad
 # 21.3/26.3), N = 16 and 24 (a quarter to 3/8 used) ran at half the im2col loop's speed.
 MIN_SHORT_STEP_FILL = 0.5    # a step's channels over its 64: more than this
+MIN_ROOFLINE_TILES_PER_SM = 1.5  # 128x64 on 1.5-1.9 tiles an SM still won 1.2-1.3x (pw7-960to320 fprop)
 MIN_SHORT_COLUMN_FILL = 0.5  # N over the tiles' columns: at least this
 # The persistent 128x64 tile's rate: 1.28-1.32x the 64x64 tile's on the N = 64 layers it was
 # measured on (PERSISTENT_TILES' notes), where TMA_TILES has no 128x64 entry.
@@ -129,8 +130,8 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
             why = why or (f"N={gemm.n} fills {columns:.0%} of its {bm}x{bn} tiles' columns, under "
                           f"{MIN_SHORT_COLUMN_FILL:.0%}, which ran at half the im2col loop's speed "
                           "(MobileNetV2 pw112-16to96 dgrad)")
-        elif tiles < MIN_PERSISTENT_TILES_PER_SM * target.sm_count:
-            why = why or (f"its {tiles} {bm}x{bn} tiles are fewer than {MIN_PERSISTENT_TILES_PER_SM} per SM, too "
+        elif tiles < MIN_ROOFLINE_TILES_PER_SM * target.sm_count:
+            why = why or (f"its {tiles} {bm}x{bn} tiles are fewer than {MIN_ROOFLINE_TILES_PER_SM} per SM, too "
                           "few for a persistent block to overlap")
         elif steps * bn < MIN_SHORT_STEP_COLUMNS:
             why = why or (f"its {bm}x{bn} tile's {steps} step(s) are fewer than {MIN_SHORT_STEP_COLUMNS} "
@@ -142,7 +143,7 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
     us, tile, tiles = min(fits, key=lambda f: f[0])
     how = "ping-pong" if tile[3] else "cooperative"
     return tile, (f"persistent {tile[0]}x{tile[1]} tile ({how}): {tiles} tiles, {us:.0f} us predicted, the least over "
-                  f"the persistent tiles with at least {MIN_PERSISTENT_TILES_PER_SM} per SM (a block's tiles x the "
+                  f"the persistent tiles with at least {MIN_ROOFLINE_TILES_PER_SM} per SM (a block's tiles x the "
                   "longer of each tile's MMAs at its rate and its bytes at an SM's share of HBM bandwidth: "
                   "tma_persistent_roofline)")
 

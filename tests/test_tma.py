@@ -98,7 +98,7 @@ def test_dgrad_takes_maps_of_dy_and_w_and_boxes_of_64_channels():
 def test_default_plans_take_the_loop_where_the_reduction_is_long():
     """fprop and stride-1 dgrad of a 3x3 layer of 128 channels (18 and 36 K-steps) take the
     TMA loop.  A 1x1 dgrad of K=256 (4 K-steps) takes it only through the persistent kernel:
-    with tiles enough (392 at batch 64; at batch 8 no persistent tile has two an SM), steps
+    with tiles enough (392 at batch 64; at batch 4 no persistent tile has 1.5 an SM), steps
     more than half full (K=96, not K=32), and more than one 64-wide step a tile.  Strided
     dgrad counts its heaviest residue class: 4 taps x 4 steps of K=256 at stride 2 take the
     loop, a 1x1 at stride 2 (one tap, 2 steps of K=128) does not; each says why."""
@@ -107,8 +107,8 @@ def test_default_plans_take_the_loop_where_the_reduction_is_long():
     assert default_plan(LAYER, Pass.FPROP, SM90).tma and default_plan(LAYER, Pass.DGRAD, SM90).tma
     short = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)
     assert short.tma and short.loop.persistent and any("4 K-step(s), fewer than" in r for r in short.reasons)
-    few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=8), Pass.DGRAD, SM90)
-    assert not few.tma and any("4 K-step(s)" in r and "fewer than 2 per SM" in r for r in few.reasons)
+    few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=4), Pass.DGRAD, SM90)
+    assert not few.tma and any("4 K-step(s)" in r and "fewer than 1.5 per SM" in r for r in few.reasons)
     single = default_plan(ConvProblem(56, 56, 64, 64, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)  # one step, N = 64
     assert not single.tma and any("fewer than 128 step-columns" in r for r in single.reasons)
     part = default_plan(ConvProblem(14, 14, 1024, 96, 1, 1, 1, 0, 1, n=64), Pass.DGRAD, SM90)  # steps 3/4 full
@@ -232,8 +232,14 @@ def test_defaults_run_persistent_where_tiles_outnumber_the_sms():
     assert wide.loop == TmaWgmma(persistent=True) and (wide.block_m, wide.block_n) == (128, 256)
     narrow_dgrad = default_plan(ConvProblem(128, 128, 64, 64, 3, 3, 1, 1, 1, n=16), Pass.DGRAD, SM90)  # UNet enc2b
     assert narrow_dgrad.loop.pingpong and (narrow_dgrad.block_m, narrow_dgrad.block_n) == (128, 64)
-    few = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)  # 98 tiles
+    few = default_plan(ConvProblem(14, 14, 512, 512, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)  # 98 tiles
     assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)
+    # a 1x1 layer's long reduction whose cost-model tile (128x256, 98 tiles) has too few for its
+    # persistent kernel takes the roofline's persistent tile instead (tma_short_persistent: 392
+    # 128x64 tiles)
+    pointwise = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)
+    assert pointwise.loop.persistent and (pointwise.block_m, pointwise.block_n) == (128, 64)
+    assert any("persistent 128x64 tile (ping-pong): 392 tiles" in r for r in pointwise.reasons)
     dgrad = default_plan(ConvProblem(112, 112, 128, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
     assert dgrad.loop == TmaWgmma(persistent=True) and (dgrad.block_m, dgrad.block_n, dgrad.stages) == (128, 128, 5)
     strided = default_plan(ConvProblem(64, 64, 128, 256, 3, 3, 2, 1, 1, n=64), Pass.DGRAD, SM90)  # Darknet's down3

@@ -313,10 +313,17 @@ def test_fuzz_tma(problem, plan, seed):
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
 
 
-@given(problem=tma_problems(c=st.integers(4, 30).map(lambda i: 8 * i)).filter(lambda p: p.r * p.s == 1),
-       plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS), seed=st.integers(0, 2**32 - 1))
+@st.composite
+def pointwise_problems(draw):
+    """1x1 fprop with C of 32 to 240 in 16-byte runs (whole 64-channel boxes and tails alike),
+    strides up to 3 (the map's traversal stride), images and batches with tiles' tails."""
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    return ConvProblem(draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.integers(4, 30)) * 8,
+                       draw(st.integers(1, 160)), 1, 1, stride, 0, 1, n=draw(st.integers(1, 6)))
+
+
+@given(problem=pointwise_problems(), plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_pointwise_channel_tails(problem, plan, seed):
-    """1x1 fprop with C of 32 to 240 in 16-byte runs: whole boxes and tails alike."""
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
 

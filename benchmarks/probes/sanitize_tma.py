@@ -26,6 +26,10 @@ CASES = [
     # persistent: 576 and 1,152 tiles on 132 SMs, so each block walks several, M and N tails among them
     (ConvProblem(24, 24, 64, 72, 3, 3, 1, 1, 1, n=64), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
     (ConvProblem(24, 24, 64, 40, 3, 3, 1, 1, 1, n=64), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
+    # 1x1 channel tails: the last step's boxes run past C in x and w (one box part zeros; three and a tail)
+    (ConvProblem(14, 14, 40, 72, 1, 1, 1, 0, 1, n=8), Plan(128, 64, 64, 8, 1, 6, 8, 8,
+                                                          loop=TmaWgmma(persistent=True, pingpong=True))),
+    (ConvProblem(9, 11, 200, 136, 1, 1, 2, 0, 1, n=3), Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
 ]
 
 DGRAD_CASES = [
