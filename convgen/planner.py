@@ -28,7 +28,7 @@ from .mainloop import (FRAG, TMA_BLOCK_K, Depthwise, FlatHalo, HaloLdsm, HaloTil
                        fit_tile)
 from .short_reduction_rules import exact_n_tile
 from .small_layer_rules import halo_default, split_k
-from .tma_rules import (tma_cheapest_tile, tma_eligible, tma_min_steps, tma_persistent, tma_short_persistent,
+from .tma_rules import (MIN_LONG_PADDING, column_padding, tma_cheapest_tile, tma_eligible, tma_min_steps, tma_persistent, tma_short_persistent,
                         tma_steps)
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
@@ -523,13 +523,13 @@ def _tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[s
     """The TMA loop's plan: the cost model's tile, or the persistent kernel that replaces it.
     The roofline's persistent tile (``short_tile``, tma_short_persistent) replaces it outright
     on a short reduction (``short_first``), and on a 1x1 layer's long one where the cost
-    model's tile has no persistent kernel."""
+    model's tile has no persistent kernel and pads N (tma_rules.MIN_LONG_PADDING)."""
     gemm = problem.gemm(pass_)
     (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
     persistent, why_persistent = (None, "") if short_first and short_tile else tma_persistent(problem, pass_, target, bm, bn)
-    if persistent is None and short_tile is not None:
+    if persistent is None and short_tile is not None and (short_first or column_padding(gemm.n, bn) >= MIN_LONG_PADDING):
         persistent, why_persistent = short_tile, short_why
     else:
         short_tile = None  # the cost model's tile (or its persistent twin) stands

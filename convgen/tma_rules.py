@@ -74,6 +74,12 @@ MIN_SHORT_STEP_COLUMNS = 128
 # 21.3/26.3), N = 16 and 24 (a quarter to 3/8 used) ran at half the im2col loop's speed.
 MIN_SHORT_STEP_FILL = 0.5    # a step's channels over its 64: more than this
 MIN_ROOFLINE_TILES_PER_SM = 1.5  # 128x64 on 1.5-1.9 tiles an SM still won 1.2-1.3x (pw7-960to320 fprop)
+# A 1x1 layer's long reduction (TMA_MIN_STEPS or more) takes the roofline's persistent tile only
+# where the cost model's tile has no persistent kernel and leaves at least this share of its
+# columns empty: there it won 1.15-1.3x (N = 80, 96, 112, 160, 192, 320 on 64x128, 64x256 or
+# 128x256 tiles, at faa56ad); where the cost model's tile fits N (ResNet-50 l3-1x1 fprop, N =
+# 256, and l4-1x1 dgrad, N = 512), 128x64 ping-pong ran 10% and 27% slower (H200 at d7fa86f).
+MIN_LONG_PADDING = 0.1
 MIN_SHORT_COLUMN_FILL = 0.5  # N over the tiles' columns: at least this
 # The persistent 128x64 tile's rate: 1.28-1.32x the 64x64 tile's on the N = 64 layers it was
 # measured on (PERSISTENT_TILES' notes), where TMA_TILES has no 128x64 entry.
@@ -146,6 +152,11 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
                   f"the persistent tiles with at least {MIN_ROOFLINE_TILES_PER_SM} per SM (a block's tiles x the "
                   "longer of each tile's MMAs at its rate and its bytes at an SM's share of HBM bandwidth: "
                   "tma_persistent_roofline)")
+
+
+def column_padding(n: int, bn: int) -> float:
+    """The share of ``bn``-wide tiles' columns that N leaves empty."""
+    return 1 - n / (math.ceil(n / bn) * bn)
 
 
 def short_persistent_tiles(pass_: Pass, n: int) -> list[tuple[int, int, int, bool]]:

@@ -234,12 +234,15 @@ def test_defaults_run_persistent_where_tiles_outnumber_the_sms():
     assert narrow_dgrad.loop.pingpong and (narrow_dgrad.block_m, narrow_dgrad.block_n) == (128, 64)
     few = default_plan(ConvProblem(14, 14, 512, 512, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)  # 98 tiles
     assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)
-    # a 1x1 layer's long reduction whose cost-model tile (128x256, 98 tiles) has too few for its
-    # persistent kernel takes the roofline's persistent tile instead (tma_short_persistent: 392
-    # 128x64 tiles)
-    pointwise = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)
-    assert pointwise.loop.persistent and (pointwise.block_m, pointwise.block_n) == (128, 64)
-    assert any("persistent 128x64 tile (ping-pong): 392 tiles" in r for r in pointwise.reasons)
+    # A 1x1 layer's long reduction whose cost-model tile has too few tiles for its persistent
+    # kernel: where that tile pads N (MobileNetV2's N = 320 on 128x256, 37%) the roofline's
+    # persistent tile replaces it (245 128x64 tiles); where it fits N (ResNet-50 l3-1x1, 98
+    # 128x256 tiles, N = 256) it stays.
+    pointwise = default_plan(ConvProblem(7, 7, 960, 320, 1, 1, 1, 0, 1, n=128), Pass.FPROP, SM90)
+    assert pointwise.loop == TmaWgmma(persistent=True, pingpong=True) and pointwise.block_n == 64
+    assert any("persistent 128x64 tile (ping-pong): 245 tiles" in r for r in pointwise.reasons)
+    fits = default_plan(ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64), Pass.FPROP, SM90)
+    assert fits.tma and not fits.loop.persistent and (fits.block_m, fits.block_n) == (128, 256)
     dgrad = default_plan(ConvProblem(112, 112, 128, 128, 3, 3, 1, 1, 1, n=32), Pass.DGRAD, SM90)
     assert dgrad.loop == TmaWgmma(persistent=True) and (dgrad.block_m, dgrad.block_n, dgrad.stages) == (128, 128, 5)
     strided = default_plan(ConvProblem(64, 64, 128, 256, 3, 3, 2, 1, 1, n=64), Pass.DGRAD, SM90)  # Darknet's down3
