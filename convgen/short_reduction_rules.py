@@ -6,12 +6,13 @@ The planner's general rule, the smallest power-of-two tile covering N (cap 128),
 twice over where N is not a power of two: the padding columns are multiplied and drained, and
 where N passes 128, each row of A is read once per N tile.  On the H200 (`convgen tune` at
 f26ee2e, `benchmarks/results/tuning/nvidia-h200_2026-12-04_f26ee2e-*`), a tile exactly N
-wide, 64 rows on 2 x 3 or 2 x 4 warps, beat the power-of-two default on every MobileNetV2 and
-EfficientNet-B0 layer it was timed on with N of 48, 96, 144, 192 or 240 and a reduction of at
-most 384: 1.03-1.72x (MobileNetV2 pw56-144to24 dgrad 100.3 -> 70.7 us, pw112-16to96 fprop
-205.3 -> 154.0), but one (EfficientNet-B0 pw14-240to80 dgrad, 0.94x).  Widths whose fragment
-count has no factor of 3 or 4 (80, 112, 160) split into warp tiles of 5 or 7 fragments, which
-ran up to 1.9x slower, and on longer reductions (576, 672) the exact tile gave nothing.
+wide, 64 rows on 2 x 3 or 2 x 4 warps, beat the power-of-two default on 13 of the 14 MobileNetV2
+and EfficientNet-B0 layers it was timed on with N of 48, 96, 144, 192 or 240 and a reduction of
+at most 384: 1.01-1.61x (MobileNetV2 pw56-144to24 dgrad 100.3 -> 70.7 us, pw112-16to96 fprop
+205.3 -> 154.0), and 0.93x on EfficientNet-B0 pw14-240to80 dgrad.  Widths whose fragment count
+has no factor of 3 or 4 (80, 112, 160) split into warp tiles of 5 or 7 fragments, which ran up
+to 1.9x slower, and on a longer reduction (576: MobileNetV2 pw14-96to576 dgrad) the exact tile
+gave nothing.
 
 Kept apart from the planner so that a new tuning run changes one module.
 """
@@ -48,5 +49,5 @@ def exact_n_tile(problem: ConvProblem, pass_: Pass) -> tuple[int, int, int, int,
     return EXACT_BLOCK_M, exact, EXACT_WARPS_M, wn, (
         f"block {EXACT_BLOCK_M}x{exact}, {EXACT_WARPS_M}x{wn} warps: a reduction of {gemm.k} is short, so a tile "
         f"exactly N={gemm.n} wide replaces {columns // pow2} power-of-two tile(s) of {pow2} ({columns} columns): "
-        "each row of A read once, no padding drained (measured 1.03-1.72x on the pointwise suites: "
+        "each row of A read once, no padding drained (measured 1.01-1.61x on the pointwise suites: "
         "short_reduction_rules)")
