@@ -73,6 +73,7 @@ MIN_SHORT_STEP_COLUMNS = 128
 # 64-wide tile (half padding) still won 1.25x (pw28-192to32 fprop 21.0/27.2, pw28-32to192 dgrad
 # 21.3/26.3), N = 16 and 24 (a quarter to 3/8 used) ran at half the im2col loop's speed.
 MIN_SHORT_STEP_FILL = 0.5    # a step's channels over its 64: more than this
+MIN_SHORT_COLUMN_FILL = 0.5  # N over the tiles' columns: at least this
 MIN_ROOFLINE_TILES_PER_SM = 1.5  # 128x64 on 1.5-1.9 tiles an SM still won 1.2-1.3x (pw7-960to320 fprop)
 # A 1x1 layer's long reduction (TMA_MIN_STEPS or more) takes the roofline's persistent tile only
 # where the cost model's tile has no persistent kernel and leaves at least this share of its
@@ -80,12 +81,11 @@ MIN_ROOFLINE_TILES_PER_SM = 1.5  # 128x64 on 1.5-1.9 tiles an SM still won 1.2-1
 # 128x256 tiles, at faa56ad); where the cost model's tile fits N (ResNet-50 l3-1x1 fprop, N =
 # 256, and l4-1x1 dgrad, N = 512), 128x64 ping-pong ran 10% and 27% slower (H200 at d7fa86f).
 MIN_LONG_PADDING = 0.1
-MIN_SHORT_COLUMN_FILL = 0.5  # N over the tiles' columns: at least this
 # The persistent 128x64 tile's rate: 1.28-1.32x the 64x64 tile's on the N = 64 layers it was
 # measured on (PERSISTENT_TILES' notes), where TMA_TILES has no 128x64 entry.
 PERSISTENT_128X64_RATE = 1.3 * 349.0
-# Strided dgrad needs twice that in its heaviest residue class: at 8 such steps the TMA loop
-# ran within 10% of the im2col loop either way on four real layers (ResNet-18 l2-3x3-down
+# Strided dgrad needs twice TMA_MIN_STEPS in its heaviest residue class: at 8 such steps the
+# TMA loop ran within 10% of the im2col loop either way on four real layers (ResNet-18 l2-3x3-down
 # 1.05x, Darknet down2 1.10x, ResNet-50 l2-3x3-down 0.91x, ResNet-18 l4-proj 0.82x, H200 at
 # 145e8e4 and 209e778), and from 16 on it won on all five (1.3-2.4x).
 TMA_MIN_STEPS_STRIDED_DGRAD = 16
@@ -114,9 +114,10 @@ def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
 
 def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
                          steps: int) -> tuple[tuple[int, int, int, bool] | None, str]:
-    """The persistent tile (block_m, block_n, stages, ping-pong) for a reduction of ``steps``
-    (:func:`tma_steps`, fewer than :func:`tma_min_steps`), or None where the layer stays off
-    the TMA loop; and why (the bounds measured in the notes at MIN_SHORT_STEP_COLUMNS)."""
+    """The persistent tile (block_m, block_n, stages, ping-pong) the roofline picks for a
+    reduction of ``steps`` (:func:`tma_steps`: fewer than :func:`tma_min_steps`, or a 1x1
+    layer's longer one), or None where no persistent tile fits the bounds measured in the notes
+    at MIN_SHORT_STEP_COLUMNS; and why."""
     if pass_ is Pass.WGRAD:
         return None, "wgrad has no persistent kernel"
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
@@ -168,7 +169,7 @@ def short_persistent_tiles(pass_: Pass, n: int) -> list[tuple[int, int, int, boo
 
 
 def tma_persistent_roofline(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int) -> float:
-    """Predicted microseconds of a persistent ``bm`` x ``bn`` plan on a short reduction: each
+    """Predicted microseconds of a persistent ``bm`` x ``bn`` plan on a short (or 1x1) reduction: each
     block walks ceil(tiles / SMs) tiles, and a tile takes the longer of its MMAs (at the tile's
     measured rate, an SM's share) and its bytes at an SM's share of HBM bandwidth: A's and B's
     64-channel steps (B counted in full: its re-reads come from L2, which is not free either)
