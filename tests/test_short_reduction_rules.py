@@ -104,3 +104,27 @@ def test_the_persistent_short_kernel_says_why_it_stays_off():
     """Narrow N (a quarter of a 64-wide tile's columns) keeps the im2col loop, by name."""
     p = plan(ConvProblem(112, 112, 16, 96, 1, 1, 1, 0, 1, n=128), Pass.DGRAD, H200)
     assert not p.tma and any("N=16 fills 25% of its 128x64 tiles' columns" in r for r in p.reasons)
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
+@pytest.mark.parametrize("problem,pass_", [
+    (ConvProblem(20, 20, 16, 96, 1, 1, 1, 0, 1, n=2), Pass.FPROP),   # 64x96 on 2 x 3 warps
+    (ConvProblem(20, 20, 144, 24, 1, 1, 1, 0, 1, n=2), Pass.DGRAD),  # 64x144
+    (ConvProblem(20, 20, 32, 192, 1, 1, 1, 0, 1, n=2), Pass.FPROP),  # 64x192 on 2 x 4 warps
+], ids=lambda v: getattr(v, "value", None) or v.describe().replace(" ", "_"))
+def test_exact_n_tiles_compile_on_every_cuda_arch(problem, pass_, arch):
+    """The rule asks no capability of the target, so its 6- and 8-warp tiles reach Turing's and
+    Ampere's WMMA loops too: each compiles there with NVRTC, warnings as errors (the session's
+    CONVGEN_WERROR), with the kernel in the cubin."""
+    pytest.importorskip("cupy", reason="NVRTC comes with CuPy")
+    from convgen.compile import compile_binary
+    from convgen.emit import emit
+    from convgen.ir import Epilogue
+    from convgen.planner import make_spec
+
+    target = Target(arch)
+    p = plan(problem, pass_, target)
+    assert p.block_m == 64 and p.block_n == -(-problem.gemm(pass_).n // 16) * 16, p.brief()
+    src = emit(make_spec(problem, pass_, target=target, plan_=p, epilogue=Epilogue(bias=pass_ is Pass.FPROP)))
+    binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
+    assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
