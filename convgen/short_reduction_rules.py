@@ -12,7 +12,8 @@ at most 384: 1.01-1.61x (MobileNetV2 pw56-144to24 dgrad 100.3 -> 70.7 us, pw112-
 205.3 -> 154.0), and 0.93x on EfficientNet-B0 pw14-240to80 dgrad.  Widths whose fragment count
 has no factor of 3 or 4 (80, 112, 160) split into warp tiles of 5 or 7 fragments, which ran up
 to 1.9x slower, and on a longer reduction (576: MobileNetV2 pw14-96to576 dgrad) the exact tile
-gave nothing.
+gave nothing.  Every layer measured had stride 1, so strided layers keep the general rule (a
+strided dgrad's tiles also run per residue class, a different loop).
 
 Kept apart from the planner so that a new tuning run changes one module.
 """
@@ -32,8 +33,8 @@ EXACT_WARPS_M = 2
 def exact_n_tile(problem: ConvProblem, pass_: Pass) -> tuple[int, int, int, int, str] | None:
     """(block_m, block_n, warps_m, warps_n, why) of an exactly-N-wide im2col tile for a short
     fprop or dgrad reduction, or None where the power-of-two tile stays."""
-    if pass_ is Pass.WGRAD or problem.groups > 1:
-        return None
+    if pass_ is Pass.WGRAD or problem.groups > 1 or problem.stride != (1, 1):
+        return None  # (every layer it was measured on: stride 1, ungrouped)
     gemm = problem.gemm(pass_)
     if gemm.k > MAX_SHORT_REDUCTION:
         return None

@@ -85,6 +85,7 @@ def test_short_reductions_take_a_tile_exactly_n_wide(c, k, pass_):
     (ConvProblem(28, 28, 96, 96, 3, 3, 1, 1, 1, n=32), Pass.FPROP),    # a reduction of 864 is not short
     (ConvProblem(56, 56, 24, 128, 1, 1, 1, 0, 1, n=32), Pass.FPROP),   # N a power of two
     (ConvProblem(56, 56, 24, 96, 1, 1, 1, 0, 1, n=32), Pass.WGRAD),    # wgrad's N is R*S*C
+    (ConvProblem(56, 56, 96, 24, 1, 1, 2, 0, 1, n=32), Pass.DGRAD),    # strided: no layer measured
 ], ids=lambda v: getattr(v, "value", None) or v.describe().replace(" ", "_"))
 def test_the_exact_tile_stays_where_it_was_not_measured_to_win(problem, pass_):
     assert not any("exactly N=" in r for r in plan(problem, pass_, H200).reasons)
