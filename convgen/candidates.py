@@ -15,7 +15,7 @@ import math
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
-from .tma_rules import PERSISTENT_TILES, tma_eligible, tma_split, tma_tiles
+from .tma_rules import PERSISTENT_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -174,7 +174,8 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
 
 def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
     """TMA main-loop plans where the copy engine can run the layer (planner.tma_eligible)."""
-    if tma_eligible(problem.geometry, pass_, target, in_dtype) is not None:  # type: ignore[arg-type]
+    if (tma_eligible(problem.geometry, pass_, target, in_dtype) is not None  # type: ignore[arg-type]
+            or tma_tail_fill(problem, pass_) is not None):  # half-empty steps: not worth a timing slot
         return []
     out: list[Plan] = []
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed

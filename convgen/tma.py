@@ -127,8 +127,12 @@ def dgrad_im2col_maps(ptr: int, problem: ConvProblem, block_m: int, dtype: str =
 
 def weight_map(ptr: int, problem: ConvProblem, block_n: int, dtype: str = "float16") -> np.void:
     """fprop's w: KRSC as a 2-D tensor [K][R*S*C]; a box is ``block_n`` filters x 64 of their
-    (tap, channel) pairs, rows past K read as zeros."""
+    (tap, channel) pairs, rows past K read as zeros.  Where C is not a whole number of boxes
+    and the filter has several taps, w is the 3-D tensor (C, R*S, K) instead, so that a box
+    past C reads zeros rather than the next tap's channels (the same bytes in shared memory)."""
     p = problem
+    if p.c % TMA_BLOCK_K and p.r * p.s > 1:
+        return _tiled(ptr, (p.c, p.r * p.s, p.k), (TMA_BLOCK_K, 1, block_n), "w", dtype)
     return _tiled(ptr, (p.r * p.s * p.c, p.k), (TMA_BLOCK_K, block_n), "w", dtype)
 
 

@@ -104,6 +104,19 @@ MAX_TMA_SPLIT = 64
 MAX_DGRAD_CLASSES = 16
 
 
+def tma_tail_fill(problem: ConvProblem, pass_: Pass) -> str | None:
+    """Why an fprop of several taps whose C is not a whole number of boxes stays off the TMA
+    loop (None: it may take it): each tap's last step is part zeros, so the steps must be more
+    than MIN_SHORT_STEP_FILL full, as the short reductions' steps must."""
+    if pass_ is not Pass.FPROP or not problem.c % TMA_BLOCK_K or problem.r * problem.s == 1:
+        return None
+    fill = problem.c / (math.ceil(problem.c / TMA_BLOCK_K) * TMA_BLOCK_K)
+    if fill > MIN_SHORT_STEP_FILL:
+        return None
+    return (f"its {problem.c} channels fill {fill:.0%} of each tap's 64-channel steps, no more than "
+            f"{MIN_SHORT_STEP_FILL:.0%} (half-empty steps lost to the im2col loop on the pointwise suites)")
+
+
 def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
     """The fewest :func:`tma_steps` for which the planner's default takes the loop, and the
     measurement behind the bound."""
@@ -221,7 +234,9 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
         block_steps = sum(b * steps for b, steps in work)
         return blocks, math.ceil(block_steps / (target.sm_count * max(longest, 1))) * longest * step_us
     blocks = math.ceil(gemm.m / bm) * n_tiles * split
-    steps = math.ceil(math.ceil(gemm.k / TMA_BLOCK_K) / split)
+    kernel_steps = (problem.r * problem.s * math.ceil(problem.c / TMA_BLOCK_K) if pass_ is Pass.FPROP  # a tap's tail
+                    else math.ceil(gemm.k / TMA_BLOCK_K))
+    steps = math.ceil(kernel_steps / split)
     traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
     return blocks, math.ceil(blocks / target.sm_count) * steps * step_us + traffic
 
@@ -277,9 +292,10 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     """Why the TMA main loop cannot run this layer (None when it can).  The limits are the
     copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
     (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
-    16-byte units.  fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows,
-    and wgrad 64 channels of one tap per box of x, so C is a whole number of boxes, except in a
-    1x1 fprop, whose w rows end with its one tap (the boxes read zeros past C); dgrad
+    16-byte units.  wgrad stages 64 channels of one tap per box of x, so C is a whole number
+    of boxes; fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows, or, where
+    C is not a whole number of boxes, out of w as a (C, R*S, K) tensor, whose boxes read zeros
+    past C as x's do (tma.weight_map); dgrad
     reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, and
     walks dy one pixel per pixel of a stride residue class, through one map per class."""
     if not (target.info.tma and target.info.wgmma):
@@ -292,9 +308,9 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
                 "(a grouped layer runs the im2col loop, a GEMM per group)")
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     if pass_ is not Pass.DGRAD:
-        if g.c % 64 and not (pass_ is Pass.FPROP and g.r * g.s == 1):
+        if g.c % 64 and pass_ is Pass.WGRAD:
             return f"stages 64 channels of one tap per box: C={g.c} is not a multiple of 64"
-        if g.c % 64 and (g.c % 8 or g.c < MIN_DGRAD_K):  # a 1x1 fprop's tail: read as dgrad reads dy's
+        if g.c % 64 and (g.c % 8 or g.c < MIN_DGRAD_K):  # fprop's tail: read as dgrad reads dy's
             return (f"reads x in 64-channel boxes, past C as dgrad reads dy past K: C={g.c} must be a multiple of 8 "
                     f"and at least {MIN_DGRAD_K}, the narrowest such box that has run")
         if pass_ is Pass.WGRAD and g.k % 8:

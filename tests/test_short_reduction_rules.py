@@ -91,14 +91,22 @@ def test_the_exact_tile_stays_where_it_was_not_measured_to_win(problem, pass_):
     assert not any("exactly N=" in r for r in plan(problem, pass_, H200).reasons)
 
 
-def test_a_pointwise_fprop_reads_a_channel_tail_through_the_copy_engine():
-    """A 1x1 fprop's w rows end with its one tap, so a box past C reads zeros, as dgrad's dy
-    boxes do past K; a larger filter's next tap would be read instead, so it keeps whole boxes."""
-    assert tma_eligible(ConvProblem(14, 14, 40, 96, 1, 1, 1, 0, 1).geometry, Pass.FPROP, H200) is None
-    assert tma_eligible(ConvProblem(14, 14, 112, 96, 1, 1, 2, 0, 1).geometry, Pass.FPROP, H200) is None
-    assert "not a multiple of 64" in tma_eligible(ConvProblem(14, 14, 40, 96, 3, 3, 1, 1, 1).geometry, Pass.FPROP, H200)
+def test_fprop_reads_a_channel_tail_through_the_copy_engine():
+    """fprop's boxes read zeros past C, as dgrad's dy boxes do past K: a 1x1's w rows end with
+    its one tap, and a larger filter's w is mapped as (C, R*S, K) so a box never reaches the
+    next tap.  C under 32, or not in 16-byte runs, is refused, and wgrad keeps whole boxes.  A
+    filter of several taps whose steps would be half zeros or more stays off the loop."""
+    for problem in (ConvProblem(14, 14, 40, 96, 1, 1, 1, 0, 1), ConvProblem(14, 14, 112, 96, 1, 1, 2, 0, 1),
+                    ConvProblem(14, 14, 40, 96, 3, 3, 1, 1, 1)):
+        assert tma_eligible(problem.geometry, Pass.FPROP, H200) is None
     assert "at least 32" in tma_eligible(ConvProblem(14, 14, 24, 96, 1, 1, 1, 0, 1).geometry, Pass.FPROP, H200)
     assert "multiple of 64" in tma_eligible(ConvProblem(14, 14, 40, 96, 1, 1, 1, 0, 1).geometry, Pass.WGRAD, H200)
+    wide = plan(ConvProblem(56, 56, 96, 96, 3, 3, 1, 1, 1, n=32), Pass.FPROP, H200)  # steps 3/4 full
+    assert wide.tma
+    half = plan(ConvProblem(56, 56, 160, 96, 3, 3, 1, 1, 1, n=32), Pass.FPROP, H200)  # 160 = 64 + 64 + 32: 5/6
+    assert half.tma
+    thin = plan(ConvProblem(56, 56, 32, 96, 3, 3, 1, 1, 1, n=32), Pass.FPROP, H200)  # steps half zeros
+    assert not thin.tma and any("fill 50% of each tap's 64-channel steps" in r for r in thin.reasons)
 
 
 def test_the_persistent_short_kernel_says_why_it_stays_off():

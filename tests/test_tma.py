@@ -42,7 +42,7 @@ def test_kind_rejects_plans_it_cannot_run(change, needle):
 
 
 @pytest.mark.parametrize("layer,pass_,target,in_dtype,needle", [
-    (dataclasses.replace(LAYER, c=96), Pass.FPROP, SM90, "float16", "C=96 is not a multiple of 64"),
+    (dataclasses.replace(LAYER, c=20), Pass.FPROP, SM90, "float16", "C=20 must be a multiple of 8"),
     (dataclasses.replace(LAYER, c=96), Pass.WGRAD, SM90, "float16", "C=96 is not a multiple of 64"),
     (dataclasses.replace(LAYER, k=100), Pass.WGRAD, SM90, "float16", "K=100 is not a multiple of 8"),
     (dataclasses.replace(LAYER, stride=(5, 4)), Pass.DGRAD, SM90, "float16", "at most 16: stride (5, 4) has 20"),
@@ -137,6 +137,8 @@ TMA_COMPILE = [
      Epilogue(out_dtype="float32")),
     (ConvProblem(14, 14, 40, 72, 1, 1, 1, 0, 1, n=2),  # a 1x1's channel tail: one step, part zeros
      Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)), Epilogue(bias=True)),
+    (ConvProblem(9, 11, 96, 48, 3, 3, 1, 1, 1, n=2),  # a 3x3's: w as (C, R*S, K), each tap's last step part zeros
+     Plan(128, 64, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)), Epilogue(bias=True, relu=True)),
 ]
 
 

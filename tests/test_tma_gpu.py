@@ -108,14 +108,18 @@ def test_tma_persistent_exact_tier(problem, plan, one_sm):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
 
 
-# A 1x1 fprop whose C is not a whole number of 64-channel boxes: its last step's boxes run
-# past C in x's channels and w's rows, and both must read zeros there (C < one box, one box
-# and a tail, three and a tail of 8; stride 2; M tails).
+# fprop whose C is not a whole number of 64-channel boxes: each tap's last step's boxes run
+# past C in x's channels and w's rows (a 1x1's [K][C], a larger filter's (C, R*S, K)), and
+# both must read zeros there, never the next tap (C < one box, one box and a tail, three and
+# a tail of 8; stride 2; M tails; 3x3 and 3x5 filters with padding, stride and dilation).
 CHANNEL_TAIL_SHAPES = [
     ConvProblem(14, 14, 40, 72, 1, 1, 1, 0, 1, n=2),
     ConvProblem(9, 11, 112, 48, 1, 1, 1, 0, 1, n=3),
     ConvProblem(16, 15, 80, 64, 1, 1, 2, 0, 1, n=3),
     ConvProblem(7, 7, 200, 136, 1, 1, 1, 0, 1, n=5),
+    ConvProblem(9, 11, 96, 48, 3, 3, 1, 1, 1, n=2),
+    ConvProblem(12, 10, 40, 72, 3, 5, (2, 1), (1, 2), (2, 1), n=2),
+    ConvProblem(8, 8, 136, 64, 3, 3, 1, 1, 1, n=3),
 ]
 
 
@@ -324,6 +328,14 @@ def pointwise_problems(draw):
 
 @given(problem=pointwise_problems(), plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_pointwise_channel_tails(problem, plan, seed):
+    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
+    check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+@given(problem=tma_problems(c=st.integers(4, 30).map(lambda i: 8 * i)), plan=st.sampled_from(TMA_PLANS + PERSISTENT_PLANS),
+       seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_channel_tails(problem, plan, seed):
+    """Any filter, stride, padding and dilation, C of 32 to 240 in 16-byte runs."""
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
 
