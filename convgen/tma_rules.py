@@ -136,6 +136,9 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
         return None, "strided dgrad's short layers were not measured on the persistent kernel"
     channels = problem.c if pass_ is Pass.FPROP else problem.k
+    if channels % TMA_BLOCK_K and problem.r * problem.s > 1:
+        return None, (f"its {channels} channels leave each of its {problem.r * problem.s} taps' last step part zeros, "
+                      "which was measured on the persistent kernel for 1x1 layers only")
     fill = channels / (math.ceil(channels / TMA_BLOCK_K) * TMA_BLOCK_K)
     if fill <= MIN_SHORT_STEP_FILL:
         return None, (f"its {channels} channels fill {fill:.0%} of their 64-channel steps, no more than "
