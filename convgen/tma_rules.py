@@ -110,7 +110,7 @@ def tma_tail_fill(problem: ConvProblem, pass_: Pass) -> str | None:
     than MIN_SHORT_STEP_FILL full, as the short reductions' steps must."""
     if pass_ is not Pass.FPROP or not problem.c % TMA_BLOCK_K or problem.r * problem.s == 1:
         return None
-    fill = problem.c / (math.ceil(problem.c / TMA_BLOCK_K) * TMA_BLOCK_K)
+    fill = step_fill(problem.c)
     if fill > MIN_SHORT_STEP_FILL:
         return None
     return (f"its {problem.c} channels fill {fill:.0%} of each tap's 64-channel steps, no more than "
@@ -139,7 +139,7 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
     if channels % TMA_BLOCK_K and problem.r * problem.s > 1:
         return None, (f"its {channels} channels leave each of its {problem.r * problem.s} taps' last step part zeros, "
                       "which was measured on the persistent kernel for 1x1 layers only")
-    fill = channels / (math.ceil(channels / TMA_BLOCK_K) * TMA_BLOCK_K)
+    fill = step_fill(channels)
     if fill <= MIN_SHORT_STEP_FILL:
         return None, (f"its {channels} channels fill {fill:.0%} of their 64-channel steps, no more than "
                       f"{MIN_SHORT_STEP_FILL:.0%}, which lost to the im2col loop (MobileNetV2 pw28-144to32 dgrad)")
@@ -147,7 +147,7 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
     fits, why = [], ""
     for tile in short_persistent_tiles(pass_, gemm.n):  # narrowest first: the first refusal is the reason
         bm, bn = tile[:2]
-        columns = gemm.n / (math.ceil(gemm.n / bn) * bn)
+        columns = 1 - column_padding(gemm.n, bn)
         tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
         if columns < MIN_SHORT_COLUMN_FILL:
             why = why or (f"N={gemm.n} fills {columns:.0%} of its {bm}x{bn} tiles' columns, under "
@@ -169,6 +169,11 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
                   f"the persistent tiles with at least {MIN_ROOFLINE_TILES_PER_SM} per SM (a block's tiles x the "
                   "longer of each tile's MMAs at its rate and its bytes at an SM's share of HBM bandwidth: "
                   "tma_persistent_roofline)")
+
+
+def step_fill(channels: int) -> float:
+    """The share of a reduction's 64-channel steps (per tap) that its channels fill."""
+    return channels / (math.ceil(channels / TMA_BLOCK_K) * TMA_BLOCK_K)
 
 
 def column_padding(n: int, bn: int) -> float:
