@@ -108,6 +108,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .channel_pad import padded_channels
+    from .group_pack import packed_groups
     from .planner import make_spec
 
     rows = []
@@ -120,11 +121,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
                              epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
             padded = (f"pads C={layer.problem.c} to {cp} channels first (one copy kernel; zeros after "
                       f"{layer.problem.c}), so the gathers read {2 * cp}-byte runs; the plan is for C={cp}")
+        slabs = None if getattr(args, "tuned", None) else packed_groups(layer.problem, pass_, args.in_dtype, spec.target)
+        if slabs is not None:
+            g = layer.problem.groups
+            spec = make_spec(dataclasses.replace(layer.problem, groups=slabs), pass_, target=spec.target,
+                             epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
+            padded = (f"packs its {g} groups into {slabs} slabs of {g // slabs} ({layer.problem.c // slabs} channels, "
+                      f"{layer.problem.k // slabs} filters each; convgen/group_pack.py): "
+                      + ("w copied to block-diagonal slab weights first" if pass_ is not Pass.WGRAD else
+                         "the slabs' dW computed, each filter's own channels copied out after")
+                      + f"; the plan is for groups={slabs}")
         plan = spec.plan  # type: ignore[attr-defined]
         if args.json:
             rows.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
                          "plan": plan.as_dict(), "reasons": ([padded] if padded else []) + list(plan.reasons),
-                         "padded_channels": cp, "key": spec.key})  # type: ignore[attr-defined]
+                         "padded_channels": cp, "packed_groups": slabs, "key": spec.key})  # type: ignore[attr-defined]
         else:
             print(f"{layer.name} {pass_.value}: {layer.problem.describe()}")
             if padded:

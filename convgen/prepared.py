@@ -34,6 +34,7 @@ import numpy as np
 
 from . import runtime as _rt
 from .channel_pad import ChannelPad
+from .group_pack import GroupPack
 from .dtypes import BF16_HINT, check_dtypes, dtype_name, np_dtype, resolve_mma_dtype
 from .ir import ConvProblem, Epilogue, Pass, PairLike, Plan
 
@@ -138,14 +139,17 @@ class PreparedConv:
         self._n_out = len(self.out_shapes)
         self._bias = pass_ is Pass.FPROP and epilogue.bias
         self._bias_vec = 16 // np_dtype(epilogue.bias_dtype).itemsize  # elements of a 16-byte-aligned pointer
-        # An RGB stem's 3 channels padded to 4 first, so the kernel gathers 8-byte runs (convgen/channel_pad.py)
+        # The kernel's problem may differ from the op's: an RGB stem's 3 channels padded to 4, so
+        # the kernel gathers 8-byte runs (convgen/channel_pad.py), or narrow groups packed into
+        # slabs (convgen/group_pack.py); copies before (and for wgrad after) the kernel bridge them.
         self._kernel = None if p.n == 0 else _rt._kernel(p, pass_, epilogue, in_dtype, device, plan, scalar,
                                                          self.mma_dtype)
-        kc = p.c if self._kernel is None else self._kernel.source.spec.geometry.c
-        cpad = kc if kc != p.c else None
-        kp = p if cpad is None else dataclasses.replace(p, c=kc)
+        kg = p.geometry if self._kernel is None else self._kernel.source.spec.geometry
+        cpad = kg.c if kg.c != p.c else None
+        slabs = kg.groups if kg.groups != p.groups else None
+        kp = dataclasses.replace(p, c=kg.c, groups=kg.groups)
         self._ws_elems = self._db_ws_elems = self._pad_at = 0
-        self._chpad: Optional[ChannelPad] = None
+        self._copies: Optional[ChannelPad | GroupPack] = None
         self._arena_buf: Any = None
         if self._kernel is None:
             return
@@ -157,8 +161,12 @@ class PreparedConv:
             reads["x"] = (splan.read_b, splan.vec_b)
         if cpad is not None:  # the pad copy reads x (and fprop's w) in 16-byte loads
             with _rt._cupy().cuda.Device(device):
-                self._chpad = ChannelPad(p, pass_, cpad, self.out_dtype.itemsize)
+                self._copies = ChannelPad(p, pass_, cpad, self.out_dtype.itemsize)
             reads["x"] = reads["w"] = (in_dtype, 8)
+        elif slabs is not None:  # the expand copy reads w one element at a time
+            with _rt._cupy().cuda.Device(device):
+                self._copies = GroupPack(p, pass_, slabs, np_dtype(in_dtype).itemsize, self.out_dtype.itemsize)
+            reads["w"] = (in_dtype, 1)
         self._expect = tuple(
             (name, shape, np_dtype(reads[name][0]), _contiguous_strides(shape, np_dtype(reads[name][0]).itemsize),
              reads[name][1] * np_dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])
@@ -168,7 +176,7 @@ class PreparedConv:
         # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one workspace
         self._ws_elems = -(-src.workspace_elems(batch) // 4) * 4
         self._db_ws_elems = src.main.grid_z * p.k if src.reduce is not None and "db" in src.reduce.args else 0
-        self._pad_at = -(-(self._ws_elems + self._db_ws_elems) // 4) * 4  # the pad copies' scratch, 16-byte aligned
+        self._pad_at = -(-(self._ws_elems + self._db_ws_elems) // 4) * 4  # the copies' scratch, 16-byte aligned
         self._arena_views: tuple[Any, Any] = (None, None)
         self._launchers = [_Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,
                                      src.main.args, pass_)]
@@ -184,10 +192,10 @@ class PreparedConv:
 
     @property
     def workspace_elems(self) -> int:
-        """fp32 elements of workspace a call needs (0 without split-K or a channel pad): the
-        size of a caller-supplied ``workspace``."""
-        if self._chpad is not None:
-            return self._pad_at + self._chpad.scratch_elems
+        """fp32 elements of workspace a call needs (0 without split-K or copies around the
+        kernel): the size of a caller-supplied ``workspace``."""
+        if self._copies is not None:
+            return self._pad_at + self._copies.scratch_elems
         return self._ws_elems + self._db_ws_elems
 
     # -- the call ------------------------------------------------------------
@@ -287,7 +295,7 @@ class PreparedConv:
             ws, dbws = self._workspaces(workspace)
             objs = [a, b, bias, res[0], res[1] if self._n_out == 2 else None, ws, dbws, *self._scalars, residual]
             scratch = 0
-            if self._chpad is not None:
+            if self._copies is not None:
                 scratch = (workspace if workspace is not None else self._arena_buf).data.ptr + 4 * self._pad_at
             self._run(objs, a.data.ptr, b.data.ptr, res[0].data.ptr, scratch, None)
         finally:
@@ -338,16 +346,17 @@ class PreparedConv:
             handle = _STREAMS.setdefault(stream, _Stream(stream))
         objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out[0]),
                 _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _U64(residual) if residual else None]
-        self._run(objs, a, b, out[0], workspace + 4 * self._pad_at if self._chpad is not None else 0, handle)
+        self._run(objs, a, b, out[0], workspace + 4 * self._pad_at if self._copies is not None else 0, handle)
 
     def _run(self, objs: list, a: int, b: int, out0: int, scratch: int, stream: Any) -> None:
         """The launches both calls make, on ``objs`` (the kernel's arguments, by slot): the
-        narrow channels padded into ``scratch`` first where the op pads (the kernel then reads,
-        and wgrad writes, the copies), the tensor maps of what the kernel reads, the kernels,
-        and wgrad's padded dW copied back into the caller's ``out0``."""
+        copies into ``scratch`` first where the op has them (narrow channels padded, groups'
+        weights packed: the kernel then reads, and wgrad writes, the copies), the tensor maps of
+        what the kernel reads, the kernels, and wgrad's padded or packed dW copied back into the
+        caller's ``out0``."""
         dwp = 0
-        if self._chpad is not None:
-            a, b, dwp = self._chpad.pad(a, b, scratch, stream)
+        if self._copies is not None:
+            a, b, dwp = self._copies.pad(a, b, scratch, stream)
             objs[0], objs[1] = _U64(a), _U64(b)
             if dwp:
                 objs[3] = _U64(dwp)
@@ -356,7 +365,7 @@ class PreparedConv:
         for launcher in self._launchers:
             launcher.launch(objs, stream)
         if dwp:
-            self._chpad.unpad(dwp, out0, stream)
+            self._copies.unpad(dwp, out0, stream)
 
     @property
     def input_dtypes(self) -> tuple[str, str]:

@@ -194,9 +194,10 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
 def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id: int, plan: Optional[Plan],
                     scalar: bool, mma_dtype: Optional[str] = None) -> ConvProblem:
     """The problem this shape's kernel is built for: ``problem``, or it with a stem's channels
-    padded to 4 (convgen/channel_pad.py), unless a plan tuned for the layer as it is exists
-    for this GPU: that plan was measured, the padding's rule only fitted."""
-    from .channel_pad import kernel_problem
+    padded to 4 (convgen/channel_pad.py) or its narrow groups packed into slabs
+    (convgen/group_pack.py), unless a plan tuned for the layer as it is exists for this GPU:
+    that plan was measured, the two rules only fitted."""
+    from . import channel_pad, group_pack
 
     target = _target(device_id)
     if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
@@ -204,7 +205,8 @@ def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id:
 
         if tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch) is not None:
             return problem
-    return kernel_problem(problem, pass_, in_dtype, target, plan, scalar)
+    padded = channel_pad.kernel_problem(problem, pass_, in_dtype, target, plan, scalar)
+    return group_pack.kernel_problem(padded, pass_, in_dtype, target, plan, scalar)
 
 
 def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
@@ -213,8 +215,9 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
     """The source this shape's kernel is built from on this device: a hand plan, else the
     tuning database's, else (with autotune on and ``tune``) the tuner's, else the planner's.
     bfloat16 kernels take the planner's: no database holds bf16 plans yet, and a float32 input's
-    tuned plans were timed for fp16 MMAs. A stem's kernel may be for its channels padded to 4
-    (:func:`_kernel_problem`): the spec's geometry says which, and the op pads before it."""
+    tuned plans were timed for fp16 MMAs. A stem's kernel may be for its channels padded to 4, a
+    grouped layer's for its groups packed (:func:`_kernel_problem`): the spec's geometry says
+    which, and the op copies around it."""
     target = _target(device_id)
     problem = _kernel_problem(problem, pass_, in_dtype, device_id, plan, scalar, mma_dtype)
     if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":

@@ -67,7 +67,7 @@ def _padded_passes(problem: ConvProblem) -> None:
     fop = convgen.prepare("fprop", problem.x_shape, problem.w_shape, bias=True, **_geo(problem))
     wop = convgen.prepare("wgrad", problem.x_shape, problem.w_shape, bias=True, **_geo(problem))
     for op, x_vec in ((fop, "vec_a"), (wop, "vec_b")):  # wgrad reads x as its B operand
-        assert op._chpad is not None and op._chpad.cp == 4, "the op does not pad its channels"
+        assert isinstance(op._copies, convgen.channel_pad.ChannelPad) and op._copies.cp == 4, "the op does not pad its channels"
         plan = op._kernel.source.spec.plan
         assert getattr(plan, x_vec) == 4, f"the padded kernel does not gather x in 8-byte runs: {plan.brief()}"
     for trial in range(2):  # the second call reuses the op's packed launch and its scratch
@@ -97,7 +97,7 @@ def test_a_hand_plan_and_dgrad_run_unpadded(no_floor):
     """dgrad writes the narrow channels itself, and a hand plan names the kernel to run."""
     problem = SHAPES[1]
     op = convgen.prepare("dgrad", problem.x_shape, problem.w_shape, **_geo(problem))
-    assert op._chpad is None
+    assert op._copies is None
     plan = convgen.plan(problem, Pass.FPROP)
     op = convgen.prepare("fprop", problem.x_shape, problem.w_shape, plan=plan, **_geo(problem))
-    assert op._chpad is None and op._kernel.source.spec.geometry.c == 3
+    assert op._copies is None and op._kernel.source.spec.geometry.c == 3

@@ -4,7 +4,8 @@ Every layer of every suite (convgen.suites.SUITES), all three passes, on sm_90, 
 default epilogues (fprop bias, wgrad db); on the three suites the shipped database was
 tuned on (suites.TUNED_ON) also float32 inputs and fused ReLU (fprop);
 on the two CIFAR suites also float32 outputs and the forced scalar gather; on
-cifar-resnet also fp32 scalar gathers and no bias/db.  sm_80 (less shared memory)
+cifar-resnet also fp32 scalar gathers and no bias/db; a grouped layer's kernel with its groups
+packed into slabs (convgen/group_pack.py) as well as as it is.  sm_80 (less shared memory)
 and sm_75 (no cp.async: the register-staged path) compile the CIFAR suites.  Each
 result must be a cubin (ELF) holding exactly the kernels the launcher will look
 up, built for the block size it launches with, within the register file.
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import pytest
 
 from convgen.emit import KernelSource, emit
+from convgen.group_pack import kernel_problem
 from convgen.ir import Epilogue, Pass, Target
 from convgen.planner import make_spec
 from convgen.suites import SUITES, TUNED_ON
@@ -62,6 +64,7 @@ def variant_kwargs(pass_: Pass, variant: str) -> dict:
         "scalar": dict(epilogue=Epilogue(bias=bias), scalar=True),
         "in32-scalar": dict(epilogue=Epilogue(bias=bias), in_dtype="float32", scalar=True),
         "nobias": dict(epilogue=Epilogue()),
+        "packed": dict(epilogue=Epilogue(bias=bias)),
     }[variant]
 
 
@@ -71,6 +74,9 @@ def jobs() -> list[Job]:
         cifar = suite.startswith("cifar")
         if suite not in TUNED_ON:  # the real-network suites: each pass's default kernel
             out += [Job(suite, layer.name, pass_, "default", "sm_90") for layer in layers for pass_ in Pass]
+            # and the kernel a grouped layer runs with its groups packed (convgen/group_pack.py)
+            out += [Job(suite, layer.name, pass_, "packed", "sm_90") for layer in layers for pass_ in Pass
+                    if kernel_problem(layer.problem, pass_, "float16", Target("sm_90")) != layer.problem]
             continue
         for layer in layers:
             for pass_ in Pass:
@@ -141,7 +147,10 @@ def compiled(tmp_path_factory) -> dict[str, Result]:
         pending = {}
         for job in JOBS:
             try:
-                spec = make_spec(_layer(job.suite, job.layer).problem, job.pass_, target=Target(job.arch),
+                problem = _layer(job.suite, job.layer).problem
+                if job.variant == "packed":
+                    problem = kernel_problem(problem, job.pass_, "float16", Target(job.arch))
+                spec = make_spec(problem, job.pass_, target=Target(job.arch),
                                  **variant_kwargs(job.pass_, job.variant))
                 pending[job.id] = emit(spec)
             except Exception as exc:  # an emission bug fails that job's test, not the whole module
@@ -244,6 +253,8 @@ def test_every_suite_layer_and_pass_is_covered():
     for variant in ("out32", "scalar"):
         assert {j.suite for j in JOBS if j.variant == variant} == {"cifar-resnet", "cifar-vgg"}
     assert {j.arch for j in JOBS} == {"sm_90", "sm_80", "sm_75"}
+    packed = {(j.suite, j.layer, j.pass_) for j in JOBS if j.variant == "packed"}
+    assert packed >= {("resnext50-grouped", l.name, p) for l in SUITES["resnext50-grouped"] for p in Pass}
 
 
 @pytest.mark.parametrize("job_id", [j.id for j in JOBS])

@@ -16,6 +16,7 @@ counts, so a tuned plan can be faster but never wrong.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .. import tuning_db
+from .. import group_pack, tuning_db
 from ..candidates import (  # noqa: F401  (re-exported: scripts and tests use tune.candidates & co.)
     MAX_SPLIT, SLICED_PER_LAYER, WGMMA_PER_LAYER, HALO_PER_LAYOUT, MULTI_TILE_SHAPES,
     _HALO_SHAPES, _NARROW_HALO_SHAPES, _SHAPES, _STACKED_DEEP_SHAPES, _WGMMA_SHAPES,
@@ -122,6 +123,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing
 
+    # A grouped layer's kernel runs its groups packed into slabs where group_pack's rule says
+    # so (the op copies its weights around it): that kernel's problem is what is tuned and stored.
+    work = [(dataclasses.replace(layer, problem=group_pack.kernel_problem(layer.problem, pass_, "float16", target)),
+             pass_) for layer, pass_ in work]
     # Compile every candidate in parallel first (NVRTC is single-threaded per program).
     sources = []
     for layer, pass_ in work:

@@ -269,17 +269,24 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
     row["bytes"] = sum(row["traffic"].values())
     if target is not None:
         try:
-            from ...channel_pad import kernel_problem
+            from ... import channel_pad, group_pack
             from ...planner import make_spec
             from ...tuning_db import tuned_plan
 
             # The plan convgen.conv2d will run: the tuned one for this GPU when there is one, else
-            # the planner's, for a stem's channels padded to 4 where that rule applies.
+            # the planner's, for a stem's channels padded to 4 or a layer's groups packed into
+            # slabs where those rules apply.
             tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
-            kprob = prob if tuned is not None else kernel_problem(prob, item.pass_, "float16", target)
+            kprob = prob
+            if tuned is None:
+                kprob = group_pack.kernel_problem(channel_pad.kernel_problem(prob, item.pass_, "float16", target),
+                                                  item.pass_, "float16", target)
             if kprob is not prob:
                 tuned = tuned_plan(gpu_name, kprob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
-                row["convgen"]["padded_channels"] = kprob.c
+                if kprob.c != prob.c:
+                    row["convgen"]["padded_channels"] = kprob.c
+                if kprob.groups != prob.groups:
+                    row["convgen"]["packed_groups"] = kprob.groups
             spec = make_spec(kprob, item.pass_, target=target, epilogue=epilogue_for(item.pass_, item.variant),
                              in_dtype="float16", plan_=tuned)
             row["convgen"]["key"] = spec.key

@@ -1,0 +1,137 @@
+"""Narrow groups packed into slabs, so a grouped layer runs on wide GEMMs.
+
+A grouped layer's im2col loop is one GEMM per group (convgen/planner.py). With ResNeXt's 4 to
+16 channels a group, a group's GEMM is N = 4-16 columns on a 16-column tile and a tap's
+gather is 8-32 bytes: the resnext50-grouped suite ran at 0.12-0.59x cuDNN, 23-35x the bytes
+floor on its 4-channel layers (benchmarks/NOTES.md, bd29e19).
+
+Packing runs PACK neighbouring groups as one group of PACK times the channels: a slab. Its
+weights are block-diagonal, each filter's CG channels at its group's place in the slab and
+zeros elsewhere, so the slab's sums are exactly the groups' own: fprop's y and dgrad's dx
+come out as they are, from w copied into that form first (one copy kernel, the weights
+alone: KB, not the activations' MB). wgrad computes the slab's whole dW, and a second copy
+keeps each filter's own CG channels. The MMAs do PACK times the work on zeros, which is cheap
+on layers that ran far below the tensor cores' rate; the gathers read whole 16-byte runs,
+and a block's N tile is full.
+
+This module holds the rule (:func:`packed_groups`: planning) and the two copy kernels
+(:class:`GroupPack`: launching, built from ``templates/copies/group_pack.j2``), in the
+same shape as the stems' channel pad (convgen/channel_pad.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional
+
+import numpy as np
+
+from .ir import ConvProblem, Pass, Plan, Target
+
+SLAB = 64  # channels a slab packs groups up to: one 128-byte run of 16-bit elements per tap
+COPY_BLOCK = 256  # threads per block of the copy kernels
+
+
+def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
+                  plan: Optional[Plan] = None, scalar: bool = False) -> Optional[int]:
+    """The group count the convolution kernel runs with when it is not ``problem.groups``
+    (the slabs), else None.
+
+    A grouped, not depthwise, layer on a CUDA target whose groups are narrower than
+    :data:`SLAB` channels on both sides: the largest number of neighbouring groups (a divisor of
+    G) whose channels fit in :data:`SLAB` on the input and the output side packs into one slab.
+    Not depthwise layers, which have their own stencil loop; not with a hand plan or the scalar
+    path, which name the kernel the caller wants; not on HIP, whose launcher has no copies yet.
+    The same slabs in every pass: each pass's GEMM has the slab's channels on one side and its
+    filters on the other."""
+    del pass_, in_dtype  # the rule is the same for every pass and input dtype
+    g = problem.groups
+    if g == 1 or problem.depthwise or plan is not None or scalar or target.info.backend != "cuda":
+        return None
+    widest = max(problem.c // g, problem.k // g)
+    pack = max((d for d in range(2, g + 1) if g % d == 0 and d * widest <= SLAB), default=1)
+    return None if pack == 1 else g // pack
+
+
+def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
+                   plan: Optional[Plan] = None, scalar: bool = False) -> ConvProblem:
+    """The problem the convolution kernel is built for: ``problem``, or it with its groups
+    packed into slabs."""
+    groups = packed_groups(problem, pass_, in_dtype, target, plan, scalar)
+    return problem if groups is None else dataclasses.replace(problem, groups=groups)
+
+
+def expand_weights(w: np.ndarray, groups: int, slabs: int) -> np.ndarray:
+    """NumPy's statement of what the expand kernel computes: KRSC weights of ``groups``
+    groups as the block-diagonal weights of ``slabs`` slabs (documentation and CPU tests)."""
+    k, r, s, cg = w.shape
+    pack = groups // slabs
+    out = np.zeros((k, r, s, cg * pack), dtype=w.dtype)
+    for f in range(k):
+        j = (f // (k // groups)) % pack  # filter f's group within its slab
+        out[f, :, :, j * cg:(j + 1) * cg] = w[f]
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def pack_source(k: int, taps: int, cg: int, kg: int, pack: int, in_itemsize: int,
+                out_itemsize: int) -> tuple[str, str, str]:
+    """(source, expand kernel name, extract kernel name) for ``k`` filters of ``taps`` taps
+    whose groups of ``cg`` channels (``kg`` filters each) pack ``pack`` to a slab; the inputs'
+    elements ``in_itemsize`` bytes wide, dW's ``out_itemsize``."""
+    from .emit import _environment
+
+    types = {2: "unsigned short", 4: "float"}
+    name = f"convgen_group_pack_k{k}_t{taps}_cg{cg}_kg{kg}_p{pack}_e{in_itemsize}{out_itemsize}"
+    src = _environment().get_template("copies/group_pack.j2").render(
+        name=name, k=k, taps=taps, cg=cg, kg=kg, pack=pack, in_type=types[in_itemsize], out_type=types[out_itemsize])
+    return src, f"{name}_expand", f"{name}_extract"
+
+
+def _align4(elems: int) -> int:
+    return -(-elems // 4) * 4  # fp32 elements, rounded to 16 bytes
+
+
+class GroupPack:
+    """The copies around one packed op: fprop's and dgrad's w expanded to the slabs'
+    block-diagonal weights before the convolution, wgrad's slab dW cut back to each group's
+    channels after it, in scratch carved from the op's fp32 workspace (:attr:`scratch_elems`
+    elements). The copies read and write one element a thread: the weights are small."""
+
+    def __init__(self, problem: ConvProblem, pass_: Pass, slabs: int, in_itemsize: int, out_itemsize: int) -> None:
+        from .compile import load_kernels
+
+        p = problem
+        g = p.groups
+        self.pass_ = pass_
+        cg, kg, pack = p.c // g, p.k // g, g // slabs
+        taps = p.r * p.s
+        self.slab_elems = p.k * taps * cg * pack  # w's or dW's elements in the slab form
+        self.plain_elems = p.k * taps * cg
+        item = out_itemsize if pass_ is Pass.WGRAD else in_itemsize
+        self._scratch = _align4(-(-self.slab_elems * item // 4))
+        src, expand, extract = pack_source(p.k, taps, cg, kg, pack, in_itemsize, out_itemsize)
+        fns = load_kernels(src, (expand, extract))
+        self._expand, self._extract = fns[expand], fns[extract]
+        self._grid_expand = (-(-self.slab_elems // COPY_BLOCK), 1, 1)
+        self._grid_extract = (-(-self.plain_elems // COPY_BLOCK), 1, 1)
+
+    @property
+    def scratch_elems(self) -> int:
+        return self._scratch
+
+    def pad(self, a: int, b: int, scratch: int, stream: Any = None) -> tuple[int, int, int]:
+        """Before the convolution: fprop's and dgrad's w (``b``) expanded into ``scratch``.
+        Returns what the convolution reads and writes instead: (a, w's slab form or b, the slab
+        dW in ``scratch`` for wgrad or 0)."""
+        if self.pass_ is Pass.WGRAD:
+            return a, b, scratch
+        u = np.uint64
+        self._expand(self._grid_expand, (COPY_BLOCK, 1, 1), (u(b), u(scratch)), stream=stream)
+        return a, scratch, 0
+
+    def unpad(self, slab_dw: int, dw: int, stream: Any = None) -> None:
+        """After wgrad's convolution: each filter's own channels of the slab dW into ``dw``."""
+        u = np.uint64
+        self._extract(self._grid_extract, (COPY_BLOCK, 1, 1), (u(slab_dw), u(dw)), stream=stream)

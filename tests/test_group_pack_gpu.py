@@ -1,0 +1,123 @@
+"""Narrow groups packed into slabs (convgen/group_pack.py) on the GPU, against the float64
+reference: every pass through the plain functions (exact integer tier, bit for bit), prepared
+ops given a NaN-filled workspace of the caller's (the slab weights and wgrad's slab dW lie in
+it, so an element a copy leaves unwritten turns the sums it meets into NaN), the pointer path
+on a raw stream, fp32 and bf16 inputs, and the fused epilogue. Each op is checked to pack, so
+a rule that stopped packing would not pass these tests on the plain grouped loop."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import convgen
+from convgen import reference
+from convgen.group_pack import GroupPack, packed_groups
+from convgen.ir import ConvProblem, Pass, Target
+
+from gpu_helpers import check, check_fp16, draw_layer, geo, kernel_view, poisoned, run_pass, seeded
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
+
+PASSES = [Pass.FPROP, Pass.DGRAD, Pass.WGRAD]
+
+
+def grouped(h, w, c, k, g, r, s, stride=1, pad=0, dil=1, n=2):
+    return ConvProblem(h, w, c, k, r, s, stride, pad, dil, groups=g, n=n)
+
+
+# ResNeXt's 4, 8, 16 and 32 channels a group (slabs of 2 to 16 groups, one slab where G'=1),
+# strides 1 and 2 (dgrad's residue classes), K/G unlike C/G (the slab's wider side decides),
+# 3 channels a group (slabs of 6: the scalar gathers), a 1x1 and a 5x3 filter.
+SHAPES = [
+    grouped(13, 11, 128, 128, 32, 3, 3, 1, 1),   # 4 a group: 2 slabs of 16
+    grouped(14, 14, 256, 256, 32, 3, 3, 2, 1),   # 8 a group, stride 2: 4 slabs of 8
+    grouped(9, 9, 512, 512, 32, 3, 3, 1, 1),     # 16 a group: 8 slabs of 4
+    grouped(7, 7, 1024, 1024, 32, 3, 3, 1, 1),   # 32 a group: 16 slabs of 2
+    grouped(10, 12, 64, 128, 8, 3, 3, 1, 1),     # 8 in, 16 out a group: 2 slabs of 4
+    grouped(11, 9, 32, 64, 4, 5, 3, (2, 1), (1, 2), (1, 2)),  # one slab: the whole layer, ungrouped
+    grouped(8, 10, 24, 48, 8, 1, 1),             # 1x1, 3 in, 6 out a group
+]
+
+
+def _ids(p):
+    return p.describe().replace(" ", "_")
+
+
+def _assert_packs(problem: ConvProblem, pass_: Pass, **kw) -> convgen.PreparedConv:
+    op = convgen.prepare(pass_, problem.x_shape, problem.w_shape, groups=problem.groups, **geo(problem), **kw)
+    assert isinstance(op._copies, GroupPack), "the op does not pack its groups"
+    slabs = op._kernel.source.spec.geometry.groups
+    assert slabs == packed_groups(problem, pass_, "float16", Target()) and slabs < problem.groups
+    return op
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", SHAPES, ids=_ids)
+def test_packed_exact_tier(problem, pass_):
+    """Integer data: the slabs' zeros add nothing, every sum is exact in fp32, so fp32 outputs
+    match the reference bit for bit (fprop with bias and ReLU, wgrad with db)."""
+    _assert_packs(problem, pass_, out_dtype="float32",
+                  bias=pass_ is not Pass.DGRAD, **({"activation": "relu"} if pass_ is Pass.FPROP else {}))
+    epi = dict(bias=True, relu=True) if pass_ is Pass.FPROP else dict(bias=True) if pass_ is Pass.WGRAD else {}
+    res = run_pass(problem, pass_, seeded("packed-exact", problem, pass_), out_dtype="float32", exact=True, **epi)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
+
+
+@pytest.mark.parametrize("problem", SHAPES[:2] + SHAPES[4:5], ids=_ids)
+def test_prepared_ops_with_a_poisoned_workspace_and_the_pointer_path(problem):
+    import cupy as cp
+
+    x, w, dy, bias = draw_layer("packed", problem)
+    xd, wd, dyd, bd = (cp.asarray(a) for a in (x, w, dy, bias))
+    g = dict(geo(problem), groups=problem.groups)
+    ref_y = reference.fprop(kernel_view(x), kernel_view(w), bias.astype(np.float64), **g)
+    ref_dx = reference.dgrad(kernel_view(dy), kernel_view(w), problem.x_shape, **g)
+    ref_dw, ref_db = reference.wgrad(kernel_view(x), kernel_view(dy), problem.w_shape, **g)
+    red_f = problem.r * problem.s * problem.c // problem.groups
+    red_d = problem.r * problem.s * problem.k // problem.groups
+    red_w = problem.n * problem.p * problem.q
+    fop = _assert_packs(problem, Pass.FPROP, bias=True)
+    dop = _assert_packs(problem, Pass.DGRAD)
+    wop = _assert_packs(problem, Pass.WGRAD, bias=True)
+    for trial in range(2):  # the second call reuses the op's launch and its scratch
+        ws = cp.full(fop.workspace_elems, np.nan, dtype=cp.float32)
+        check_fp16(fop(xd, wd, bd, workspace=ws), ref_y, red_f, f"prepared fprop, call {trial}")
+        ws = cp.full(dop.workspace_elems, np.nan, dtype=cp.float32)
+        check_fp16(dop(dyd, wd, workspace=ws), ref_dx, red_d, f"prepared dgrad, call {trial}")
+        ws = cp.full(wop.workspace_elems, np.nan, dtype=cp.float32)
+        dw, db = wop(xd, dyd, workspace=ws)
+        check_fp16(dw, ref_dw, red_w, f"prepared wgrad dw, call {trial}")
+        check_fp16(db, ref_db, red_w, f"prepared wgrad db, call {trial}")
+
+    # the pointer path (convgen.torch's): caller's outputs and workspaces, a raw stream
+    y, dx = poisoned(problem.y_shape, cp.float16), poisoned(problem.x_shape, cp.float16)
+    dw, db = poisoned(problem.w_shape, cp.float16), poisoned(problem.k, cp.float16)
+    fws, dws, wws = (poisoned(op.workspace_elems, cp.float32) for op in (fop, dop, wop))
+    stream = cp.cuda.Stream(non_blocking=True)
+    fop.launch(xd.data.ptr, wd.data.ptr, (y.data.ptr,), bias=bd.data.ptr, workspace=fws.data.ptr, stream=stream.ptr)
+    dop.launch(dyd.data.ptr, wd.data.ptr, (dx.data.ptr,), workspace=dws.data.ptr, stream=stream.ptr)
+    wop.launch(xd.data.ptr, dyd.data.ptr, (dw.data.ptr, db.data.ptr), workspace=wws.data.ptr, stream=stream.ptr)
+    stream.synchronize()
+    check_fp16(y, ref_y, red_f, "launch() fprop")
+    check_fp16(dx, ref_dx, red_d, "launch() dgrad")
+    check_fp16(dw, ref_dw, red_w, "launch() wgrad dw")
+    check_fp16(db, ref_db, red_w, "launch() wgrad db")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+def test_packed_float32_and_bf16_inputs(pass_):
+    """The copies move 4-byte elements for fp32 inputs (and fp32 dW), 2-byte ones for bf16."""
+    p = SHAPES[0]
+    res = run_pass(p, pass_, seeded("packed-f32", pass_), in_dtype="float32", out_dtype="float32", exact=True)
+    check(res, "float32", exact=True, what=f"{pass_.value} fp32 in")
+    res = run_pass(p, pass_, seeded("packed-bf16", pass_), in_dtype="bfloat16", out_dtype="bfloat16",
+                   bias=pass_ is Pass.WGRAD)
+    check(res, "bfloat16", what=f"{pass_.value} bf16")
+
+
+def test_packed_residual_gelu():
+    p = SHAPES[1]
+    res = run_pass(p, Pass.FPROP, seeded("packed-res"), out_dtype="float32", bias=True, gelu=True,
+                   residual=True, alpha=0.5, beta=2.0)
+    check(res, "float32", what="fprop residual gelu")
