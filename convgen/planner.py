@@ -29,7 +29,8 @@ from .mainloop import (FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, St
 from .short_reduction_rules import exact_n_tile
 from .small_layer_rules import halo_default, split_k
 from .tma_plan import tma_plan
-from .tma_rules import tma_eligible, tma_min_steps, tma_short_persistent, tma_steps, tma_tail_fill
+from .tma_rules import (tma_eligible, tma_min_steps, tma_short_persistent, tma_steps, tma_tail_fill,
+                        tma_wgrad_tail)
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -326,7 +327,7 @@ def plan(
         least, evidence = tma_min_steps(problem, pass_)
         if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
             why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        why = why or tma_tail_fill(problem, pass_)
+        why = why or tma_tail_fill(problem, pass_) or tma_wgrad_tail(problem, pass_)
         # A short reduction, or a 1x1 layer's long one, may take the persistent tile the roofline picks
         pointwise = problem.r * problem.s == 1 and pass_ is not Pass.WGRAD
         short, short_why = (tma_short_persistent(problem, pass_, target, steps)

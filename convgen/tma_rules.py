@@ -117,6 +117,16 @@ def tma_tail_fill(problem: ConvProblem, pass_: Pass) -> str | None:
             f"{MIN_SHORT_STEP_FILL:.0%} (half-empty steps lost to the im2col loop on the pointwise suites)")
 
 
+def tma_wgrad_tail(problem: ConvProblem, pass_: Pass) -> str | None:
+    """Why a 1x1 wgrad whose C is not a whole number of boxes keeps the im2col loop by default
+    (None: it is not such a layer). The TMA loop runs it, and the tuner times it, but no
+    measurement has shown it faster yet."""
+    if pass_ is not Pass.WGRAD or not problem.c % TMA_BLOCK_K:
+        return None
+    return (f"its C={problem.c} is not a whole number of 64-channel boxes: the loop runs such a 1x1 wgrad "
+            "(the tuner times it) but has not been measured faster, so the default keeps the im2col loop")
+
+
 def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
     """The fewest :func:`tma_steps` for which the planner's default takes the loop, and the
     measurement behind the bound."""
@@ -301,7 +311,7 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
     (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
     16-byte units.  wgrad stages 64 channels of one tap per box of x, so C is a whole number
-    of boxes; fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows, or, where
+    of boxes unless the filter is 1x1 (its last box reads zeros past C); fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows, or, where
     C is not a whole number of boxes, out of w as a (C, R*S, K) tensor, whose boxes read zeros
     past C as x's do (tma.weight_map); dgrad
     reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, and
@@ -316,9 +326,10 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
                 "(a grouped layer runs the im2col loop, a GEMM per group)")
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     if pass_ is not Pass.DGRAD:
-        if g.c % 64 and pass_ is Pass.WGRAD:
-            return f"stages 64 channels of one tap per box: C={g.c} is not a multiple of 64"
-        if g.c % 64 and (g.c % 8 or g.c < MIN_DGRAD_K):  # fprop's tail: read as dgrad reads dy's
+        if g.c % 64 and pass_ is Pass.WGRAD and g.r * g.s > 1:
+            return (f"stages 64 channels of one tap per box of dW's columns: with {g.r}x{g.s} taps, C={g.c} must be "
+                    "a multiple of 64 (a box past C would hold the next tap's channels)")
+        if g.c % 64 and (g.c % 8 or g.c < MIN_DGRAD_K):  # a channel tail: read as dgrad reads dy's
             return (f"reads x in 64-channel boxes, past C as dgrad reads dy past K: C={g.c} must be a multiple of 8 "
                     f"and at least {MIN_DGRAD_K}, the narrowest such box that has run")
         if pass_ is Pass.WGRAD and g.k % 8:

@@ -94,13 +94,16 @@ def test_the_exact_tile_stays_where_it_was_not_measured_to_win(problem, pass_):
 def test_fprop_reads_a_channel_tail_through_the_copy_engine():
     """fprop's boxes read zeros past C, as dgrad's dy boxes do past K: a 1x1's w rows end with
     its one tap, and a larger filter's w is mapped as (C, R*S, K) so a box never reaches the
-    next tap.  C under 32, or not in 16-byte runs, is refused, and wgrad keeps whole boxes.  A
+    next tap.  C under 32, or not in 16-byte runs, is refused, and wgrad keeps whole boxes past
+1x1.  A
     filter of several taps whose steps would be half zeros or more stays off the loop."""
     for problem in (ConvProblem(14, 14, 40, 96, 1, 1, 1, 0, 1), ConvProblem(14, 14, 112, 96, 1, 1, 2, 0, 1),
                     ConvProblem(14, 14, 40, 96, 3, 3, 1, 1, 1)):
         assert tma_eligible(problem.geometry, Pass.FPROP, H200) is None
     assert "at least 32" in tma_eligible(ConvProblem(14, 14, 24, 96, 1, 1, 1, 0, 1).geometry, Pass.FPROP, H200)
-    assert "multiple of 64" in tma_eligible(ConvProblem(14, 14, 40, 96, 1, 1, 1, 0, 1).geometry, Pass.WGRAD, H200)
+    # wgrad: a 1x1's last box reads zeros past C; with several taps a box would reach the next tap
+    assert tma_eligible(ConvProblem(14, 14, 40, 96, 1, 1, 1, 0, 1).geometry, Pass.WGRAD, H200) is None
+    assert "multiple of 64" in tma_eligible(ConvProblem(14, 14, 40, 96, 3, 3, 1, 1, 1).geometry, Pass.WGRAD, H200)
     wide = plan(ConvProblem(56, 56, 96, 96, 3, 3, 1, 1, 1, n=32), Pass.FPROP, H200)  # steps 3/4 full
     assert wide.tma
     half = plan(ConvProblem(56, 56, 160, 96, 3, 3, 1, 1, 1, n=32), Pass.FPROP, H200)  # 160 = 64 + 64 + 32: 5/6

@@ -229,6 +229,26 @@ def test_tma_wgrad_exact_tier(problem, plan):
     check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
 
 
+# A 1x1 wgrad whose C is not a whole number of boxes: the N tile's last box runs past C in x's
+# channels and must read zeros there; a box wholly past C repeats the last (never stored).
+# C under one box, a box and a tail, three and a tail of 8; stride 2; K tails.
+WGRAD_TAIL_SHAPES = [
+    ConvProblem(14, 14, 40, 72, 1, 1, 1, 0, 1, n=2),
+    ConvProblem(9, 11, 112, 48, 1, 1, 1, 0, 1, n=3),
+    ConvProblem(16, 15, 80, 64, 1, 1, 2, 0, 1, n=3),
+    ConvProblem(7, 7, 200, 136, 1, 1, 1, 0, 1, n=5),
+    ConvProblem(7, 7, 160, 960, 1, 1, 1, 0, 1, n=4),   # MobileNetV2's pw7-160to960, smaller batch
+]
+
+
+@pytest.mark.parametrize("problem", WGRAD_TAIL_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", WGRAD_PLANS, ids=lambda p: p.brief().replace(" ", "_"))
+def test_tma_wgrad_channel_tail_exact_tier(problem, plan):
+    res = run_pass(problem, Pass.WGRAD, _seed("tma-wgrad-tail", problem, plan), out_dtype="float32", bias=True,
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
+
+
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])
 @pytest.mark.parametrize("relu", [False, True])
 def test_tma_epilogues(out_dtype, relu):
@@ -342,6 +362,21 @@ def test_fuzz_tma_channel_tails(problem, plan, seed):
 
 @given(problem=tma_problems(k=st.integers(1, 20).map(lambda i: 8 * i)), plan=st.sampled_from(WGRAD_PLANS), bias=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_wgrad(problem, plan, bias, seed):
+    res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
+    check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
+
+
+@st.composite
+def pointwise_wgrad_problems(draw):
+    """1x1 wgrad with C of 32 to 240 and K of 8 to 160, both in 16-byte runs."""
+    stride = (draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    return ConvProblem(draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.integers(4, 30)) * 8,
+                       draw(st.integers(1, 20)) * 8, 1, 1, stride, 0, 1, n=draw(st.integers(1, 6)))
+
+
+@given(problem=pointwise_wgrad_problems(), plan=st.sampled_from(WGRAD_PLANS), bias=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_wgrad_channel_tails(problem, plan, bias, seed):
     res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
     check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
 
