@@ -126,9 +126,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             g = layer.problem.groups
             spec = make_spec(dataclasses.replace(layer.problem, groups=slabs), pass_, target=spec.target,
                              epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
-            padded = (f"packs its {g} groups into {slabs} slabs of {g // slabs} ({layer.problem.c // slabs} channels, "
-                      f"{layer.problem.k // slabs} filters each; convgen/group_pack.py): "
-                      + ("w copied to block-diagonal slab weights first" if pass_ is not Pass.WGRAD else
+            padded = ((f"packs all {g} groups into one dense layer (convgen/group_pack.py): " if slabs == 1 else
+                       f"packs its {g} groups into {slabs} slabs of {g // slabs} ({layer.problem.c // slabs} channels, "
+                       f"{layer.problem.k // slabs} filters each; convgen/group_pack.py): ")
+                      + ("w copied to block-diagonal weights first" if pass_ is not Pass.WGRAD else
                          "the slabs' dW computed, each filter's own channels copied out after")
                       + f"; the plan is for groups={slabs}")
         plan = spec.plan  # type: ignore[attr-defined]

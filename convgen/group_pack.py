@@ -29,7 +29,15 @@ import numpy as np
 
 from .ir import ConvProblem, Pass, Plan, Target
 
-SLAB = 64  # channels a slab packs groups up to: one 128-byte run of 16-bit elements per tap
+# Channels a slab packs groups up to. Fitted to benchmarks/probes/group_pack_probe.py on the
+# H200 (benchmarks/NOTES.md, 5bf5603): slabs of 32 beat 16, 64 and 128 on every ResNeXt layer
+# and pass but one, and a layer of 32 channels a group ran faster as it is than packed to 64.
+SLAB = 32
+# Packing every group into one slab makes a dense layer, which may run the TMA loop (sm_90):
+# on g32-128-56px it ran 5.0-6.5x the slabs' rate in TFLOP/s (fprop 670 vs 133, dgrad 655 vs
+# 123, wgrad 560 vs 85), so it wins where it multiplies the work by less than RATE_RATIO
+# times what the slabs of SLAB do.  One layer measured: the bound is a cost model's, not a fit.
+RATE_RATIO = 5
 COPY_BLOCK = 256  # threads per block of the copy kernels
 
 
@@ -43,14 +51,19 @@ def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Targ
     G) whose channels fit in :data:`SLAB` on the input and the output side packs into one slab.
     Not depthwise layers, which have their own stencil loop; not with a hand plan or the scalar
     path, which name the kernel the caller wants; not on HIP, whose launcher has no copies yet.
-    The same slabs in every pass: each pass's GEMM has the slab's channels on one side and its
-    filters on the other."""
-    del pass_, in_dtype  # the rule is the same for every pass and input dtype
+    Every group in one slab (1: a dense layer) where the planner runs that layer on the TMA
+    loop and G is less than :data:`RATE_RATIO` times the slabs' packing (G times the work at
+    that loop's rate against PACK times at the grouped loop's)."""
     g = problem.groups
     if g == 1 or problem.depthwise or plan is not None or scalar or target.info.backend != "cuda":
         return None
     widest = max(problem.c // g, problem.k // g)
     pack = max((d for d in range(2, g + 1) if g % d == 0 and d * widest <= SLAB), default=1)
+    if target.info.tma and g < RATE_RATIO * pack:
+        from .planner import plan as plan_for  # the planner never packs: no cycle at run time
+
+        if plan_for(dataclasses.replace(problem, groups=1), pass_, target, in_dtype).tma:  # type: ignore[arg-type]
+            return 1
     return None if pack == 1 else g // pack
 
 

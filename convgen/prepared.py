@@ -163,10 +163,10 @@ class PreparedConv:
             with _rt._cupy().cuda.Device(device):
                 self._copies = ChannelPad(p, pass_, cpad, self.out_dtype.itemsize)
             reads["x"] = reads["w"] = (in_dtype, 8)
-        elif slabs is not None:  # the expand copy reads w one element at a time
+        elif slabs is not None:  # the expand copy reads w, as the kernel will read it, one element at a time
             with _rt._cupy().cuda.Device(device):
-                self._copies = GroupPack(p, pass_, slabs, np_dtype(in_dtype).itemsize, self.out_dtype.itemsize)
-            reads["w"] = (in_dtype, 1)
+                self._copies = GroupPack(p, pass_, slabs, np_dtype(reads["w"][0]).itemsize, self.out_dtype.itemsize)
+            reads["w"] = (reads["w"][0], 1)
         self._expect = tuple(
             (name, shape, np_dtype(reads[name][0]), _contiguous_strides(shape, np_dtype(reads[name][0]).itemsize),
              reads[name][1] * np_dtype(reads[name][0]).itemsize, reads[name][0], reads[name][1])

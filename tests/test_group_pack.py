@@ -26,28 +26,43 @@ def grouped(c, k, g, r=3, s=3, stride=1, pad=1, n=2, h=9, w=9):
 
 @pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
 @pytest.mark.parametrize("c, g, slabs", [
-    (128, 32, 2),    # 4 channels a group: 16 groups a slab of 64
-    (256, 32, 4),    # 8 a group
-    (512, 32, 8),    # 16 a group
-    (1024, 32, 16),  # 32 a group: 2 a slab
-    (96, 3, None),   # 32 a group, but 3 groups: 3 of them are wider than a slab
-    (2048, 32, None),  # 64 a group: already a slab
-    (48, 16, 1),     # 3 a group: all 16 fit one slab of 48, an ungrouped layer
-    (90, 30, 2),     # 3 a group: 15 of the 30 (a divisor) in a slab of 45, not 21 of them
+    (128, 32, 4),    # 4 channels a group: 8 groups a slab of 32
+    (256, 32, 8),    # 8 a group: 4 a slab
+    (512, 32, 16),   # 16 a group: 2 a slab
+    (1024, 32, None),  # 32 a group: already a slab
+    (2048, 32, None),  # 64 a group
+    (96, 32, 4),     # 3 a group: 10 would fill 30 channels, but only a divisor of 32 packs: 8 (24)
+    (96, 3, None),   # 32 a group
 ])
-def test_resnext_groups_pack_into_slabs_of_at_most_64_channels(c, g, slabs, pass_):
+def test_groups_pack_into_slabs_of_at_most_32_channels(c, g, slabs, pass_):
+    """On a part without the TMA loop (sm_80): slabs alone, never a dense layer."""
     p = grouped(c, c, g)
-    got = packed_groups(p, pass_, "float16", H200)
+    got = packed_groups(p, pass_, "float16", Target("sm_80"))
     assert got == slabs
     if got is not None:
         assert c // got <= SLAB
-        assert kernel_problem(p, pass_, "float16", H200) == dataclasses.replace(p, groups=got)
+        assert kernel_problem(p, pass_, "float16", Target("sm_80")) == dataclasses.replace(p, groups=got)
+
+
+@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+def test_a_dense_layer_where_the_tma_loop_pays_for_the_waste(pass_):
+    """ResNeXt's first stage (4 channels a group): one dense 128-channel layer does 32x the
+    work, 4x the slabs', at the TMA loop's 5-6.5x rate (group_pack.RATE_RATIO). Off sm_90, or
+    where the dense layer would not take the TMA loop, the slabs stay."""
+    p = grouped(128, 128, 32, h=56, w=56, n=64)
+    assert packed_groups(p, pass_, "float16", H200) == 1
+    assert packed_groups(p, pass_, "float16", Target("sm_80")) == 4
+    # 8 a group: one dense layer would do 32x the work, 8x the slabs' 4x: slabs on the H200 too
+    assert packed_groups(grouped(256, 256, 32, h=28, w=28, n=64), pass_, "float16", H200) == 8
+    # 3 a group, C = 36: a dense layer would waste 2x the slabs' work, but C is not in 16-byte
+    # runs, so the copy engine cannot run it: slabs
+    assert packed_groups(grouped(36, 36, 12, h=28, w=28, n=64), pass_, "float16", H200) == 2
 
 
 def test_the_wider_side_of_a_group_bounds_its_slab():
-    """K/G = 2 C/G: a slab of 64 filters holds 8 groups of 4 channels, not 16."""
-    assert packed_groups(grouped(64, 128, 16), Pass.FPROP, "float16", H200) == 2
-    assert packed_groups(grouped(128, 64, 16), Pass.DGRAD, "float16", H200) == 2
+    """K/G = 2 C/G: a slab of 32 filters holds 4 groups of 4 channels, not 8."""
+    assert packed_groups(grouped(64, 128, 16), Pass.FPROP, "float16", Target("sm_80")) == 4
+    assert packed_groups(grouped(128, 64, 16), Pass.DGRAD, "float16", Target("sm_80")) == 4
 
 
 @pytest.mark.parametrize("why, problem, kwargs", [
@@ -90,13 +105,14 @@ def test_slab_weights_give_each_pass_the_grouped_result(g, slabs, cg, kg):
     np.testing.assert_allclose(own, dw, rtol=1e-12, atol=1e-12)
 
 
-def test_every_resnext_layer_packs_and_its_kernel_plans():
+def test_every_narrow_resnext_layer_packs_and_its_kernel_plans():
     from convgen.planner import make_spec
 
     for layer in SUITES["resnext50-grouped"]:
         for pass_ in Pass:
             kp = kernel_problem(layer.problem, pass_, "float16", H200)
-            assert kp.groups < layer.problem.groups, layer.name
+            narrow = layer.problem.c // layer.problem.groups < SLAB  # 32 a group run as they are
+            assert (kp.groups < layer.problem.groups) == narrow, layer.name
             make_spec(kp, pass_, target=H200)  # the packed problem plans (a grouped im2col or a dense loop)
 
 
@@ -106,9 +122,10 @@ def test_cli_plan_says_it_packs(capsys):
     assert main(["plan", "--suite", "resnext50-grouped", "--pass", "wgrad", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     layers = SUITES["resnext50-grouped"]
-    assert [r["packed_groups"] for r in rows] == [kernel_problem(l.problem, Pass.WGRAD, "float16", H200).groups
-                                                  for l in layers]
-    assert all(r["reasons"][0].startswith("packs its 32 groups into") for r in rows)
+    want = [packed_groups(l.problem, Pass.WGRAD, "float16", H200) for l in layers]
+    assert [r["packed_groups"] for r in rows] == want and set(want) == {1, 8, 16, None}
+    assert all(r["reasons"][0].startswith(("packs its 32 groups into", "packs all 32 groups into one dense"))
+               for r, slabs in zip(rows, want) if slabs is not None)
     assert all(r["plan"] is not None for r in rows)
 
 
