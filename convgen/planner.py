@@ -29,8 +29,8 @@ from .mainloop import (FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, St
 from .short_reduction_rules import exact_n_tile
 from .small_layer_rules import halo_default, split_k
 from .tma_plan import tma_plan
-from .tma_rules import (tma_eligible, tma_min_steps, tma_short_persistent, tma_steps, tma_tail_fill,
-                        tma_wgrad_tail)
+from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tma_min_steps, tma_short_persistent,
+                        tma_steps, tma_tail_fill)
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -325,9 +325,13 @@ def plan(
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
         steps = tma_steps(problem, pass_) if why is None else 0
         least, evidence = tma_min_steps(problem, pass_)
-        if why is None and pass_ is Pass.WGRAD and gemm.m < 64:
-            why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
-        why = why or tma_tail_fill(problem, pass_) or tma_wgrad_tail(problem, pass_)
+        if why is None and pass_ is Pass.WGRAD and gemm.m < (MIN_POINTWISE_WGRAD_K if pointwise_wgrad(problem, pass_)
+                                                             else 64):
+            why = (f"K={gemm.m} filters fill less than half a 64-row consumer warpgroup (a 1x1 layer's K = 24 lost "
+                   "to the im2col loop, 32 and 40 won: tma_rules.POINTWISE_WGRAD_ROWS)"
+                   if pointwise_wgrad(problem, pass_) else f"K={gemm.m} filters fill less than one 64-row consumer "
+                   "warpgroup")
+        why = why or tma_tail_fill(problem, pass_)
         # A short reduction, or a 1x1 layer's long one, may take the persistent tile the roofline picks
         pointwise = problem.r * problem.s == 1 and pass_ is not Pass.WGRAD
         short, short_why = (tma_short_persistent(problem, pass_, target, steps)

@@ -105,26 +105,25 @@ MAX_DGRAD_CLASSES = 16
 
 
 def tma_tail_fill(problem: ConvProblem, pass_: Pass) -> str | None:
-    """Why an fprop of several taps whose C is not a whole number of boxes stays off the TMA
-    loop (None: it may take it): each tap's last step is part zeros, so the steps must be more
-    than MIN_SHORT_STEP_FILL full, as the short reductions' steps must."""
-    if pass_ is not Pass.FPROP or not problem.c % TMA_BLOCK_K or problem.r * problem.s == 1:
+    """Why an fprop of several taps, or a 1x1 wgrad, whose C is not a whole number of boxes
+    stays off the TMA loop (None: it may take it): each tap's last step (wgrad: the last box of
+    dW's columns) is part zeros, so it must be more than MIN_SHORT_STEP_FILL full, as the short
+    reductions' steps must."""
+    if not problem.c % TMA_BLOCK_K:
+        return None
+    if pointwise_wgrad(problem, pass_):  # the channels are dW's columns: a box of x is C of 64 wide
+        fill = step_fill(problem.c)
+        if fill > MIN_SHORT_STEP_FILL:
+            return None
+        return (f"its {problem.c} channels fill {fill:.0%} of each 64-channel box of x, no more than "
+                f"{MIN_SHORT_STEP_FILL:.0%} (C = 32 lost to the im2col loop on the pointwise suites, C = 40 won)")
+    if pass_ is not Pass.FPROP or problem.r * problem.s == 1:
         return None
     fill = step_fill(problem.c)
     if fill > MIN_SHORT_STEP_FILL:
         return None
     return (f"its {problem.c} channels fill {fill:.0%} of each tap's 64-channel steps, no more than "
             f"{MIN_SHORT_STEP_FILL:.0%} (half-empty steps lost to the im2col loop on the pointwise suites)")
-
-
-def tma_wgrad_tail(problem: ConvProblem, pass_: Pass) -> str | None:
-    """Why a 1x1 wgrad whose C is not a whole number of boxes keeps the im2col loop by default
-    (None: it is not such a layer). The TMA loop runs it, and the tuner times it, but no
-    measurement has shown it faster yet."""
-    if pass_ is not Pass.WGRAD or not problem.c % TMA_BLOCK_K:
-        return None
-    return (f"its C={problem.c} is not a whole number of 64-channel boxes: the loop runs such a 1x1 wgrad "
-            "(the tuner times it) but has not been measured faster, so the default keeps the im2col loop")
 
 
 def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
@@ -214,12 +213,27 @@ def tma_persistent_roofline(problem: ConvProblem, pass_: Pass, target: Target, b
     return math.ceil(tiles / target.sm_count) * max(mma_us, bytes_us)
 
 
+# A 1x1 layer's wgrad (M = K filters, N = C channels, a long pixel reduction) on 64-row tiles:
+# on all 28 pointwise layers of mobilenetv2-pw and efficientnet-b0-pw the best 64-row TMA tile
+# ran 1.2-3.2x the best 128-row one (dW with db, the tuner's timing; H200 at 5bf5603,
+# benchmarks/results/tuning/nvidia-h200_2026-12-04_5bf5603-tune-*-wgrad.json), and beat the
+# im2col default from K = 32 filters (half a warpgroup's rows) up; K = 24 lost.
+POINTWISE_WGRAD_ROWS = 64
+MIN_POINTWISE_WGRAD_K = 32
+
+
+def pointwise_wgrad(problem: ConvProblem, pass_: Pass) -> bool:
+    return pass_ is Pass.WGRAD and problem.r * problem.s == 1
+
+
 def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
                       target: Target) -> tuple[tuple[int, int, float], int, int, int, float]:
     """((split-K, blocks, predicted us), block_m, block_n, stages, rate) of the TMA tile the
-    cost model predicts fastest on this layer: the planner's tile before tma_persistent."""
+    cost model predicts fastest on this layer: the planner's tile before tma_persistent.  A
+    1x1 layer's wgrad takes the 64-row tiles alone (POINTWISE_WGRAD_ROWS)."""
     costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
-              for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)]
+              for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)
+              if not pointwise_wgrad(problem, pass_) or bm == POINTWISE_WGRAD_ROWS]
     return min(costed, key=lambda c: c[0][2])
 
 

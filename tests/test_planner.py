@@ -103,8 +103,8 @@ def check_invariants(prob: ConvProblem, pass_: Pass, target: Target, in_dtype: s
     g = prob.gemm(pass_)
     if g.n <= 32:  # narrow N, narrow tiles; the TMA loop's 64-wide tiles only where N fills half
         assert p.block_n <= 32 or (p.tma and 2 * g.n >= p.block_n), where
-    if pass_ is Pass.WGRAD and prob.k <= 32:
-        assert p.block_m <= 32, where
+    if pass_ is Pass.WGRAD and prob.k <= 32:  # the TMA loop's 64-row tile only where K fills half of it
+        assert p.block_m <= 32 or (p.tma and 2 * prob.k >= p.block_m), where
     assert p.block_m <= 256 and p.block_n <= 256 and p.block_k <= 256, where
     assert p.reasons and all(isinstance(r, str) and r for r in p.reasons), where
     check_plan(p, prob, pass_, target, in_dtype)  # a planned plan passes the hand-plan check

@@ -40,7 +40,7 @@ def _timed() -> dict[tuple[str, str], tuple[ConvProblem, list[dict]]]:
     return out
 
 
-@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD, Pass.WGRAD], ids=lambda p: p.value)
 def test_defaults_are_within_10_percent_of_the_tuned_on_the_pointwise_suites(pass_, monkeypatch):
     """Issue 16's bar for the planner's defaults, on the layers tuned on the H200: the default
     plan's measured time over the fastest candidate's, geometric mean over MobileNetV2's and

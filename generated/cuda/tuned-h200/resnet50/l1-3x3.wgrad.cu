@@ -51,7 +51,8 @@ static_assert(1024 + RING * (STAGE_BYTES + 16) + 16 <= SMEM_BYTES, "the ring and
 static_assert(1024 + RING * 16 + 16 + WARPS_M * 16 * EPI_LD * 4 <= SMEM_BYTES, "the epilogue's scratch overflows shared memory");
 constexpr int RSC = R * S * C;
 constexpr int BOX_BYTES = 64 * BK * 2;  // 64 pixels x 64 filters (A) or channels (B)
-static_assert(C % 64 == 0 && BN % 64 == 0, "a B box is 64 channels of one filter tap");
+constexpr int LAST_BOX = (RSC - 1) / 64 * 64;  // the last B box's first column: a 1x1's reads zeros past C
+static_assert((C % 64 == 0 || R * S == 1) && BN % 64 == 0, "a B box is 64 channels of one filter tap");
 
 // One 16x16 block of a warp's accumulators: x[e] is row lane/4 + 8*(e%4/2), column
 // 8*(e/4) + 2*(lane%4) + e%2 of the block (PTX's D fragment of m16n8k16, and of each warp's
@@ -304,7 +305,7 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
           tma_load_2d(a + j * BOX_BYTES, &dy_map, bar, tile_m + 64 * j, static_cast<int>(pix));
 #pragma unroll
         for (int j = 0; j < BN / 64; ++j) {  // columns tap * C + c of dW: 64 channels of one tap a box
-          const int col = min(tile_n + 64 * j, RSC - 64);  // a box past N is a copy of the last (never stored)
+          const int col = min(tile_n + 64 * j, LAST_BOX);  // a box past N is a copy of the last (never stored)
           const int tap = col / C, c0 = col % C;
           tma_load_im2col(a + A_BYTES + j * BOX_BYTES, &x_map, bar, c0, w0, h0, n,
                           static_cast<unsigned short>(tap % S * DW), static_cast<unsigned short>(tap / S * DH));
