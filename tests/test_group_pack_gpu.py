@@ -26,16 +26,17 @@ def grouped(h, w, c, k, g, r, s, stride=1, pad=0, dil=1, n=2):
     return ConvProblem(h, w, c, k, r, s, stride, pad, dil, groups=g, n=n)
 
 
-# ResNeXt's 4, 8, 16 and 32 channels a group (slabs of 2 to 16 groups, one slab where G'=1),
-# strides 1 and 2 (dgrad's residue classes), K/G unlike C/G (the slab's wider side decides),
-# 3 channels a group (slabs of 6: the scalar gathers), a 1x1 and a 5x3 filter.
+# ResNeXt's 4, 8 and 16 channels a group (slabs of 32 channels; on the H200 the 128-channel
+# layer as one dense layer on the TMA loop), strides 1 and 2 (dgrad's residue classes), K/G
+# unlike C/G (the slab's wider side decides), 3 channels a group (the scalar gathers), a 1x1
+# and a 5x3 filter.
 SHAPES = [
-    grouped(13, 11, 128, 128, 32, 3, 3, 1, 1),   # 4 a group: 2 slabs of 16
-    grouped(14, 14, 256, 256, 32, 3, 3, 2, 1),   # 8 a group, stride 2: 4 slabs of 8
-    grouped(9, 9, 512, 512, 32, 3, 3, 1, 1),     # 16 a group: 8 slabs of 4
-    grouped(7, 7, 1024, 1024, 32, 3, 3, 1, 1),   # 32 a group: 16 slabs of 2
-    grouped(10, 12, 64, 128, 8, 3, 3, 1, 1),     # 8 in, 16 out a group: 2 slabs of 4
-    grouped(11, 9, 32, 64, 4, 5, 3, (2, 1), (1, 2), (1, 2)),  # one slab: the whole layer, ungrouped
+    grouped(13, 11, 128, 128, 32, 3, 3, 1, 1),   # 4 a group: 4 slabs of 8, or one dense layer
+    grouped(14, 14, 256, 256, 32, 3, 3, 2, 1),   # 8 a group, stride 2: 8 slabs of 4
+    grouped(9, 9, 512, 512, 32, 3, 3, 1, 1),     # 16 a group: 16 slabs of 2
+    grouped(7, 7, 512, 512, 32, 3, 3, 2, 1),     # 16 a group, stride 2 on a 7x7 image
+    grouped(10, 12, 64, 128, 8, 3, 3, 1, 1),     # 8 in, 16 out a group: 4 slabs of 2
+    grouped(11, 9, 32, 64, 4, 5, 3, (2, 1), (1, 2), (1, 2)),  # 8 in, 16 out: 2 slabs of 2
     grouped(8, 10, 24, 48, 8, 1, 1),             # 1x1, 3 in, 6 out a group
 ]
 
