@@ -38,6 +38,9 @@ SLAB = 32
 # 123, wgrad 560 vs 85), so it wins where it multiplies the work by less than RATE_RATIO
 # times what the slabs of SLAB do.  One layer measured: the bound is a cost model's, not a fit.
 RATE_RATIO = 5
+# Slabs of one 64-channel box, where the TMA loop takes grouped layers (wgrad's kernel, G GEMMs
+# side by side): that loop at twice a 32-channel slab's work beats the grouped im2col loop.
+TMA_SLAB = 64
 COPY_BLOCK = 256  # threads per block of the copy kernels
 
 
@@ -51,18 +54,32 @@ def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Targ
     G) whose channels fit in :data:`SLAB` on the input and the output side packs into one slab.
     Not depthwise layers, which have their own stencil loop; not with a hand plan or the scalar
     path, which name the kernel the caller wants; not on HIP, whose launcher has no copies yet.
-    Every group in one slab (1: a dense layer) where the planner runs that layer on the TMA
-    loop and G is less than :data:`RATE_RATIO` times the slabs' packing (G times the work at
-    that loop's rate against PACK times at the grouped loop's)."""
+    On a part with the TMA loop: nothing where the planner runs the layer as it is on that loop;
+    else slabs of :data:`TMA_SLAB` channels where it runs those; else every group in one slab
+    (1: a dense layer) where the planner runs that on the TMA loop and G is less than
+    :data:`RATE_RATIO` times the slabs' packing (G times the work at that loop's rate against
+    PACK times at the grouped loop's)."""
     g = problem.groups
     if g == 1 or problem.depthwise or plan is not None or scalar or target.info.backend != "cuda":
         return None
     widest = max(problem.c // g, problem.k // g)
-    pack = max((d for d in range(2, g + 1) if g % d == 0 and d * widest <= SLAB), default=1)
-    if target.info.tma and g < RATE_RATIO * pack:
+
+    def packing(width: int) -> int:  # the most neighbouring groups (a divisor of G) within `width` channels
+        return max((d for d in range(2, g + 1) if g % d == 0 and d * widest <= width), default=1)
+
+    pack = packing(SLAB)
+    if target.info.tma:
         from .planner import plan as plan_for  # the planner never packs: no cycle at run time
 
-        if plan_for(dataclasses.replace(problem, groups=1), pass_, target, in_dtype).tma:  # type: ignore[arg-type]
+        def tma(groups: int) -> bool:
+            return plan_for(dataclasses.replace(problem, groups=groups), pass_, target, in_dtype).tma  # type: ignore[arg-type]
+
+        if tma(g):  # wgrad's TMA kernel takes groups of whole 64-channel boxes as they are
+            return None
+        wide = packing(TMA_SLAB)
+        if wide > 1 and tma(g // wide):  # slabs of one box: the TMA loop at no more than 64 / (C/G) the work
+            return g // wide
+        if g < RATE_RATIO * pack and tma(1):
             return 1
     return None if pack == 1 else g // pack
 

@@ -29,8 +29,8 @@ from .mainloop import (FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, St
 from .short_reduction_rules import exact_n_tile
 from .small_layer_rules import halo_default, split_k
 from .tma_plan import tma_plan
-from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tma_min_steps, tma_short_persistent,
-                        tma_steps, tma_tail_fill)
+from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tma_group_tile, tma_min_steps,
+                        tma_short_persistent, tma_steps, tma_tail_fill)
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -495,6 +495,8 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
             why = f"reduces the whole of {pass_.value}'s K in one block: plan.split_k must be 1, got {plan.split_k}"
         if why is None and plan.loop.persistent and pass_ is Pass.WGRAD:
             why = "runs persistent (TmaWgmma(persistent=True)) in fprop and dgrad, not wgrad (its split-K slices)"
+        if why is None:
+            why = tma_group_tile(geometry, plan.block_m)
         if why:
             raise ValueError(f"TmaWgmma: the TMA main loop {why}")
     tiles = tiles_per_block(plan)

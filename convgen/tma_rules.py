@@ -233,8 +233,18 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
     1x1 layer's wgrad takes the 64-row tiles alone (POINTWISE_WGRAD_ROWS)."""
     costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
               for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)
-              if not pointwise_wgrad(problem, pass_) or bm == POINTWISE_WGRAD_ROWS]
+              if (not pointwise_wgrad(problem, pass_) or bm == POINTWISE_WGRAD_ROWS)
+              and tma_group_tile(problem.geometry, bm) is None]
     return min(costed, key=lambda c: c[0][2])
+
+
+def tma_group_tile(geometry: ConvGeometry, block_m: int) -> str | None:
+    """Why a grouped wgrad cannot take a TMA tile of ``block_m`` rows (None: it can): a
+    tile's filters, and its dy boxes, stay within one group."""
+    kg = geometry.k // geometry.groups
+    if geometry.groups > 1 and kg % block_m:
+        return f"a grouped wgrad's M tiles stay within one group: block_m={block_m} must divide K/G={kg}"
+    return None
 
 
 def tma_steps(problem: ConvProblem, pass_: Pass) -> int:
@@ -335,9 +345,14 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     if in_dtype not in ("float16", "bfloat16"):
         return "copies fp16 inputs as they are (the copy engine cannot cast)"
     g = geometry
-    if g.groups > 1:
-        return (f"groups={g.groups}: its tensor maps box every channel of a pixel, not one group's "
-                "(a grouped layer runs the im2col loop, a GEMM per group)")
+    if g.groups > 1:  # wgrad: a GEMM per group, side by side, its boxes at the group's channels
+        cg, kg = g.c // g.groups, g.k // g.groups
+        if pass_ is not Pass.WGRAD:
+            return (f"groups={g.groups}: its {pass_.value} kernel boxes every channel of a pixel, not one group's "
+                    "(a grouped layer runs the im2col loop, a GEMM per group; wgrad's TMA kernel takes groups)")
+        if cg % 64 or kg % 64:
+            return (f"groups={g.groups}: a group's C/G={cg} and K/G={kg} must be whole 64-channel boxes, so that "
+                    "no box spans two groups")
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     if pass_ is not Pass.DGRAD:
         if g.c % 64 and pass_ is Pass.WGRAD and g.r * g.s > 1:

@@ -44,7 +44,7 @@ def test_groups_pack_into_slabs_of_at_most_32_channels(c, g, slabs, pass_):
         assert kernel_problem(p, pass_, "float16", Target("sm_80")) == dataclasses.replace(p, groups=got)
 
 
-@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 def test_a_dense_layer_where_the_tma_loop_pays_for_the_waste(pass_):
     """ResNeXt's first stage (4 channels a group): one dense 128-channel layer does 32x the
     work, 4x the slabs', at the TMA loop's 5-6.5x rate (group_pack.RATE_RATIO). Off sm_90, or
@@ -57,6 +57,25 @@ def test_a_dense_layer_where_the_tma_loop_pays_for_the_waste(pass_):
     # 3 a group, C = 36: a dense layer would waste 2x the slabs' work, but C is not in 16-byte
     # runs, so the copy engine cannot run it: slabs
     assert packed_groups(grouped(36, 36, 12, h=28, w=28, n=64), pass_, "float16", H200) == 2
+
+
+@pytest.mark.parametrize("c, g, slabs", [
+    (128, 32, 2),    # 4 a group: 16 in a slab of one box
+    (512, 32, 8),    # 16 a group
+    (1024, 32, 16),  # 32 a group: two a slab
+    (2048, 32, None),  # 64 a group: wgrad's TMA kernel takes the groups as they are
+    (96, 32, 4),     # 3 a group: 16 fill 48 channels, not a whole box: the grouped im2col loop's slabs of 24
+])
+def test_wgrad_packs_into_slabs_of_one_box_for_the_tma_loop(c, g, slabs):
+    """wgrad's TMA kernel takes groups of whole 64-channel boxes (tma_rules.tma_eligible): on the
+    H200 a narrow grouping packs into slabs of one box, so that it runs there, not on the
+    grouped im2col loop (fprop and dgrad, which have no grouped TMA kernel, keep slabs of 32)."""
+    p = grouped(c, c, g, h=28, w=28, n=64)
+    assert packed_groups(p, Pass.WGRAD, "float16", H200) == slabs
+    if slabs is not None and c // slabs == 64:
+        from convgen.planner import plan
+
+        assert plan(dataclasses.replace(p, groups=slabs), Pass.WGRAD, H200).tma
 
 
 def test_the_wider_side_of_a_group_bounds_its_slab():
@@ -111,8 +130,9 @@ def test_every_narrow_resnext_layer_packs_and_its_kernel_plans():
     for layer in SUITES["resnext50-grouped"]:
         for pass_ in Pass:
             kp = kernel_problem(layer.problem, pass_, "float16", H200)
-            narrow = layer.problem.c // layer.problem.groups < SLAB  # 32 a group run as they are
-            assert (kp.groups < layer.problem.groups) == narrow, layer.name
+            # fprop and dgrad: 32 a group run as they are; wgrad: every layer in slabs of one box
+            packs = pass_ is Pass.WGRAD or layer.problem.c // layer.problem.groups < SLAB
+            assert (kp.groups < layer.problem.groups) == packs, layer.name
             make_spec(kp, pass_, target=H200)  # the packed problem plans (a grouped im2col or a dense loop)
 
 
@@ -123,7 +143,7 @@ def test_cli_plan_says_it_packs(capsys):
     rows = json.loads(capsys.readouterr().out)
     layers = SUITES["resnext50-grouped"]
     want = [packed_groups(l.problem, Pass.WGRAD, "float16", H200) for l in layers]
-    assert [r["packed_groups"] for r in rows] == want and set(want) == {1, 8, 16, None}
+    assert [r["packed_groups"] for r in rows] == want and set(want) == {2, 4, 8, 16}  # slabs of 64 channels
     assert all(r["reasons"][0].startswith(("packs its 32 groups into", "packs all 32 groups into one dense"))
                for r, slabs in zip(rows, want) if slabs is not None)
     assert all(r["plan"] is not None for r in rows)

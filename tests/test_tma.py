@@ -308,7 +308,26 @@ TMA_COMPILE_WGRAD = [
     (LAYER, Plan(128, 256, 64, 8, 1, 4, 8, 8, split_k=4, loop=TmaWgmma()), Epilogue(bias=True)),
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 1), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
      Epilogue(bias=True, out_dtype="float32")),
+    # grouped: G GEMMs side by side along the grid's y, with and without split-K and db
+    (ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, 4, n=2), Plan(64, 128, 64, 4, 1, 4, 8, 8, split_k=6, loop=TmaWgmma()),
+     Epilogue(bias=True)),
+    (ConvProblem(14, 14, 256, 512, 1, 1, 2, 0, 1, 2, n=2), Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()),
+     Epilogue(out_dtype="float32")),
 ]
+
+
+def test_grouped_wgrad_takes_the_loop_in_whole_boxes_a_group():
+    """wgrad's TMA kernel takes groups whose C/G and K/G are whole 64-channel boxes, on M tiles
+    within a group; fprop and dgrad keep the im2col loop for any grouping."""
+    g4 = ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, 4, n=64)
+    assert tma_eligible(g4.geometry, Pass.WGRAD, SM90) is None
+    p = make_spec(g4, Pass.WGRAD, target=SM90).plan
+    assert p.tma and 64 % p.block_m == 0 and p.split_k > 1
+    for pass_ in (Pass.FPROP, Pass.DGRAD):
+        assert "wgrad's TMA kernel takes groups" in tma_eligible(g4.geometry, pass_, SM90)
+    assert "whole 64-channel boxes" in tma_eligible(dataclasses.replace(g4, groups=8).geometry, Pass.WGRAD, SM90)
+    with pytest.raises(ValueError, match="must divide K/G=64"):
+        check_plan(Plan(128, 128, 64, 8, 1, 6, 8, 8, split_k=2, loop=TmaWgmma()), g4, Pass.WGRAD, SM90, "float16")
 
 
 @pytest.mark.parametrize("pass_,layer,plan,epi", [(Pass.DGRAD, *c) for c in TMA_COMPILE_DGRAD]

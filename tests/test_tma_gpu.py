@@ -9,6 +9,7 @@ poisoned (NaN) before every launch.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -249,6 +250,40 @@ def test_tma_wgrad_channel_tail_exact_tier(problem, plan):
     check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
 
 
+# Grouped wgrad: G GEMMs side by side along the grid's y, each reading its group's boxes of x
+# (channels grp*C/G..) and dy (filters grp*K/G..) and writing its rows of dW, db and the
+# split-K slices.  Groups of one box and of two (C/G = 128: two boxes a tap), K/G of 64 and
+# 128 (one or two M tiles a group), 1x1 and 3x2 filters with stride and dilation, and split-K
+# slices with few steps.
+GROUPED_WGRAD_SHAPES = [
+    ConvProblem(9, 11, 128, 128, 3, 3, 1, 1, 1, 2, n=3),
+    ConvProblem(12, 10, 256, 128, 3, 3, 2, 1, 1, 2, n=2),
+    ConvProblem(8, 8, 256, 256, 1, 1, 1, 0, 1, 4, n=5),
+    ConvProblem(7, 9, 192, 384, 3, 2, (1, 2), (1, 0), (2, 1), 3, n=2),
+]
+
+
+def _grouped_wgrad_cases():
+    from convgen.ir import Target
+    from convgen.planner import check_plan
+
+    for problem in GROUPED_WGRAD_SHAPES:
+        for plan in WGRAD_PLANS:
+            try:
+                check_plan(plan, problem, Pass.WGRAD, Target("sm_90"), "float16")
+            except ValueError:
+                continue  # an M tile wider than a group's filters
+            yield problem, plan
+
+
+@pytest.mark.parametrize("problem,plan", list(_grouped_wgrad_cases()),
+                         ids=lambda v: v.brief().replace(" ", "_") if hasattr(v, "brief") else v.describe().replace(" ", "_"))
+def test_tma_grouped_wgrad_exact_tier(problem, plan):
+    res = run_pass(problem, Pass.WGRAD, _seed("tma-wgrad-grouped", problem, plan), out_dtype="float32", bias=True,
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
+
+
 @pytest.mark.parametrize("out_dtype", ["float16", "float32"])
 @pytest.mark.parametrize("relu", [False, True])
 def test_tma_epilogues(out_dtype, relu):
@@ -377,6 +412,24 @@ def pointwise_wgrad_problems(draw):
 @given(problem=pointwise_wgrad_problems(), plan=st.sampled_from(WGRAD_PLANS), bias=st.booleans(),
        seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_wgrad_channel_tails(problem, plan, bias, seed):
+    res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
+    check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
+
+
+@st.composite
+def grouped_wgrad_problems(draw):
+    """Grouped layers wgrad's TMA kernel runs: 2 to 4 groups of 64 or 128 channels and 64 or
+    128 filters, any filter, stride, padding and dilation."""
+    g = draw(st.integers(2, 4))
+    base = draw(tma_problems(c=st.just(64), k=st.just(64)))
+    return dataclasses.replace(base, c=g * draw(st.sampled_from([64, 128])), k=g * draw(st.sampled_from([64, 128])),
+                               groups=g)
+
+
+@given(problem=grouped_wgrad_problems(), bias=st.booleans(), split=st.sampled_from([1, 2, 5]),
+       seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_grouped_wgrad(problem, bias, split, seed):
+    plan = Plan(64, 128, 64, 4, 1, 4, 8, 8, split_k=split, loop=TmaWgmma())
     res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
     check(res, "float16", what=f"wgrad {problem.describe()} {plan.brief()} bias={bias}")
 

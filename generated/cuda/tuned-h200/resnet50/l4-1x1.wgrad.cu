@@ -282,6 +282,7 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int tile_m = static_cast<int>(blockIdx.x) * BM;
   const int tile_n = static_cast<int>(blockIdx.y) * BN;
+  constexpr int dy_k = 0, x_c = 0;
   const int group = static_cast<int>(threadIdx.x) / 128;
   const bool db_block = blockIdx.y == 0;  // its producer warpgroup's warps 1..3 read every stage too
   const Ring ring = ring_init(smem_raw, CONSUMERS + (db_block ? 1 : 0));
@@ -302,12 +303,12 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
         const int h0 = pq / Q * SH - PH, w0 = pq % Q * SW - PW;  // where tap (0, 0) of the step's first pixel reads
 #pragma unroll
         for (int j = 0; j < BM / 64; ++j)  // dy as [N*P*Q][K]: pixels past the batch read zeros
-          tma_load_2d(a + j * BOX_BYTES, &dy_map, bar, tile_m + 64 * j, static_cast<int>(pix));
+          tma_load_2d(a + j * BOX_BYTES, &dy_map, bar, dy_k + tile_m + 64 * j, static_cast<int>(pix));
 #pragma unroll
         for (int j = 0; j < BN / 64; ++j) {  // columns tap * C + c of dW: 64 channels of one tap a box
           const int col = min(tile_n + 64 * j, LAST_BOX);  // a box past N is a copy of the last (never stored)
           const int tap = col / C, c0 = col % C;
-          tma_load_im2col(a + A_BYTES + j * BOX_BYTES, &x_map, bar, c0, w0, h0, n,
+          tma_load_im2col(a + A_BYTES + j * BOX_BYTES, &x_map, bar, x_c + c0, w0, h0, n,
                           static_cast<unsigned short>(tap % S * DW), static_cast<unsigned short>(tap / S * DH));
         }
       });
