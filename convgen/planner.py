@@ -496,7 +496,7 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         if why is None and plan.loop.persistent and pass_ is Pass.WGRAD:
             why = "runs persistent (TmaWgmma(persistent=True)) in fprop and dgrad, not wgrad (its split-K slices)"
         if why is None:
-            why = tma_group_tile(geometry, plan.block_m)
+            why = tma_group_tile(geometry, pass_, plan.block_m, plan.block_n)
         if why:
             raise ValueError(f"TmaWgmma: the TMA main loop {why}")
     tiles = tiles_per_block(plan)

@@ -131,9 +131,10 @@ def weight_map(ptr: int, problem: ConvProblem, block_n: int, dtype: str = "float
     and the filter has several taps, w is the 3-D tensor (C, R*S, K) instead, so that a box
     past C reads zeros rather than the next tap's channels (the same bytes in shared memory)."""
     p = problem
-    if p.c % TMA_BLOCK_K and p.r * p.s > 1:
+    cg = p.c // p.groups  # a grouped layer's w is (K, R, S, C/G): [K][R*S*C/G], each group's filters in turn
+    if cg % TMA_BLOCK_K and p.r * p.s > 1:
         return _tiled(ptr, (p.c, p.r * p.s, p.k), (TMA_BLOCK_K, 1, block_n), "w", dtype)
-    return _tiled(ptr, (p.r * p.s * p.c, p.k), (TMA_BLOCK_K, block_n), "w", dtype)
+    return _tiled(ptr, (p.r * p.s * cg, p.k), (TMA_BLOCK_K, block_n), "w", dtype)
 
 
 def wgrad_dy_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.void:

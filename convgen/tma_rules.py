@@ -142,6 +142,8 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
     at MIN_SHORT_STEP_COLUMNS; and why."""
     if pass_ is Pass.WGRAD:
         return None, "wgrad has no persistent kernel"
+    if problem.groups > 1:
+        return None, "the persistent kernel was not measured on grouped layers"
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
         return None, "strided dgrad's short layers were not measured on the persistent kernel"
     channels = problem.c if pass_ is Pass.FPROP else problem.k
@@ -234,16 +236,20 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
     costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
               for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)
               if (not pointwise_wgrad(problem, pass_) or bm == POINTWISE_WGRAD_ROWS)
-              and tma_group_tile(problem.geometry, bm) is None]
+              and tma_group_tile(problem.geometry, pass_, bm, bn) is None]
     return min(costed, key=lambda c: c[0][2])
 
 
-def tma_group_tile(geometry: ConvGeometry, block_m: int) -> str | None:
-    """Why a grouped wgrad cannot take a TMA tile of ``block_m`` rows (None: it can): a
-    tile's filters, and its dy boxes, stay within one group."""
+def tma_group_tile(geometry: ConvGeometry, pass_: Pass, block_m: int, block_n: int) -> str | None:
+    """Why a grouped layer cannot take a TMA tile of ``block_m`` x ``block_n`` (None: it can):
+    a tile's filters stay within one group (wgrad's M, fprop's N)."""
     kg = geometry.k // geometry.groups
-    if geometry.groups > 1 and kg % block_m:
+    if geometry.groups == 1:
+        return None
+    if pass_ is Pass.WGRAD and kg % block_m:
         return f"a grouped wgrad's M tiles stay within one group: block_m={block_m} must divide K/G={kg}"
+    if pass_ is Pass.FPROP and kg % block_n:
+        return f"a grouped fprop's N tiles stay within one group: block_n={block_n} must divide K/G={kg}"
     return None
 
 
@@ -276,7 +282,8 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
         block_steps = sum(b * steps for b, steps in work)
         return blocks, math.ceil(block_steps / (target.sm_count * max(longest, 1))) * longest * step_us
     blocks = math.ceil(gemm.m / bm) * n_tiles * split
-    kernel_steps = (problem.r * problem.s * math.ceil(problem.c / TMA_BLOCK_K) if pass_ is Pass.FPROP  # a tap's tail
+    kernel_steps = (problem.r * problem.s * math.ceil(problem.c // problem.groups / TMA_BLOCK_K)  # a tap's tail
+                    if pass_ is Pass.FPROP
                     else math.ceil(gemm.k / TMA_BLOCK_K))
     steps = math.ceil(kernel_steps / split)
     traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
@@ -313,6 +320,8 @@ def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
     model's ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
     if pass_ is Pass.WGRAD:
         return None, "one block per tile: wgrad's split-K slices are its blocks"
+    if problem.groups > 1:
+        return None, "one block per tile: the persistent walk was not measured on grouped layers"
     tile = PERSISTENT_TILES.get((pass_, bm, bn))
     if tile is None:
         return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"
@@ -345,11 +354,12 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     if in_dtype not in ("float16", "bfloat16"):
         return "copies fp16 inputs as they are (the copy engine cannot cast)"
     g = geometry
-    if g.groups > 1:  # wgrad: a GEMM per group, side by side, its boxes at the group's channels
+    if g.groups > 1:  # fprop, wgrad: a GEMM per group, side by side, its boxes at the group's channels
         cg, kg = g.c // g.groups, g.k // g.groups
-        if pass_ is not Pass.WGRAD:
-            return (f"groups={g.groups}: its {pass_.value} kernel boxes every channel of a pixel, not one group's "
-                    "(a grouped layer runs the im2col loop, a GEMM per group; wgrad's TMA kernel takes groups)")
+        if pass_ is Pass.DGRAD:
+            return (f"groups={g.groups}: its dgrad kernel boxes every channel of a pixel, not one group's "
+                    "(a grouped layer runs the im2col loop, a GEMM per group; fprop's and wgrad's TMA kernels "
+                    "take groups)")
         if cg % 64 or kg % 64:
             return (f"groups={g.groups}: a group's C/G={cg} and K/G={kg} must be whole 64-channel boxes, so that "
                     "no box spans two groups")

@@ -44,7 +44,7 @@ def test_groups_pack_into_slabs_of_at_most_32_channels(c, g, slabs, pass_):
         assert kernel_problem(p, pass_, "float16", Target("sm_80")) == dataclasses.replace(p, groups=got)
 
 
-@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("pass_", [Pass.DGRAD], ids=lambda p: p.value)
 def test_a_dense_layer_where_the_tma_loop_pays_for_the_waste(pass_):
     """ResNeXt's first stage (4 channels a group): one dense 128-channel layer does 32x the
     work, 4x the slabs', at the TMA loop's 5-6.5x rate (group_pack.RATE_RATIO). Off sm_90, or
@@ -64,18 +64,24 @@ def test_a_dense_layer_where_the_tma_loop_pays_for_the_waste(pass_):
     (512, 32, 8),    # 16 a group
     (1024, 32, 16),  # 32 a group: two a slab
     (2048, 32, None),  # 64 a group: wgrad's TMA kernel takes the groups as they are
-    (96, 32, 4),     # 3 a group: 16 fill 48 channels, not a whole box: the grouped im2col loop's slabs of 24
+    # 3 a group: 16 fill 48 channels, not a whole box; fprop runs the dense layer (C = 96 on the
+    # TMA loop, 32x the work, under 5x the slabs' 8x), wgrad the slabs of 24 (its TMA kernel
+    # takes a channel tail only on a 1x1 filter)
+    (96, 32, {Pass.FPROP: 1, Pass.WGRAD: 4}),
 ])
-def test_wgrad_packs_into_slabs_of_one_box_for_the_tma_loop(c, g, slabs):
-    """wgrad's TMA kernel takes groups of whole 64-channel boxes (tma_rules.tma_eligible): on the
-    H200 a narrow grouping packs into slabs of one box, so that it runs there, not on the
-    grouped im2col loop (fprop and dgrad, which have no grouped TMA kernel, keep slabs of 32)."""
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.WGRAD], ids=lambda p: p.value)
+def test_fprop_and_wgrad_pack_into_slabs_of_one_box_for_the_tma_loop(c, g, slabs, pass_):
+    """fprop's and wgrad's TMA kernels take groups of whole 64-channel boxes
+    (tma_rules.tma_eligible): on the H200 a narrow grouping packs into slabs of one box, so that
+    it runs there, not on the grouped im2col loop (dgrad, which has no grouped TMA kernel, keeps
+    slabs of 32 or one dense layer)."""
     p = grouped(c, c, g, h=28, w=28, n=64)
-    assert packed_groups(p, Pass.WGRAD, "float16", H200) == slabs
+    slabs = slabs[pass_] if isinstance(slabs, dict) else slabs
+    assert packed_groups(p, pass_, "float16", H200) == slabs
     if slabs is not None and c // slabs == 64:
         from convgen.planner import plan
 
-        assert plan(dataclasses.replace(p, groups=slabs), Pass.WGRAD, H200).tma
+        assert plan(dataclasses.replace(p, groups=slabs), pass_, H200).tma
 
 
 def test_the_wider_side_of_a_group_bounds_its_slab():
@@ -130,8 +136,8 @@ def test_every_narrow_resnext_layer_packs_and_its_kernel_plans():
     for layer in SUITES["resnext50-grouped"]:
         for pass_ in Pass:
             kp = kernel_problem(layer.problem, pass_, "float16", H200)
-            # fprop and dgrad: 32 a group run as they are; wgrad: every layer in slabs of one box
-            packs = pass_ is Pass.WGRAD or layer.problem.c // layer.problem.groups < SLAB
+            # dgrad: 32 a group run as they are; fprop and wgrad: every layer in slabs of one box
+            packs = pass_ is not Pass.DGRAD or layer.problem.c // layer.problem.groups < SLAB
             assert (kp.groups < layer.problem.groups) == packs, layer.name
             make_spec(kp, pass_, target=H200)  # the packed problem plans (a grouped im2col or a dense loop)
 

@@ -304,6 +304,14 @@ TMA_COMPILE_DGRAD = [
 ]
 
 
+TMA_COMPILE_GROUPED_FPROP = [
+    (ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, 4, n=2), Plan(64, 64, 64, 4, 1, 6, 8, 8, loop=TmaWgmma()),
+     Epilogue(bias=True, relu=True)),
+    (ConvProblem(14, 14, 256, 512, 1, 1, 2, 0, 1, 2, n=2), Plan(128, 256, 64, 8, 1, 4, 8, 8, loop=TmaWgmma()),
+     Epilogue(out_dtype="float32", residual=True)),
+    (ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, 2, n=2),
+     Plan(128, 128, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)), Epilogue()),
+]
 TMA_COMPILE_WGRAD = [
     (LAYER, Plan(128, 256, 64, 8, 1, 4, 8, 8, split_k=4, loop=TmaWgmma()), Epilogue(bias=True)),
     (ConvProblem(15, 13, 64, 40, 3, 5, (2, 1), (1, 2), (2, 1), n=2), Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma()),
@@ -316,22 +324,26 @@ TMA_COMPILE_WGRAD = [
 ]
 
 
-def test_grouped_wgrad_takes_the_loop_in_whole_boxes_a_group():
-    """wgrad's TMA kernel takes groups whose C/G and K/G are whole 64-channel boxes, on M tiles
-    within a group; fprop and dgrad keep the im2col loop for any grouping."""
+def test_grouped_fprop_and_wgrad_take_the_loop_in_whole_boxes_a_group():
+    """fprop's and wgrad's TMA kernels take groups whose C/G and K/G are whole 64-channel boxes,
+    on tiles whose filters stay within a group (wgrad's M, fprop's N), one block a tile; dgrad
+    keeps the im2col loop for any grouping."""
     g4 = ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, 4, n=64)
-    assert tma_eligible(g4.geometry, Pass.WGRAD, SM90) is None
-    p = make_spec(g4, Pass.WGRAD, target=SM90).plan
-    assert p.tma and 64 % p.block_m == 0 and p.split_k > 1
-    for pass_ in (Pass.FPROP, Pass.DGRAD):
-        assert "wgrad's TMA kernel takes groups" in tma_eligible(g4.geometry, pass_, SM90)
-    assert "whole 64-channel boxes" in tma_eligible(dataclasses.replace(g4, groups=8).geometry, Pass.WGRAD, SM90)
+    for pass_ in (Pass.FPROP, Pass.WGRAD):
+        assert tma_eligible(g4.geometry, pass_, SM90) is None
+        p = make_spec(g4, pass_, target=SM90).plan
+        assert p.tma and not p.loop.persistent and 64 % (p.block_m if pass_ is Pass.WGRAD else p.block_n) == 0
+        assert "whole 64-channel boxes" in tma_eligible(dataclasses.replace(g4, groups=8).geometry, pass_, SM90)
+    assert "fprop's and wgrad's TMA kernels take groups" in tma_eligible(g4.geometry, Pass.DGRAD, SM90)
     with pytest.raises(ValueError, match="must divide K/G=64"):
         check_plan(Plan(128, 128, 64, 8, 1, 6, 8, 8, split_k=2, loop=TmaWgmma()), g4, Pass.WGRAD, SM90, "float16")
+    with pytest.raises(ValueError, match="block_n=128 must divide K/G=64"):
+        check_plan(Plan(128, 128, 64, 8, 1, 6, 8, 8, loop=TmaWgmma()), g4, Pass.FPROP, SM90, "float16")
 
 
 @pytest.mark.parametrize("pass_,layer,plan,epi", [(Pass.DGRAD, *c) for c in TMA_COMPILE_DGRAD]
-                         + [(Pass.WGRAD, *c) for c in TMA_COMPILE_WGRAD],
+                         + [(Pass.WGRAD, *c) for c in TMA_COMPILE_WGRAD]
+                         + [(Pass.FPROP, *c) for c in TMA_COMPILE_GROUPED_FPROP],
                          ids=lambda v: getattr(v, "brief", lambda: getattr(v, "value", None))() or None)
 def test_nvrtc_compiles_tma_gradient_kernels(pass_, layer, plan, epi):
     pytest.importorskip("cupy", reason="NVRTC comes with CuPy")

@@ -250,6 +250,47 @@ def test_tma_wgrad_channel_tail_exact_tier(problem, plan):
     check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
 
 
+# Grouped fprop: N tiles over every group's filters, each within one group, its boxes of x at
+# the group's channels; one box a group and two (C/G = 128), K/G of 64 and 128 and 256 (one
+# to four N tiles a group), 1x1 and strided, dilated filters, and the persistent and ping-pong
+# kernels' tile walks (the tuner may pick them) as well as one block a tile.
+GROUPED_FPROP_SHAPES = [
+    ConvProblem(9, 11, 128, 128, 3, 3, 1, 1, 1, 2, n=3),
+    ConvProblem(12, 10, 256, 256, 3, 3, 2, 1, 1, 2, n=2),
+    ConvProblem(8, 8, 256, 512, 1, 1, 1, 0, 1, 2, n=5),
+    ConvProblem(7, 9, 192, 384, 3, 2, (1, 2), (1, 0), (2, 1), 3, n=2),
+]
+
+
+def _grouped_cases(shapes, plans, pass_):
+    from convgen.ir import Target
+    from convgen.planner import check_plan
+
+    for problem in shapes:
+        for plan in plans:
+            try:
+                check_plan(plan, problem, pass_, Target("sm_90"), "float16")
+            except ValueError:
+                continue  # a tile whose filters would span two groups
+            yield problem, plan
+
+
+@pytest.mark.parametrize("problem,plan", list(_grouped_cases(GROUPED_FPROP_SHAPES, TMA_PLANS + PERSISTENT_PLANS,
+                                                             Pass.FPROP)),
+                         ids=lambda v: v.brief().replace(" ", "_") if hasattr(v, "brief") else v.describe().replace(" ", "_"))
+def test_tma_grouped_fprop_exact_tier(problem, plan):
+    res = run_pass(problem, Pass.FPROP, _seed("tma-fprop-grouped", problem, plan), out_dtype="float32", bias=True,
+                   relu=True, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+def test_tma_grouped_fprop_residual():
+    problem = GROUPED_FPROP_SHAPES[1]
+    res = run_pass(problem, Pass.FPROP, _seed("tma-fprop-grouped-res"), out_dtype="float32", bias=True, gelu=True,
+                   residual=True, alpha=0.5, beta=2.0, plan=TMA_PLANS[1])
+    check(res, "float32", what=f"fprop residual {problem.describe()}")
+
+
 # Grouped wgrad: G GEMMs side by side along the grid's y, each reading its group's boxes of x
 # (channels grp*C/G..) and dy (filters grp*K/G..) and writing its rows of dW, db and the
 # split-K slices.  Groups of one box and of two (C/G = 128: two boxes a tap), K/G of 64 and
@@ -263,20 +304,7 @@ GROUPED_WGRAD_SHAPES = [
 ]
 
 
-def _grouped_wgrad_cases():
-    from convgen.ir import Target
-    from convgen.planner import check_plan
-
-    for problem in GROUPED_WGRAD_SHAPES:
-        for plan in WGRAD_PLANS:
-            try:
-                check_plan(plan, problem, Pass.WGRAD, Target("sm_90"), "float16")
-            except ValueError:
-                continue  # an M tile wider than a group's filters
-            yield problem, plan
-
-
-@pytest.mark.parametrize("problem,plan", list(_grouped_wgrad_cases()),
+@pytest.mark.parametrize("problem,plan", list(_grouped_cases(GROUPED_WGRAD_SHAPES, WGRAD_PLANS, Pass.WGRAD)),
                          ids=lambda v: v.brief().replace(" ", "_") if hasattr(v, "brief") else v.describe().replace(" ", "_"))
 def test_tma_grouped_wgrad_exact_tier(problem, plan):
     res = run_pass(problem, Pass.WGRAD, _seed("tma-wgrad-grouped", problem, plan), out_dtype="float32", bias=True,
@@ -417,16 +445,26 @@ def test_fuzz_tma_wgrad_channel_tails(problem, plan, bias, seed):
 
 
 @st.composite
-def grouped_wgrad_problems(draw):
-    """Grouped layers wgrad's TMA kernel runs: 2 to 4 groups of 64 or 128 channels and 64 or
-    128 filters, any filter, stride, padding and dilation."""
+def grouped_tma_problems(draw):
+    """Grouped layers fprop's and wgrad's TMA kernels run: 2 to 4 groups of 64 or 128 channels
+    and 64 or 128 filters, any filter, stride, padding and dilation."""
     g = draw(st.integers(2, 4))
     base = draw(tma_problems(c=st.just(64), k=st.just(64)))
     return dataclasses.replace(base, c=g * draw(st.sampled_from([64, 128])), k=g * draw(st.sampled_from([64, 128])),
                                groups=g)
 
 
-@given(problem=grouped_wgrad_problems(), bias=st.booleans(), split=st.sampled_from([1, 2, 5]),
+GROUPED_FPROP_FUZZ_PLANS = [Plan(64, 64, 64, 4, 1, 6, 8, 8, loop=TmaWgmma()),
+                            Plan(128, 64, 64, 8, 1, 6, 8, 8, loop=TmaWgmma(persistent=True))]
+
+
+@given(problem=grouped_tma_problems(), plan=st.sampled_from(GROUPED_FPROP_FUZZ_PLANS), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_grouped_fprop(problem, plan, seed):
+    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), plan=plan, bias=True, relu=True)
+    check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+@given(problem=grouped_tma_problems(), bias=st.booleans(), split=st.sampled_from([1, 2, 5]),
        seed=st.integers(0, 2**32 - 1))
 def test_fuzz_tma_grouped_wgrad(problem, bias, split, seed):
     plan = Plan(64, 128, 64, 4, 1, 4, 8, 8, split_k=split, loop=TmaWgmma())
