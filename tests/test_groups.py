@@ -48,8 +48,11 @@ def test_a_halo_or_tma_plan_is_refused_for_a_grouped_layer_naming_groups():
     p = ConvProblem(16, 16, 64, 64, 3, 3, 1, 1, groups=4, n=2)
     with pytest.raises(ValueError, match=r"HaloTile: groups=4: the halo kinds stage every channel"):
         check_plan(Plan(256, 16, 16, 4, 1, 2, 8, 8, loop=HaloTile(16)), p, "fprop", Target(), "float16")
-    with pytest.raises(ValueError, match="groups=4: its tensor maps box every channel"):
+    # fprop's and wgrad's TMA kernels take groups of whole 64-channel boxes, dgrad's none
+    with pytest.raises(ValueError, match="groups=4: a group's C/G=16 and K/G=16 must be whole 64-channel boxes"):
         check_plan(Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=TmaWgmma()), p, "fprop", Target(), "float16")
+    with pytest.raises(ValueError, match="groups=4: its dgrad kernel boxes every channel of a pixel"):
+        check_plan(Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=TmaWgmma()), p, "dgrad", Target(), "float16")
 
 
 def test_a_hand_plan_wider_than_a_groups_channels_is_refused_naming_the_vector():
