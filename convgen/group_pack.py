@@ -38,9 +38,14 @@ SLAB = 32
 # 123, wgrad 560 vs 85), so it wins where it multiplies the work by less than RATE_RATIO
 # times what the slabs of SLAB do.  One layer measured: the bound is a cost model's, not a fit.
 RATE_RATIO = 5
-# Slabs of one 64-channel box, where the TMA loop takes grouped layers (wgrad's kernel, G GEMMs
-# side by side): that loop at twice a 32-channel slab's work beats the grouped im2col loop.
+# Slabs of one 64-channel box, where the TMA loop takes grouped layers (fprop's and wgrad's
+# kernels, G GEMMs side by side): that loop at twice a 32-channel slab's work beats the grouped
+# im2col loop (resnext50-grouped wgrad 0.57 -> 0.93x, fprop 0.80 -> 0.85x; NOTES.md).
 TMA_SLAB = 64
+# A dense layer against slabs of one box, both on the TMA loop: the TFLOP/s the dense layer ran
+# over the slabs' on g32-128-56px (H200; fprop 650 / 277 at a7180b7 and 78d9964, wgrad 557 / 290
+# at 5bf5603 and 78d9964).  Dense wins where G is less than this times the slabs' packing.
+DENSE_OVER_SLAB_RATE = {Pass.FPROP: 2.35, Pass.WGRAD: 1.92}
 COPY_BLOCK = 256  # threads per block of the copy kernels
 
 
@@ -55,7 +60,9 @@ def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Targ
     Not depthwise layers, which have their own stencil loop; not with a hand plan or the scalar
     path, which name the kernel the caller wants; not on HIP, whose launcher has no copies yet.
     On a part with the TMA loop: nothing where the planner runs the layer as it is on that loop;
-    else slabs of :data:`TMA_SLAB` channels where it runs those; else every group in one slab
+    else slabs of :data:`TMA_SLAB` channels where it runs those, unless the dense layer runs
+    there too and its G-fold work costs less at its rate (:data:`DENSE_OVER_SLAB_RATE`); else
+    every group in one slab
     (1: a dense layer) where the planner runs that on the TMA loop and G is less than
     :data:`RATE_RATIO` times the slabs' packing (G times the work at that loop's rate against
     PACK times at the grouped loop's)."""
@@ -78,6 +85,8 @@ def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Targ
             return None
         wide = packing(TMA_SLAB)
         if wide > 1 and tma(g // wide):  # slabs of one box: the TMA loop at no more than 64 / (C/G) the work
+            if g < DENSE_OVER_SLAB_RATE.get(pass_, 0) * wide and tma(1):
+                return 1
             return g // wide
         if g < RATE_RATIO * pack and tma(1):
             return 1

@@ -44,23 +44,28 @@ def test_groups_pack_into_slabs_of_at_most_32_channels(c, g, slabs, pass_):
         assert kernel_problem(p, pass_, "float16", Target("sm_80")) == dataclasses.replace(p, groups=got)
 
 
-@pytest.mark.parametrize("pass_", [Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 def test_a_dense_layer_where_the_tma_loop_pays_for_the_waste(pass_):
     """ResNeXt's first stage (4 channels a group): one dense 128-channel layer does 32x the
-    work, 4x the slabs', at the TMA loop's 5-6.5x rate (group_pack.RATE_RATIO). Off sm_90, or
-    where the dense layer would not take the TMA loop, the slabs stay."""
+    work. dgrad's slabs of 32 run the grouped im2col loop at a fifth of the TMA loop's rate
+    (group_pack.RATE_RATIO), fprop's slabs of one box the TMA loop at 1/2.35 of the dense
+    layer's (DENSE_OVER_SLAB_RATE): the dense layer wins both. Off sm_90, or where the dense
+    layer would not take the TMA loop, the slabs stay."""
     p = grouped(128, 128, 32, h=56, w=56, n=64)
     assert packed_groups(p, pass_, "float16", H200) == 1
     assert packed_groups(p, pass_, "float16", Target("sm_80")) == 4
-    # 8 a group: one dense layer would do 32x the work, 8x the slabs' 4x: slabs on the H200 too
-    assert packed_groups(grouped(256, 256, 32, h=28, w=28, n=64), pass_, "float16", H200) == 8
+    # 8 a group: one dense layer would do 32x the work, 8x dgrad's slabs' 4x (fprop's slabs of a
+    # box: 4x their 8x): slabs on the H200 too
+    assert packed_groups(grouped(256, 256, 32, h=28, w=28, n=64), pass_, "float16", H200) == (
+        8 if pass_ is Pass.DGRAD else 4)
     # 3 a group, C = 36: a dense layer would waste 2x the slabs' work, but C is not in 16-byte
     # runs, so the copy engine cannot run it: slabs
     assert packed_groups(grouped(36, 36, 12, h=28, w=28, n=64), pass_, "float16", H200) == 2
 
 
 @pytest.mark.parametrize("c, g, slabs", [
-    (128, 32, 2),    # 4 a group: 16 in a slab of one box
+    # 4 a group: 16 in a slab of one box; fprop's dense layer (32x the work) ran faster still
+    (128, 32, {Pass.FPROP: 1, Pass.WGRAD: 2}),
     (512, 32, 8),    # 16 a group
     (1024, 32, 16),  # 32 a group: two a slab
     (2048, 32, None),  # 64 a group: wgrad's TMA kernel takes the groups as they are
