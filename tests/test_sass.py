@@ -102,6 +102,27 @@ def test_shipped_plans_use_tensor_cores_16_byte_copies_and_no_spills(suite, laye
         assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 
+PACKED = [(layer, pass_) for layer in SUITES["resnext50-grouped"] for pass_ in Pass]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("grouped_layer, grouped_pass", PACKED, ids=[f"{l.name}/{p.value}" for l, p in PACKED])
+def test_packed_grouped_kernels_use_tensor_cores_the_copy_engine_and_no_spills(grouped_layer, grouped_pass):
+    """The kernel a ResNeXt layer runs on an H200 once group_pack has packed its groups: the
+    grouped TMA kernels (fprop and wgrad in slabs of one box) copy through the tensor maps and
+    multiply with warpgroup MMAs; every kernel uses tensor cores and spills nothing."""
+    from convgen.group_pack import kernel_problem
+
+    target = Target("sm_90")
+    kp = kernel_problem(grouped_layer.problem, grouped_pass, "float16", target)
+    spec = make_spec(kp, grouped_pass, target=target, epilogue=Epilogue(bias=grouped_pass is not Pass.DGRAD))
+    k = _main_sass(spec)
+    assert k.count("HMMA") + k.count("HGMMA") > 0, "no tensor-core MMA in the kernel"
+    if spec.plan.tma:
+        assert k.count("UTMALDG") >= 2 and k.count("LDGSTS") == 0 and k.count("HGMMA") > 0, k.opcodes
+    assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+
+
 def _halo_plans():
     out = []
     for suite in ("cifar-resnet", "cifar-vgg"):
