@@ -62,10 +62,9 @@ def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Targ
     On a part with the TMA loop: nothing where the planner runs the layer as it is on that loop;
     else slabs of :data:`TMA_SLAB` channels where it runs those, unless the dense layer runs
     there too and its G-fold work costs less at its rate (:data:`DENSE_OVER_SLAB_RATE`); else
-    every group in one slab
-    (1: a dense layer) where the planner runs that on the TMA loop and G is less than
-    :data:`RATE_RATIO` times the slabs' packing (G times the work at that loop's rate against
-    PACK times at the grouped loop's)."""
+    every group in one slab (1: a dense layer) where the planner runs that on the TMA loop and
+    G is less than :data:`RATE_RATIO` times the slabs' packing (G times the work at that loop's
+    rate against PACK times at the grouped loop's)."""
     g = problem.groups
     if g == 1 or problem.depthwise or plan is not None or scalar or target.info.backend != "cuda":
         return None
@@ -79,7 +78,8 @@ def packed_groups(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Targ
         from .planner import plan as plan_for  # the planner never packs: no cycle at run time
 
         def tma(groups: int) -> bool:
-            return plan_for(dataclasses.replace(problem, groups=groups), pass_, target, in_dtype).tma  # type: ignore[arg-type]
+            packed = dataclasses.replace(problem, groups=groups)
+            return plan_for(packed, pass_, target, in_dtype).tma  # type: ignore[arg-type]
 
         if tma(g):  # wgrad's TMA kernel takes groups of whole 64-channel boxes as they are
             return None
@@ -99,6 +99,17 @@ def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Tar
     packed into slabs."""
     groups = packed_groups(problem, pass_, in_dtype, target, plan, scalar)
     return problem if groups is None else dataclasses.replace(problem, groups=groups)
+
+
+def copied_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,
+                   plan: Optional[Plan] = None, scalar: bool = False) -> ConvProblem:
+    """The problem the convolution kernel is built for once both copy rules have had their say:
+    a stem's channels padded (convgen/channel_pad.py) or a layer's narrow groups packed (here).
+    The two never meet: the pad takes ungrouped layers only."""
+    from . import channel_pad
+
+    padded = channel_pad.kernel_problem(problem, pass_, in_dtype, target, plan, scalar)
+    return kernel_problem(padded, pass_, in_dtype, target, plan, scalar)
 
 
 def expand_weights(w: np.ndarray, groups: int, slabs: int) -> np.ndarray:

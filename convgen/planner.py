@@ -325,12 +325,12 @@ def plan(
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
         steps = tma_steps(problem, pass_) if why is None else 0
         least, evidence = tma_min_steps(problem, pass_)
-        if why is None and pass_ is Pass.WGRAD and gemm.m < (MIN_POINTWISE_WGRAD_K if pointwise_wgrad(problem, pass_)
-                                                             else 64):
-            why = (f"K={gemm.m} filters fill less than half a 64-row consumer warpgroup (a 1x1 layer's K = 24 lost "
-                   "to the im2col loop, 32 and 40 won: tma_rules.POINTWISE_WGRAD_ROWS)"
-                   if pointwise_wgrad(problem, pass_) else f"K={gemm.m} filters fill less than one 64-row consumer "
-                   "warpgroup")
+        if why is None and pass_ is Pass.WGRAD:
+            if not pointwise_wgrad(problem, pass_) and gemm.m < 64:
+                why = f"K={gemm.m} filters fill less than one 64-row consumer warpgroup"
+            elif gemm.m < MIN_POINTWISE_WGRAD_K:
+                why = (f"K={gemm.m} filters fill less than half a 64-row consumer warpgroup (a 1x1 layer's K = 24 "
+                       "lost to the im2col loop, 32 and 40 won: tma_rules.POINTWISE_WGRAD_ROWS)")
         why = why or tma_tail_fill(problem, pass_)
         # A short reduction, or a 1x1 layer's long one, may take the persistent tile the roofline picks
         pointwise = problem.r * problem.s == 1 and pass_ is not Pass.WGRAD

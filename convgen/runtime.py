@@ -197,7 +197,7 @@ def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id:
     padded to 4 (convgen/channel_pad.py) or its narrow groups packed into slabs
     (convgen/group_pack.py), unless a plan tuned for the layer as it is exists for this GPU:
     that plan was measured, the two rules only fitted."""
-    from . import channel_pad, group_pack
+    from .group_pack import copied_problem
 
     target = _target(device_id)
     if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
@@ -205,8 +205,7 @@ def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id:
 
         if tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch) is not None:
             return problem
-    padded = channel_pad.kernel_problem(problem, pass_, in_dtype, target, plan, scalar)
-    return group_pack.kernel_problem(padded, pass_, in_dtype, target, plan, scalar)
+    return copied_problem(problem, pass_, in_dtype, target, plan, scalar)
 
 
 def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,

@@ -109,21 +109,18 @@ def tma_tail_fill(problem: ConvProblem, pass_: Pass) -> str | None:
     stays off the TMA loop (None: it may take it): each tap's last step (wgrad: the last box of
     dW's columns) is part zeros, so it must be more than MIN_SHORT_STEP_FILL full, as the short
     reductions' steps must."""
-    if not problem.c % TMA_BLOCK_K:
-        return None
     if pointwise_wgrad(problem, pass_):  # the channels are dW's columns: a box of x is C of 64 wide
-        fill = step_fill(problem.c)
-        if fill > MIN_SHORT_STEP_FILL:
-            return None
-        return (f"its {problem.c} channels fill {fill:.0%} of each 64-channel box of x, no more than "
-                f"{MIN_SHORT_STEP_FILL:.0%} (C = 32 lost to the im2col loop on the pointwise suites, C = 40 won)")
-    if pass_ is not Pass.FPROP or problem.r * problem.s == 1:
+        where = "each 64-channel box of x"
+        evidence = "C = 32 lost to the im2col loop on the pointwise suites, C = 40 won"
+    elif pass_ is Pass.FPROP and problem.r * problem.s > 1:
+        where = "each tap's 64-channel steps"
+        evidence = "half-empty steps lost to the im2col loop on the pointwise suites"
+    else:
         return None
-    fill = step_fill(problem.c)
+    fill = step_fill(problem.c)  # 1 for whole boxes
     if fill > MIN_SHORT_STEP_FILL:
         return None
-    return (f"its {problem.c} channels fill {fill:.0%} of each tap's 64-channel steps, no more than "
-            f"{MIN_SHORT_STEP_FILL:.0%} (half-empty steps lost to the im2col loop on the pointwise suites)")
+    return f"its {problem.c} channels fill {fill:.0%} of {where}, no more than {MIN_SHORT_STEP_FILL:.0%} ({evidence})"
 
 
 def tma_min_steps(problem: ConvProblem, pass_: Pass) -> tuple[int, str]:
@@ -243,9 +240,9 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
 def tma_group_tile(geometry: ConvGeometry, pass_: Pass, block_m: int, block_n: int) -> str | None:
     """Why a grouped layer cannot take a TMA tile of ``block_m`` x ``block_n`` (None: it can):
     a tile's filters stay within one group (wgrad's M, fprop's N)."""
-    kg = geometry.k // geometry.groups
     if geometry.groups == 1:
         return None
+    kg = geometry.k // geometry.groups
     if pass_ is Pass.WGRAD and kg % block_m:
         return f"a grouped wgrad's M tiles stay within one group: block_m={block_m} must divide K/G={kg}"
     if pass_ is Pass.FPROP and kg % block_n:
@@ -344,9 +341,10 @@ def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: 
     copy engine's: an im2col box's corners are signed 8-bit offsets from the image's edges
     (rank-4 tensors), its traversal stride is at most 8, and a tensor's rows are whole
     16-byte units.  wgrad stages 64 channels of one tap per box of x, so C is a whole number
-    of boxes unless the filter is 1x1 (its last box reads zeros past C); fprop stages 64 channels of one tap per step out of w's [K][R*S*C] rows, or, where
-    C is not a whole number of boxes, out of w as a (C, R*S, K) tensor, whose boxes read zeros
-    past C as x's do (tma.weight_map); dgrad
+    of boxes unless the filter is 1x1 (its last box reads zeros past C); fprop stages 64
+    channels of one tap per step out of w's [K][R*S*C] rows, or, where C is not a whole number
+    of boxes, out of w as a (C, R*S, K) tensor, whose boxes read zeros past C as x's do
+    (tma.weight_map); fprop and wgrad take groups of whole boxes, G GEMMs side by side; dgrad
     reads w as a 3-D tensor whose far edge reads zeros, so any K in 16-byte runs will do, and
     walks dy one pixel per pixel of a stride residue class, through one map per class."""
     if not (target.info.tma and target.info.wgmma):

@@ -269,7 +269,7 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
     row["bytes"] = sum(row["traffic"].values())
     if target is not None:
         try:
-            from ... import channel_pad, group_pack
+            from ...group_pack import copied_problem
             from ...planner import make_spec
             from ...tuning_db import tuned_plan
 
@@ -277,10 +277,7 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
             # the planner's, for a stem's channels padded to 4 or a layer's groups packed into
             # slabs where those rules apply.
             tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
-            kprob = prob
-            if tuned is None:
-                kprob = group_pack.kernel_problem(channel_pad.kernel_problem(prob, item.pass_, "float16", target),
-                                                  item.pass_, "float16", target)
+            kprob = prob if tuned is not None else copied_problem(prob, item.pass_, "float16", target)
             if kprob is not prob:
                 tuned = tuned_plan(gpu_name, kprob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
                 if kprob.c != prob.c:
