@@ -9,11 +9,15 @@ that are rules, not per-shape entries:
   tile of two warps fits many to an SM, a 128x128 one just one).  One block per SM had left
   a small-tile layer's SMs mostly idle.  fprop and dgrad keep one block per SM: their
   slices' partials are as large as their outputs.
-* **Stride-1 fprop and dgrad of images at most 32 pixels wide, N <= 64, run the halo path**
+* **Stride-1 fprop and dgrad with N <= 64 that the TMA loop does not take run the halo path**
   (every input pixel of a tile staged once per K-step, each tap's fragments read in place):
-  every such tuned layer's winner is a halo plan, 16 pixels wide (8 on 8-pixel images, the
-  ldmatrix kind), 256 rows (128 on 8-pixel images), with several tiles a block where the
-  reduction is one step.
+  every such tuned CIFAR layer's winner (images of 8-32 pixels) is a halo plan, 16 pixels
+  wide (8 on 8-pixel images, the ldmatrix kind), 256 rows (128 on 8-pixel images), with
+  several tiles a block where the reduction is one step.  The same rule on images of 128-256
+  pixels (UNet's, VGG-16's and Darknet-53's stride-1 layers of 3-96 channels; tuning logs
+  `benchmarks/results/tuning/nvidia-h200_2026-12-04_1c23207-tune-*`) picked the fastest
+  candidate or one within 5% of it, 1.35-2.58x the im2col plan it replaces: an im2col block
+  reads each input pixel once per tap, R*S times, where N is too narrow to pay for it.
 
 Kept apart from the planner so that a new tuning run changes one module, and so that its
 rules are read in one place.
@@ -53,7 +57,7 @@ def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem:
 
 
 def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DType, base: Plan) -> Plan | None:
-    """The halo plan the rule gives a small stride-1 fprop or dgrad, with its reasons, or
+    """The halo plan the rule gives a narrow (N <= 64) stride-1 fprop or dgrad, with its reasons, or
     None where the rule does not apply or its plan does not fit (the caller then keeps
     ``base``, the im2col plan).  A 3-channel fprop stages its whole halo and keeps
     ``base``'s gathers."""
@@ -66,7 +70,7 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
         return None
     out_h, out_w = (g.p, g.q) if pass_ is Pass.FPROP else (g.h, g.w)
     gemm = problem.gemm(pass_)
-    if out_w > 32 or gemm.n > 64:
+    if gemm.n > 64:
         return None
     red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
     staged = stages_whole_halo(g, pass_)
@@ -95,8 +99,8 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
     kind = ("the staged halo (the whole input halo in shared memory, read by the im2col gathers: C is not a "
             "multiple of 8)" if staged else "8-pixel ldmatrix tiles" if narrow else "16-pixel tiles")
     reasons = kept + [
-        f"halo path, {kind}: stride-1 {pass_.value} of an image {out_w} pixels wide (<= 32) with N={gemm.n} <= 64, "
-        "where every tuned layer's winner on the H200 is a halo plan (small_layer_rules); each input pixel of a "
+        f"halo path, {kind}: stride-1 {pass_.value} with N={gemm.n} <= 64 off the TMA loop, where the tuned "
+        "winners on the H200 (images of 8 to 256 pixels) are halo plans (small_layer_rules); each input pixel of a "
         "tile is staged once per K-step instead of once per tap",
         f"block N {bn}: covers N={gemm.n} (cap 64" + (", at least 32 for the ldmatrix tiles)" if narrow else ")"),
         f"block M {bm}: a {bm // loop.tile_w}x{loop.tile_w} pixel tile" + (f", {tiles} tiles per block (a one-step "
