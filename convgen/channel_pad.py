@@ -40,7 +40,7 @@ def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Ta
     """The channel count the convolution kernel runs on when it is not ``problem.c``, else None.
 
     fprop and wgrad of a 16-bit, 3-channel input of at least :data:`MIN_X_BYTES` on a CUDA
-    part with cp.async (sm_80+). Not dgrad: its output has the narrow channels (and a
+    part with cp.async (sm_80+), but not an fprop the staged halo runs as it is. Not dgrad: its output has the narrow channels (and a
     network's first layer needs no dx). Not C = 1 or 2, where padding multiplies the MMA work
     by 4 or 2 (measured only at C = 1: 1.5-5x slower), nor C = 5-7, which no suite has and no
     probe measured. Not with a hand plan or the scalar path, which name the kernel the
@@ -53,7 +53,23 @@ def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Ta
         return None
     if problem.c != 3 or problem.n * problem.h * problem.w * problem.c * 2 < MIN_X_BYTES:
         return None
+    if pass_ is Pass.FPROP and _stages_whole_halo_as_is(problem, in_dtype, target):
+        return None
     return PAD_TO
+
+
+def _stages_whole_halo_as_is(problem: ConvProblem, in_dtype: str, target: Target) -> bool:
+    """Whether the planner runs this fprop, unpadded, on the staged halo (a stride-1 stem; the
+    halo rule of convgen/small_layer_rules.py).  That kernel copies each block's whole input
+    halo into shared memory once, so 6-byte pixels no longer cost the gathers their global
+    loads, and padding only adds a copy and a third more MMAs: on the three such stems padding
+    ran 1.19-1.35x slower than the staged halo as is (VGG-16 conv1_1 141.0 against 117.5 us,
+    UNet enc1a 59.2 / 44.6, Darknet-53's stem 213.1 / 158.0; channel_pad_probe.py on the H200
+    at b41f285)."""
+    from .mainloop import StagedHalo
+    from .planner import plan as default_plan  # the planner never imports this module
+
+    return isinstance(default_plan(problem, Pass.FPROP, target, in_dtype).loop, StagedHalo)
 
 
 def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,

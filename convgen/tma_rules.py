@@ -89,6 +89,14 @@ PERSISTENT_128X64_RATE = 1.3 * 349.0
 # 1.05x, Darknet down2 1.10x, ResNet-50 l2-3x3-down 0.91x, ResNet-18 l4-proj 0.82x, H200 at
 # 145e8e4 and 209e778), and from 16 on it won on all five (1.3-2.4x).
 TMA_MIN_STEPS_STRIDED_DGRAD = 16
+# ... through the one-block-per-tile kernel.  The persistent kernel, which overlaps one tile's
+# drain with the next tile's copies, won at 8-15 steps on the three 3x3 layers tuned there:
+# ResNet-50 l2-3x3-down 1.83x the im2col default with the roofline's tile (82.9 -> 45.2 us),
+# ResNet-18 l2-3x3-down 1.60x (109.5 -> 68.3), Darknet-53 down2 1.59x (263.5 -> 165.4); at 4
+# steps (Darknet down1) it tied (363.3 against 361.6).  H200 at 1c23207 and b41f285,
+# benchmarks/results/tuning/nvidia-h200_2026-12-04_*-tune-*down*-dgrad.json.  Strided 1x1
+# layers (ResNet's projections) were not timed on it and keep the im2col loop.
+MIN_STRIDED_PERSISTENT_STEPS = 8
 
 
 # dgrad's narrowest dy (K) through the TMA loop: K = 8 hung an H200 on a 4x1 layer whose K = 40
@@ -142,7 +150,12 @@ def tma_short_persistent(problem: ConvProblem, pass_: Pass, target: Target,
     if problem.groups > 1:
         return None, "the persistent kernel was not measured on grouped layers"
     if pass_ is Pass.DGRAD and problem.stride != (1, 1):
-        return None, "strided dgrad's short layers were not measured on the persistent kernel"
+        if problem.r * problem.s == 1:
+            return None, "strided 1x1 dgrad was not measured on the persistent kernel"
+        if steps < MIN_STRIDED_PERSISTENT_STEPS:
+            return None, (f"strided dgrad's {steps} K-steps in its heaviest class are fewer than "
+                          f"{MIN_STRIDED_PERSISTENT_STEPS}, where the persistent kernel only tied the im2col "
+                          "loop (Darknet-53 down1)")
     channels = problem.c if pass_ is Pass.FPROP else problem.k
     if channels % TMA_BLOCK_K and problem.r * problem.s > 1:
         return None, (f"its {channels} channels leave each of its {problem.r * problem.s} taps' last step part zeros, "

@@ -12,7 +12,7 @@ import pytest
 
 from convgen.ir import ConvProblem, Pass, Target
 from convgen.planner import plan
-from convgen.tma_rules import tma_eligible
+from convgen.tma_rules import tma_eligible, tma_steps
 
 H200 = Target("sm_90", 132)
 TUNING = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning"
@@ -146,3 +146,31 @@ def test_exact_n_tiles_compile_on_every_cuda_arch(problem, pass_, arch):
     src = emit(make_spec(problem, pass_, target=target, plan_=p, epilogue=Epilogue(bias=pass_ is Pass.FPROP)))
     binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
     assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
+
+
+# `convgen tune --log` runs on the H200 of every candidate of the real strided 3x3 layers' dgrad
+STRIDED_LOGS = sorted(TUNING.glob("nvidia-h200_*-tune-*down*-dgrad.json"))
+
+
+def test_strided_dgrad_defaults_are_within_10_percent_of_the_tuned(monkeypatch):
+    """The persistent kernel for strided dgrad of 8-15 K-steps (tma_rules.MIN_STRIDED_PERSISTENT_STEPS)
+    against the tuning runs of ResNet-18's, ResNet-50's and Darknet-53's downsampling layers:
+    every default was timed, the three layers the rule moves run within 10% of their fastest
+    candidate, and the defaults' geometric mean over every logged strided layer is within 10%."""
+    monkeypatch.setenv("CONVGEN_TUNED", "0")
+    ratios, moved = [], []
+    for path in STRIDED_LOGS:
+        for layer in json.loads(path.read_text())["layers"]:
+            problem = _problem(layer["problem"])
+            if problem.stride == (1, 1):
+                continue
+            rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
+            mine = plan(problem, Pass.DGRAD, H200)
+            times = [r["us"] for r in rows if _bare(r["plan"]) == _bare(mine.as_dict())]
+            assert times, f"{path.name} {layer['layer']}: the default {mine.brief()} was never timed"
+            ratios.append(times[0] / min(r["us"] for r in rows))
+            if mine.tma and mine.loop.persistent and 8 <= tma_steps(problem, Pass.DGRAD) < 16:
+                moved.append(ratios[-1])
+    assert len(ratios) >= 8 and len(moved) == 3, (len(ratios), moved)
+    assert max(moved) <= 1.10, moved
+    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) <= 1.10, ratios
