@@ -215,14 +215,25 @@ def tma_persistent_roofline(problem: ConvProblem, pass_: Pass, target: Target, b
     block walks ceil(tiles / SMs) tiles, and a tile takes the longer of its MMAs (at the tile's
     measured rate, an SM's share) and its bytes at an SM's share of HBM bandwidth: A's and B's
     64-channel steps (B counted in full: its re-reads come from L2, which is not free either)
-    and its output once."""
+    and its output once.  A strided dgrad's tiles run each residue class's own taps: its waves
+    take the classes' mean tile."""
     gemm = problem.gemm(pass_)
-    steps = problem.r * problem.s * math.ceil((problem.c if pass_ is Pass.FPROP else problem.k) / TMA_BLOCK_K)
     rate = next((r for m, n, _, r in TMA_TILES if (m, n) == (bm, bn)), PERSISTENT_128X64_RATE)
-    mma_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
-    bytes_us = 2 * (steps * TMA_BLOCK_K * (bm + bn) + bm * bn) / (HBM_BYTES_PER_US / target.sm_count)
-    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
-    return math.ceil(tiles / target.sm_count) * max(mma_us, bytes_us)
+    k_steps = math.ceil((problem.c if pass_ is Pass.FPROP else problem.k) / TMA_BLOCK_K)
+    n_tiles = math.ceil(gemm.n / bn)
+    if pass_ is Pass.DGRAD:  # (tiles, steps a tile) per class; one class of every tap at stride 1
+        classes = [(math.ceil(problem.n * c.pixels_per_image / bm) * n_tiles, c.taps * k_steps)
+                   for c in residue_classes(problem.geometry) if c.pixels_per_image]
+    else:
+        classes = [(math.ceil(gemm.m / bm) * n_tiles, problem.r * problem.s * k_steps)]
+
+    def tile_us(steps: int) -> float:
+        mma_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
+        bytes_us = 2 * (steps * TMA_BLOCK_K * (bm + bn) + bm * bn) / (HBM_BYTES_PER_US / target.sm_count)
+        return max(mma_us, bytes_us)
+
+    tiles = sum(t for t, _ in classes)
+    return math.ceil(tiles / target.sm_count) * sum(t * tile_us(s) for t, s in classes) / tiles
 
 
 # A 1x1 layer's wgrad (M = K filters, N = C channels, a long pixel reduction) on 64-row tiles:
