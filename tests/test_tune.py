@@ -225,3 +225,41 @@ def test_8_pixel_halo_tiles_only_where_ldmatrix_and_mma_sync_are(arch, offered):
         narrow = [c for c in tune.candidates(conv3, pass_, Target(arch)) if isinstance(c.loop, HaloLdsm)]
         assert bool(narrow) is offered, (arch, pass_)
         assert all(c.loop.tile_w == 8 for c in narrow)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.WGRAD], ids=lambda p: p.value)
+def test_tune_times_the_bias_only_when_asked(pass_, bias, monkeypatch):
+    """`convgen tune --no-bias` times what the same-work bench compares (conv(x, w), dW
+    alone); by default fprop adds a bias and wgrad computes db, as it always has."""
+    cp = pytest.importorskip("cupy")  # tune_layer imports it; no GPU is touched below
+    from convgen import runtime
+    from convgen.tools import tune
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_conv2d(x, w, b, **kw):
+        seen.append(b is not None)
+        raise Stop
+
+    def fake_wgrad(x, dy, w_shape, bias=True, **kw):
+        seen.append(bias)
+        raise Stop
+
+    monkeypatch.setattr(runtime, "conv2d", fake_conv2d)
+    monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
+    monkeypatch.setattr(tune, "candidates", lambda *a, **k: ["plan"])
+    monkeypatch.setattr(cp, "asarray", lambda a: a)  # stay on the host
+    with pytest.raises(Stop):
+        tune.tune_layer(ConvProblem(8, 8, 16, 16, 3, 3, 1, 1, 1, n=2), pass_, None, Target("sm_90", 132), bias=bias)
+    assert seen == [bias]
+
+
+def test_tune_no_bias_is_a_cli_option():
+    from convgen.cli import build_parser
+
+    assert build_parser().parse_args(["tune", "--suite", "cifar-vgg", "--no-bias"]).no_bias is True
+    assert build_parser().parse_args(["tune", "--suite", "cifar-vgg"]).no_bias is False

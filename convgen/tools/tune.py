@@ -45,9 +45,10 @@ def _compile_one(args: tuple[str, str]) -> None:
 
 
 def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20,
-               wgmma: bool = False) -> list[dict[str, Any]]:
+               wgmma: bool = False, bias: bool = True) -> list[dict[str, Any]]:
     """Time every candidate on random data; returns one row per candidate, fastest first
-    among those whose output matches the default plan's."""
+    among those whose output matches the default plan's.  ``bias``: fprop adds a bias and
+    wgrad computes db beside dW (False: the same-work bench's rows, conv(x, w) and dW alone)."""
     import cupy as cp
     import numpy as np
 
@@ -63,13 +64,13 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
 
     if pass_ is Pass.FPROP:
         x, w, b = arr(problem.x_shape), arr(problem.w_shape), cp.asarray(rng.standard_normal(problem.k, dtype=np.float32))
-        run = lambda p: runtime.conv2d(x, w, b, plan=p, **geo)  # noqa: E731
+        run = lambda p: runtime.conv2d(x, w, b if bias else None, plan=p, **geo)  # noqa: E731
     elif pass_ is Pass.DGRAD:
         dy, w = arr(problem.y_shape), arr(problem.w_shape)
         run = lambda p: runtime.conv2d_dgrad(dy, w, problem.x_shape, plan=p, **geo)  # noqa: E731
     else:
         x, dy = arr(problem.x_shape), arr(problem.y_shape)
-        run = lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, plan=p, **geo)[0]  # noqa: E731
+        run = lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=bias, plan=p, **geo)[0]  # noqa: E731
 
     def as_np(out):
         return cp.asnumpy(out).astype(np.float64)
@@ -98,6 +99,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--db", help="tuning database to update (default: the user's, under the cache dir)")
     p.add_argument("--log", help="also write every candidate's timing to this JSON file")
+    p.add_argument("--no-bias", action="store_true",
+                   help="time fprop without a bias and wgrad without db, as the bench's same-work rows do "
+                        "(convolutions that feed a BatchNorm have no bias); by default both are timed with it")
     p.add_argument("--wgmma", action="store_true",
                    help="also time warpgroup-MMA plans (sm_90; slower than the WMMA plans so far)")
     p.set_defaults(func=cmd_tune)
@@ -130,7 +134,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # Compile every candidate in parallel first (NVRTC is single-threaded per program).
     sources = []
     for layer, pass_ in work:
-        epi = Epilogue(bias=pass_ is not Pass.DGRAD)
+        epi = Epilogue(bias=pass_ is not Pass.DGRAD and not args.no_bias)
         for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma):
             src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p))
             sources.append((src.source, src.compile_arch))
@@ -140,7 +144,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     entries, log = {}, []
     print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
     for layer, pass_ in work:
-        rows = tune_layer(layer.problem, pass_, dev, target, args.reps, wgmma=args.wgmma)
+        rows = tune_layer(layer.problem, pass_, dev, target, args.reps, wgmma=args.wgmma, bias=not args.no_bias)
         default = next(r for r in rows if r["default"])
         best = min(rows, key=lambda r: r["us"])
         bad = [r for r in rows if not r["ok"]]
@@ -153,8 +157,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", target.arch)
         entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
-                        "shape": layer.problem.as_dict(), "pass": pass_.value}
-        log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(), "rows": rows})
+                        "shape": layer.problem.as_dict(), "pass": pass_.value,
+                        "bias": not args.no_bias and pass_ is not Pass.DGRAD}
+        log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
+                    "bias": not args.no_bias and pass_ is not Pass.DGRAD, "rows": rows})
         print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
               f"{Plan.from_dict(best['plan'], layer.problem, pass_).brief()}", flush=True)
     path = Path(args.db) if args.db else tuning_db.user_db_path()
