@@ -338,10 +338,9 @@ def plan(
                             if why is None and (steps < least or pointwise) else (None, ""))
         if why is None and (pass_ is Pass.WGRAD or steps >= least and gemm.n >= 64 or short is not None):
             if short is not None and steps < least:
-                reasons.append(f"{steps} K-step(s), fewer than the TMA loop's {least}, through its persistent "
-                               "kernel: measured faster on such " + ("strided 3x3 layers" if problem.stride != (1, 1)
-                                                                     else "1x1 layers")
-                               + " (tma_rules.tma_short_persistent)")
+                reasons.append(f"{steps} K-step(s), fewer than the TMA loop's {least}, through its persistent kernel: "
+                               f"measured faster on such {'strided 3x3' if problem.stride != (1, 1) else '1x1'} layers "
+                               "(tma_rules.tma_short_persistent)")
             return _replace(tma_plan(problem, pass_, target, reasons, steps, short_tile=short, short_why=short_why,
                                      short_first=steps < least),
                             read_a=elem, read_b=elem)
