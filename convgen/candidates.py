@@ -133,7 +133,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                 except ValueError:
                     pass
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
-            + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else []))
+            + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
+            + _pointwise_tile_candidates(problem, pass_, target, in_dtype))
 
 
 def _add_unique(p: Plan, seen: set[Plan], out: list[Plan]) -> None:
@@ -201,6 +202,47 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
             except ValueError:
                 continue
             out.append(p)
+    return out
+
+
+# A 1x1 layer with a one-step reduction is bound by its pixels' bytes, not its MMAs; the im2col
+# loop gives each block one tile, so a block's loads wait on its own prologue and drain.  The
+# flat halo kind with several tiles per block stages the weights once and keeps the next
+# tile's pixels in flight while this one is multiplied and drained.  Offered last, so that
+# tuning on first use (autotune.CANDIDATES) does not run them before `convgen tune` has
+# measured them on the pointwise suites (MobileNetV2's 112- and 56-pixel layers, at 1.5-1.8x
+# the bandwidth floor against cuDNN's 1.2-1.3x, are what they are for).
+POINTWISE_TILES = (2, 4, 8)
+# A warp's accumulators past 12 fragments (256 rows of 240 or 256 columns) spilled under NVRTC 13.
+POINTWISE_MAX_WARP_FRAGMENTS = 12
+
+
+def _pointwise_tile_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
+    """Flat multi-tile plans one tile exactly N wide (each pixel's row read once), 128 and 256
+    rows on 4 x (up to 4) warps, 2, 4 and 8 tiles a block."""
+    g = problem.geometry
+    if (g.r * g.s != 1 or g.stride != (1, 1) or pass_ is Pass.WGRAD or not target.info.cp_async
+            or halo_eligible(g, pass_, in_dtype) is not None):  # type: ignore[arg-type]
+        return []
+    red, n = problem.gemm(pass_).k, problem.gemm(pass_).n
+    bn = math.ceil(n / FRAG) * FRAG
+    if red > 64 or bn > 256:
+        return []  # several tiles a block need a one-step reduction; one tile, all of N
+    bk = 16 if red <= 16 else 32 if red <= 32 else 64
+    frags = bn // FRAG
+    wn = max(d for d in (1, 2, 3, 4) if frags % d == 0)
+    out = []
+    for bm, tiles in itertools.product((128, 256), POINTWISE_TILES):
+        if bm // 4 // FRAG * frags // wn > POINTWISE_MAX_WARP_FRAGMENTS:
+            continue
+        try:
+            p = Plan(bm, bn, bk, 4, wn, 2, 8, halo_vec_b(g, pass_), in_dtype, in_dtype, 1, loop=FlatHalo(tiles),
+                     reasons=(f"tuning candidate: pointwise flat tile, {bm}x{bn}x{bk}, 4x{wn} warps, "
+                              f"{tiles} tiles per block",))
+            check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+        except ValueError:
+            continue
+        out.append(p)
     return out
 
 

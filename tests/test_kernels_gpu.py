@@ -480,6 +480,12 @@ HALO_TILES = [
     ("tiles", Pass.FPROP, ConvProblem(9, 40, 16, 40, 5, 3, 1, 2, 1, n=1), Plan(128, 48, 16, 2, 1, 2, 8, 8, loop=HaloTile(32, 2))),
     ("flat-tiles", Pass.FPROP, ConvProblem(8, 8, 32, 24, 3, 3, 1, 1, 1, n=5), Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=FlatHalo(3))),
     ("flat-tiles", Pass.DGRAD, ConvProblem(11, 6, 16, 16, 3, 3, 1, 1, 1, n=3), Plan(128, 16, 16, 4, 1, 2, 8, 8, loop=FlatHalo(2))),
+    # 1x1 layers (tune's pointwise candidates): the tile is its own halo; a tile exactly N wide
+    # (48 and 144 columns), a block's last tiles past the batch, dgrad's narrow dx channels.
+    ("pointwise", Pass.FPROP, ConvProblem(13, 11, 16, 40, 1, 1, 1, 0, 1, n=3), Plan(128, 48, 16, 4, 3, 2, 8, 8, loop=FlatHalo(3))),
+    ("pointwise", Pass.DGRAD, ConvProblem(9, 14, 144, 24, 1, 1, 1, 0, 1, n=2), Plan(128, 144, 32, 4, 3, 2, 8, 8, loop=FlatHalo(4))),
+    ("pointwise", Pass.DGRAD, ConvProblem(7, 7, 6, 64, 1, 1, 1, 0, 1, n=5), Plan(256, 16, 64, 4, 1, 2, 8, 2, loop=FlatHalo(8))),
+    ("pointwise", Pass.FPROP, ConvProblem(12, 12, 64, 256, 1, 1, 1, 0, 1, n=2), Plan(128, 256, 64, 4, 4, 2, 8, 8, loop=FlatHalo(2))),
 ]
 
 
@@ -526,9 +532,10 @@ def halo_cases(draw):
     from convgen.tools import tune
 
     n = draw(st.integers(1, 4))
-    r, s = draw(st.integers(2, 5)), draw(st.integers(1, 5))
-    pad = (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
-    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pointwise = draw(st.integers(0, 4)) == 0  # a 1x1 layer: tune's pointwise multi-tile candidates
+    r, s = (1, 1) if pointwise else (draw(st.integers(2, 5)), draw(st.integers(1, 5)))
+    pad = (0, 0) if pointwise else (draw(st.integers(0, 2)), draw(st.integers(0, 2)))
+    dil = (1, 1) if pointwise else (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
     h, w = _image(draw, r, s, pad, dil)
     pass_ = draw(st.sampled_from([Pass.FPROP, Pass.DGRAD]))
     # dgrad reduces over K in 16-byte runs ("taps" path), its C is free.  fprop with C in
@@ -542,7 +549,10 @@ def halo_cases(draw):
     problem = ConvProblem(h, w, c, k, r, s, stride, pad, dil, n=n)
     from convgen.compile import detect_target
 
-    plans = tune._halo_candidates(problem, pass_, detect_target(), "float16")
+    from convgen.candidates import _pointwise_tile_candidates
+
+    plans = (tune._halo_candidates(problem, pass_, detect_target(), "float16")
+             + _pointwise_tile_candidates(problem, pass_, detect_target(), "float16"))
     plan = draw(st.sampled_from(plans)) if plans else None
     if plan is not None and plan.tiles == 1:  # a multi-tile block owns whole reductions
         plan = dataclasses.replace(plan, split_k=draw(st.sampled_from([1, 1, 2, 3])))

@@ -136,6 +136,33 @@ def _halo_plans():
 HALO = _halo_plans()
 
 
+def _pointwise_plans():
+    out = []
+    for suite in ("mobilenetv2-pw", "efficientnet-b0-pw", "resnet50"):
+        for layer in SUITES[suite]:
+            for pass_ in (Pass.FPROP, Pass.DGRAD):
+                plans = [p for p in tune.candidates(layer.problem, pass_, Target("sm_90"))
+                         if layer.problem.r * layer.problem.s == 1 and p.halo]
+                for p in _every_other(plans):
+                    out.append(pytest.param(layer, pass_, p, id=f"{suite}/{layer.name}/{pass_.value}/{p.brief()}"))
+    return out
+
+
+POINTWISE = _pointwise_plans()
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("layer, pass_, plan", POINTWISE)
+def test_pointwise_tile_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pass_, plan):
+    """tune's multi-tile flat candidates for 1x1 layers (candidates._pointwise_tile_candidates):
+    the pixels arrive by 16-byte cp.async, the MMAs are tensor-core ones, and no warp's
+    accumulators spill (256-row tiles of 240 or 256 columns did: POINTWISE_MAX_WARP_FRAGMENTS)."""
+    assert plan.tiles > 1
+    k = _main_sass(_candidate_spec(layer, pass_, plan))
+    assert k.count("HMMA") > 0 and k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
+    assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+
+
 @needs_cuobjdump
 @pytest.mark.parametrize("layer, pass_, plan", HALO)
 def test_halo_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pass_, plan):

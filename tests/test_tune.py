@@ -263,3 +263,32 @@ def test_tune_no_bias_is_a_cli_option():
 
     assert build_parser().parse_args(["tune", "--suite", "cifar-vgg", "--no-bias"]).no_bias is True
     assert build_parser().parse_args(["tune", "--suite", "cifar-vgg"]).no_bias is False
+
+
+def test_pointwise_tile_candidates_come_last_and_only_for_one_step_1x1_layers():
+    """tune's multi-tile flat plans for 1x1 layers: offered only where a block can own several
+    tiles (stride 1, a reduction of at most 64 channels, fp16 in 16-byte runs, a CUDA part with
+    cp.async), one tile covering all of N, and after the candidates tuning on first use times
+    (autotune.CANDIDATES), since no GPU run has measured them yet."""
+    from convgen.autotune import CANDIDATES
+
+    h200 = Target("sm_90", 132)
+    pw = ConvProblem(56, 56, 144, 24, 1, 1, 1, 0, 1, n=128)  # MobileNetV2 pw56-144to24: dgrad reduces K = 24
+    plans = tune.candidates(pw, Pass.DGRAD, h200)
+    mine = [i for i, p in enumerate(plans) if isinstance(p.loop, FlatHalo) and p.loop.tiles > 1]
+    assert mine and min(mine) >= CANDIDATES and mine == list(range(min(mine), len(plans)))
+    for i in mine:
+        p = plans[i]
+        assert p.block_n >= pw.c and p.block_k == 32 and p.stages == 2
+        check_plan(p, pw, Pass.DGRAD, h200, "float16")
+    assert {plans[i].loop.tiles for i in mine} == {2, 4, 8}
+
+    def offered(problem, pass_, target=h200):
+        return [p for p in tune.candidates(problem, pass_, target) if p.reasons[0].startswith("tuning candidate: pointwise")]
+
+    assert len(offered(pw, Pass.DGRAD)) == len(mine)
+    assert not offered(pw, Pass.FPROP)  # fprop reduces C = 144: more than one step
+    assert not offered(ConvProblem(56, 56, 24, 144, 1, 1, 2, 0, 1, n=8), Pass.DGRAD)  # stride 2
+    assert not offered(ConvProblem(56, 56, 24, 24, 3, 3, 1, 1, 1, n=8), Pass.DGRAD)  # 3x3: the halo kinds' own
+    assert not offered(pw, Pass.WGRAD)
+    assert not offered(pw, Pass.DGRAD, Target("gfx942"))
