@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from typing import Callable
 
 from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
@@ -115,26 +116,34 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
         if not target.info.cp_async:
             stages = 2
         for split in sorted(splits):
-            try:
-                p = Plan(bm, bn, bk, wm, wn, stages, base.vec_a, base.vec_b, base.read_a, base.read_b, split,
-                         reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages, split-K {split}",))
-                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-            except ValueError:
+            p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+                bm, bn, bk, wm, wn, stages, base.vec_a, base.vec_b, base.read_a, base.read_b, split,
+                reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm}x{wn} warps, {stages} stages, split-K {split}",)))
+            if p is None:
                 continue
             _add_unique(p, seen, out)
             # A block that owns a long reduction alone on its SM waits on its own loads: the
             # same tile with K sliced over twice the warps (at most 8) hides that latency.
             if (split == 1 and pass_ is not Pass.WGRAD and tiles <= 2 * target.sm_count and steps >= 4
                     and wm * wn <= 4 and bk >= 32):
-                try:
-                    q = dataclasses.replace(p, loop=Im2col(warps_k=2), reasons=(p.reasons[0] + ", K sliced 2 ways",))
-                    check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+                q = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
+                    p, loop=Im2col(warps_k=2), reasons=(p.reasons[0] + ", K sliced 2 ways",)))
+                if q is not None:
                     sliced.append(q)
-                except ValueError:
-                    pass
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
             + _pointwise_tile_candidates(problem, pass_, target, in_dtype))
+
+
+def _feasible(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
+              make: Callable[[], Plan]) -> Plan | None:
+    """The plan ``make`` builds, or None where its constructor or the checker refuses it."""
+    try:
+        p = make()
+        check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+    except ValueError:
+        return None
+    return p
 
 
 def _add_unique(p: Plan, seen: set[Plan], out: list[Plan]) -> None:
@@ -162,14 +171,12 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
         splits = [1] + ([min(math.ceil(target.sm_count / tiles), steps // 4)]
                         if tiles < target.sm_count // 2 and steps >= 8 else [])
         for split in splits:
-            try:
-                p = Plan(bm, bn, bk, wm, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=Wgmma(),
-                         reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
-                                  f"split-K {split}",))
-                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-            except ValueError:
-                continue
-            _add_unique(p, seen, out)
+            p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+                bm, bn, bk, wm, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=Wgmma(),
+                reasons=(f"tuning candidate {bm}x{bn}x{bk}, {wm // 4} warpgroup(s), wgmma, {stages} stages, "
+                         f"split-K {split}",)))
+            if p is not None:
+                _add_unique(p, seen, out)
     return out[:WGMMA_PER_LAYER]
 
 
@@ -179,29 +186,27 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
             or tma_tail_fill(problem, pass_) is not None):  # half-empty steps: not worth a timing slot
         return []
     out: list[Plan] = []
+    def tile(bm: int, bn: int, stages: int, rate: float) -> Plan:
+        split = tma_split(problem, pass_, target, bm, bn, rate)[0]  # the planner's split for this tile
+        return Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=TmaWgmma(),
+                    reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {bm // 64} consumer "
+                             f"warpgroup(s), {stages} stages, split-K {split}",))
+
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed
-        try:
-            split = tma_split(problem, pass_, target, bm, bn, rate)[0]  # the planner's split for this tile
-            p = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=TmaWgmma(),
-                     reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {bm // 64} consumer "
-                              f"warpgroup(s), {stages} stages, split-K {split}",))
-            check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-        except ValueError:
-            continue
-        out.append(p)
+        p = _feasible(problem, pass_, target, in_dtype, lambda: tile(bm, bn, stages, rate))
+        if p is not None:
+            out.append(p)
     if pass_ is not Pass.WGRAD:  # and each persistent tile no wider than N, whatever its tile count
         widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
         tiles = sorted(set(PERSISTENT_TILES.values()))  # both passes': the tuner times them all
         for bm, bn, stages, pingpong in (t for t in tiles if t[1] <= widest):
-            p = Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, in_dtype, in_dtype,
-                     loop=TmaWgmma(persistent=True, pingpong=pingpong),
-                     reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma"
-                              f"{', ping-pong' if pingpong else ''}, {stages} stages",))
-            try:
-                check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-            except ValueError:
-                continue
-            out.append(p)
+            p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+                bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, in_dtype, in_dtype,
+                loop=TmaWgmma(persistent=True, pingpong=pingpong),
+                reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma"
+                         f"{', ping-pong' if pingpong else ''}, {stages} stages",)))
+            if p is not None:
+                out.append(p)
     return out
 
 
@@ -235,14 +240,11 @@ def _pointwise_tile_candidates(problem: ConvProblem, pass_: Pass, target: Target
     for bm, tiles in itertools.product((128, 256), POINTWISE_TILES):
         if bm // 4 // FRAG * frags // wn > POINTWISE_MAX_WARP_FRAGMENTS:
             continue
-        try:
-            p = Plan(bm, bn, bk, 4, wn, 2, 8, halo_vec_b(g, pass_), in_dtype, in_dtype, 1, loop=FlatHalo(tiles),
-                     reasons=(f"tuning candidate: pointwise flat tile, {bm}x{bn}x{bk}, 4x{wn} warps, "
-                              f"{tiles} tiles per block",))
-            check_plan(p, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-        except ValueError:
-            continue
-        out.append(p)
+        p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+            bm, bn, bk, 4, wn, 2, 8, halo_vec_b(g, pass_), in_dtype, in_dtype, 1, loop=FlatHalo(tiles),
+            reasons=(f"tuning candidate: pointwise flat tile, {bm}x{bn}x{bk}, 4x{wn} warps, {tiles} tiles per block",)))
+        if p is not None:
+            out.append(p)
     return out
 
 
@@ -305,11 +307,8 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         # layout's first shapes.
         for p in mine[:MULTI_TILE_SHAPES] if not staged else ():  # a staged halo is one tile per block
             for tiles in (2, 4):
-                q = dataclasses.replace(p, loop=dataclasses.replace(p.loop, tiles=tiles),
-                                        reasons=(p.reasons[0] + f", {tiles} tiles per block",))
-                try:
-                    check_plan(q, problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-                except ValueError:
-                    continue
-                multi.append(q)
+                q = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
+                    p, loop=dataclasses.replace(p.loop, tiles=tiles), reasons=(p.reasons[0] + f", {tiles} tiles per block",)))
+                if q is not None:
+                    multi.append(q)
     return out + multi

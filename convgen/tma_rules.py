@@ -322,8 +322,8 @@ def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:
     tile's whole K), powers of two and a few between for wgrad's long pixel reduction."""
     if pass_ is not Pass.WGRAD:
         return (1,)
-    steps = math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)
-    return tuple(s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= min(steps, MAX_TMA_SPLIT))
+    steps = math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)  # 0 for an empty batch, which one slice plans
+    return tuple(s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64) if s <= max(1, min(steps, MAX_TMA_SPLIT)))
 
 
 def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int,

@@ -577,3 +577,16 @@ def test_wgmma_stages_are_dense_core_matrices():
     wg = Plan(128, 64, 64, 4, 1, 3, 8, 8, loop=Wgmma())
     assert smem_bytes(wg, Pass.FPROP, 32, g) == 3 * (128 + 64) * 64 * 2
     assert smem_bytes(Plan(128, 64, 64, 4, 1, 3, 8, 8), Pass.FPROP, 32, g) == 3 * (128 + 64) * 72 * 2
+
+
+@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+def test_an_empty_batch_plans_on_every_suite_layer(pass_):
+    """N = 0 is a valid problem (the runtime launches nothing for it), and `convgen plan -n 0`
+    must plan it like any other: wgrad's TMA cost model once found no split for a reduction of
+    zero pixels and raised from min() of nothing."""
+    from convgen.suites import SUITES
+
+    for layers in SUITES.values():
+        for layer in layers:
+            p = plan(layer.problem.with_batch(0), pass_, Target("sm_90", 132))
+            assert p.split_k >= 1
