@@ -265,8 +265,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
     unit_h = sh if dgrad else 1
     tile_h = unit_h * max(1, math.ceil(min(out_h, 8) / unit_h))
-    while (tile_h * tile_w) % 16 or (tile_h * tile_w // cols * lanes) % target.warp_size:
-        tile_h += unit_h
+    tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk)
     threads = tile_h * tile_w // cols * lanes
     blocks = g.n * math.ceil(out_h / tile_h) * math.ceil(out_w / tile_w) * math.ceil(g.c / chunk)
     tiles = max(1, min(4, blocks // (8 * target.sm_count)))  # keep 8 blocks an SM's worth of work
@@ -282,6 +281,29 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     if smem_bytes(plan, g, pass_, target.warp_size) > target.smem_limit:  # two halos do not fit: one
         plan = dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
     return plan
+
+
+def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tuple[int, int], w: tuple[int, int],
+              cols: int, vec: int, chunk: int) -> tuple[int, int]:
+    """fprop's and dgrad's tile (rows, columns): the first of the preferred width ``w[0]``, then
+    narrower by whole units ``w[1]``, whose rows (``h[0]`` and up by ``h[1]``, then down) make a
+    block of whole fragments and whole warps, at most 1024 threads, whose one halo fits the
+    part's shared memory.  The preferred tile nearly always does; a strided dgrad's units or a
+    large channel multiplier's staged pixels can push it past either limit."""
+    lanes = chunk // vec
+    for tile_w in range(w[0], 0, -w[1]):
+        most_h = 1024 * cols // (tile_w * lanes)  # rows within 1024 threads
+        for tile_h in [*range(h[0], most_h + 1, h[1]), *range(h[0] - h[1], 0, -h[1])]:
+            pixels = tile_h * tile_w
+            if pixels % 16 or (pixels // cols * lanes) % target.warp_size or pixels // cols * lanes > 1024:
+                continue
+            plan = Plan(pixels, chunk, 16, pixels // cols * lanes // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
+                        Depthwise(tile_w, cols))
+            if smem_bytes(plan, g, pass_, target.warp_size) <= target.smem_limit:
+                return tile_h, tile_w
+    raise ValueError(f"Depthwise {pass_.value}: no tile of whole warps within 1024 threads stages this layer's halo "
+                     f"in {target.smem_limit} bytes of shared memory on {target.arch} (K/C = {g.kg} filters a "
+                     f"channel, {g.r}x{g.s} filter, stride {g.stride}, dilation {g.dilation})")
 
 
 def _wgrad_chunk(c: int, vec: int, warp_size: int) -> int:
@@ -321,6 +343,10 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
     rows, vec = next(((rw, v) for rw in range(g.r, 0, -1) if g.r % rw == 0 for v in (8, 4, 2, 1)
                       if g.c % v == 0 and v * m * rw * g.s <= MAX_WGRAD_ACCS), (1, 1))
     groups = g.r // rows
+    if vec * m * rows * g.s > 2 * MAX_WGRAD_ACCS:  # even one channel and one filter row a thread
+        raise ValueError(f"Depthwise wgrad: K/C = {m} filters a channel over a filter {g.s} wide keep {m * g.s} fp32 "
+                         f"sums a thread for one filter row, more than the {2 * MAX_WGRAD_ACCS} that fit in registers; "
+                         f"this kind takes at most {2 * MAX_WGRAD_ACCS // g.s} filters a channel at this width")
     chunk = _wgrad_chunk(g.c, vec, warp)
     lanes = chunk // vec
     stage_vec = next(v for v in (8, 4, 2, 1) if g.c % v == 0 and chunk % v == 0)
@@ -332,8 +358,10 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
     # warps), staged buffers within the budget, MIN_RESIDENT threads an SM where shared memory and
     # registers allow, at the least modelled cost per output pixel.
     best = None
-    for most in (THREADS, 1024):
-        for cols in range(1, max_cols + 1):
+    # (a large channel multiplier's sums leave no room for a run's dy values under MAX_WGRAD_HELD;
+    # then runs up to the checker's 64 held values, where 16 pixels of every row group fit 1024 threads)
+    for most, longest in ((THREADS, max_cols), (1024, max_cols), (1024, max(max_cols, 64 // (vec * m)))):
+        for cols in range(1, longest + 1):
             # (a tiny image still gets a block of whole warps: runs past its edge idle)
             for per_row in range(1, max(math.ceil(g.q / cols), 16) + 1):
                 for tile_h in range(1, max(g.p, 8) + 1):
@@ -345,6 +373,8 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
                     plan = Plan(tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, vec, elem, elem, 1,
                                 Depthwise(tile_w, cols, rows if groups > 1 else 0))
                     smem = smem_bytes(plan, g, Pass.WGRAD, warp)
+                    if smem > target.smem_limit:
+                        continue
                     cost = _wgrad_tile_cost(g, vec, rows, cols, tile_h, tile_w, chunk, threads, stage_vec)
                     few = _resident_threads(threads, smem, acc + cols * vec * m, target) < MIN_RESIDENT
                     key = (smem > budget, smem if smem > budget else 0, few, round(cost, 3), -threads, tile_h, cols)
@@ -352,7 +382,11 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
                         best = (key, plan, cost, smem)
         if best is not None:
             break
-    assert best is not None, "a 16-pixel run of one row group always has whole warps within 1024 threads"
+    if best is None:
+        raise ValueError(f"Depthwise wgrad: K/C = {m} filters a channel over a {g.r}x{g.s} filter keep {acc} fp32 sums "
+                         f"a thread, and no tile of 16 pixels for each of its {groups} row group(s) has whole warps "
+                         f"within 1024 threads and its buffers within {target.smem_limit} bytes of shared memory on "
+                         f"{target.arch}")
     _, plan, cost, smem = best
     loop = plan.loop
     assert isinstance(loop, Depthwise)
