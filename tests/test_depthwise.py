@@ -8,13 +8,14 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from convgen import reference
 from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass, Plan
 from convgen.mainloop import Depthwise, HaloTile, from_flags
 from convgen.planner import check_plan, make_spec, plan
-from convgen.ir import Target
+from convgen.ir import ARCHES, Target
 
 PASSES = [Pass.FPROP, Pass.DGRAD, Pass.WGRAD]
 
@@ -352,3 +353,29 @@ def test_a_multiplier_too_large_for_the_depthwise_kind_is_refused_by_name():
     # and the last ODD layer, which fits an H200's 227 KB, not an A100's 163 KB
     with pytest.raises(ValueError, match=r"K/C = 27 filters .* 166912 bytes of shared memory on sm_80"):
         plan(ODD[-1][0], Pass.WGRAD, Target("sm_80"))
+
+
+@st.composite
+def depthwise_problems(draw):
+    r, s, c = draw(st.integers(1, 7)), draw(st.integers(1, 7)), draw(st.integers(1, 200))
+    pad = (draw(st.integers(0, 3)), draw(st.integers(0, 3)))
+    dil = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    h = draw(st.integers(max(1, dil[0] * (r - 1) + 1 - 2 * pad[0]), 60))  # the dilated filter fits
+    w = draw(st.integers(max(1, dil[1] * (s - 1) + 1 - 2 * pad[1]), 60))
+    return ConvProblem(h, w, c, c * draw(st.sampled_from([1, 2, 3, 4, 8, 16, 30])), r, s,
+                       (draw(st.integers(1, 3)), draw(st.integers(1, 3))), pad, dil, c,
+                       n=draw(st.sampled_from([0, 1, 7, 64])))
+
+
+@given(problem=depthwise_problems(), pass_=st.sampled_from(list(Pass)), arch=st.sampled_from(sorted(ARCHES)))
+def test_every_depthwise_layer_plans_or_is_refused_by_name(problem, pass_, arch):
+    """Any depthwise layer, any multiplier, stride, dilation and part: the planner's plan passes
+    the checker, or the planner says which limit the layer is past (a large multiplier's sums
+    or staged pixels); never an assertion or a plan the checker rejects."""
+    target = Target(arch)
+    try:
+        p = plan(problem, pass_, target, "float16")
+    except ValueError as e:
+        assert "Depthwise" in str(e) and f"K/C = {problem.kg}" in str(e), str(e)
+        return
+    check_plan(p, problem, pass_, target, "float16")
