@@ -45,22 +45,24 @@ def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Ta
     by 4 or 2 (measured only at C = 1: 1.5-5x slower), nor C = 5-7, which no suite has and no
     probe measured. Not with a hand plan or the scalar path, which name the kernel the
     caller wants; not float32 inputs, which the gathers cast on the way."""
-    if (pass_ is Pass.DGRAD or plan is not None or scalar or in_dtype not in ("float16", "bfloat16")
-            or problem.groups > 1):
-        return None
-    info = target.info
-    if info.backend != "cuda" or not info.cp_async:
-        return None
-    if problem.c != 3 or problem.n * problem.h * problem.w * problem.c * 2 < MIN_X_BYTES:
-        return None
-    if pass_ is Pass.FPROP and _stages_whole_halo_as_is(problem, in_dtype, target):
+    if not _stem(problem, pass_, in_dtype, target, plan, scalar) or kept_for_the_staged_halo(problem, pass_, in_dtype,
+                                                                                               target):
         return None
     return PAD_TO
 
 
-def _stages_whole_halo_as_is(problem: ConvProblem, in_dtype: str, target: Target) -> bool:
-    """Whether the planner runs this fprop, unpadded, on the staged halo (a stride-1 stem; the
-    halo rule of convgen/small_layer_rules.py).  That kernel copies each block's whole input
+def _stem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target, plan: Optional[Plan] = None,
+          scalar: bool = False) -> bool:
+    """A 16-bit 3-channel fprop or wgrad input of at least MIN_X_BYTES, planned, on a CUDA part with cp.async."""
+    return (pass_ is not Pass.DGRAD and plan is None and not scalar and in_dtype in ("float16", "bfloat16")
+            and problem.groups == 1 and target.info.backend == "cuda" and bool(target.info.cp_async)
+            and problem.c == 3 and problem.n * problem.h * problem.w * problem.c * 2 >= MIN_X_BYTES)
+
+
+def kept_for_the_staged_halo(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target) -> bool:
+    """Whether a stem the pad would take keeps its 3 channels because the planner runs its
+    fprop, unpadded, on the staged halo (a stride-1 stem; the halo rule of
+    convgen/small_layer_rules.py).  That kernel copies each block's whole input
     halo into shared memory once, so 6-byte pixels no longer cost the gathers their global
     loads, and padding only adds a copy and a third more MMAs: on the three such stems padding
     ran 1.19-1.35x slower than the staged halo as is (VGG-16 conv1_1 141.0 against 117.5 us,
@@ -69,7 +71,8 @@ def _stages_whole_halo_as_is(problem: ConvProblem, in_dtype: str, target: Target
     from .mainloop import StagedHalo
     from .planner import plan as default_plan  # the planner never imports this module
 
-    return isinstance(default_plan(problem, Pass.FPROP, target, in_dtype).loop, StagedHalo)
+    return (pass_ is Pass.FPROP and _stem(problem, pass_, in_dtype, target)
+            and isinstance(default_plan(problem, Pass.FPROP, target, in_dtype).loop, StagedHalo))
 
 
 def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,

@@ -244,6 +244,18 @@ def test_plan_says_when_a_stem_is_padded_and_plans_the_padded_layer(cli):
         assert r["plan"] == spec.plan.as_dict() and r["key"] == spec.key and x_vec == 4
 
 
+def test_plan_says_why_a_stride_1_stem_keeps_its_channels_in_fprop(cli):
+    """VGG-16's stem: fprop runs the staged halo on its 3 channels (and says why), wgrad pads."""
+    status, out, err = cli("plan", "--suite", "vgg16", "--pass", "all", "--json")
+    assert status == 0 and err == ""
+    rows = {(r["layer"], r["pass"]): r for r in json.loads(out)}
+    fprop, wgrad = rows[("conv1_1", "fprop")], rows[("conv1_1", "wgrad")]
+    assert fprop["padded_channels"] is None and fprop["reasons"][0].startswith("keeps C=3 unpadded: the staged halo")
+    assert fprop["plan"].get("tile_w") and fprop["plan"]["vec_a"] == 1
+    assert wgrad["padded_channels"] == 4 and wgrad["reasons"][0].startswith("pads C=3 to 4 channels")
+    assert not any(r["reasons"][0].startswith("keeps C=3") for k, r in rows.items() if k != ("conv1_1", "fprop"))
+
+
 def test_plan_text_explains_each_choice(cli):
     status, out, _ = cli("plan", "-n", "4", "-h", "16", "-w", "16", "-c", "3", "-k", "8", "-r", "3", "-s", "3",
                          "--padding", "same", "--pass", "wgrad", "--arch", "sm_75")
