@@ -171,6 +171,7 @@ def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
 
     monkeypatch.setattr(cc, "detect_target", no_gpu)
     assert main(["tune", "--suite", "cifar-vgg", "--pass", "fprop"]) == 1
+    assert main(["tune", "--suite", "cifar-vgg", "--layers", "conv2,conv3", "--pass", "fprop"]) == 1  # past the arguments
     assert "no usable CUDA GPU" in capsys.readouterr().err
 
 
@@ -178,6 +179,7 @@ def test_tune_without_a_gpu_exits_1(monkeypatch, capsys):
     ([], "give --suite NAME or a full shape"),
     (["--suite", "nope"], "unknown suite"),
     (["-n", "4", "-h", "16"], "missing -w"),
+    (["--suite", "unet", "--layers", "enc1a,nope"], "--layers: no layer named nope"),
 ])
 def test_tune_usage_errors_exit_2_before_looking_for_a_gpu(argv, msg, monkeypatch, capsys):
     from convgen import compile as cc

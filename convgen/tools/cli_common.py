@@ -101,6 +101,18 @@ def layers(args: argparse.Namespace) -> list[Layer]:
     return [Layer("conv", problem)]
 
 
+def select_layers(layers: list[Layer], names: str | None) -> list[Layer]:
+    """The layers ``--layers`` names (comma-separated), in their suite's order; all without it."""
+    if not names:
+        return layers
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {l.name for l in layers}
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise UsageError(f"--layers: no layer named {', '.join(unknown)}; these are: {', '.join(sorted(known))}")
+    return [l for l in layers if l.name in wanted]
+
+
 def passes(args: argparse.Namespace) -> list[Pass]:
     return list(Pass) if args.pass_ == "all" else [Pass.parse(args.pass_)]
 

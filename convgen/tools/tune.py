@@ -33,7 +33,7 @@ from ..candidates import (  # noqa: F401  (re-exported: scripts and tests use tu
 from ..fsio import atomic_write
 from ..ir import ConvProblem, Pass, Plan, Target
 from . import timing
-from .cli_common import add_shape_args, layers, passes
+from .cli_common import add_shape_args, layers, passes, select_layers
 
 
 # ---------------------------------------------------------------------- timing
@@ -99,6 +99,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--db", help="tuning database to update (default: the user's, under the cache dir)")
     p.add_argument("--log", help="also write every candidate's timing to this JSON file")
+    p.add_argument("--layers", help="only these layer names of --suite (comma-separated)")
     p.add_argument("--no-bias", action="store_true",
                    help="time fprop without a bias and wgrad without db, as the bench's same-work rows do "
                         "(convolutions that feed a BatchNorm have no bias); by default both are timed with it")
@@ -115,7 +116,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     # The arguments first: no arguments, an unknown suite or a partial shape is a usage
     # error (exit 2) whether or not this machine has a GPU.
-    work = [(layer, pass_) for layer in layers(args) for pass_ in passes(args)]
+    work = [(layer, pass_) for layer in select_layers(layers(args), args.layers) for pass_ in passes(args)]
     try:
         import cupy as cp
 

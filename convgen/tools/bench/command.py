@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from ...compile import gpu_unavailable_reason  # noqa: F401  (command.gpu_unavailable_reason is patched in tests)
 from ...ir import Pass, Plan, Target
 from ...suites import SUITES, get_suite
-from ..cli_common import UsageError, add_shape_args, layers
+from ..cli_common import UsageError, add_shape_args, layers, select_layers
 from . import harness
 from .plot import plot
 from ...fsio import atomic_write
@@ -96,12 +96,8 @@ def resolve_items(args: argparse.Namespace) -> tuple[list[str], list[Item]]:
         ns = argparse.Namespace(**{**vars(args), "suite": None})
         groups = [("shape", layers(ns))]
     if args.layers:
-        wanted = [n.strip() for n in args.layers.split(",") if n.strip()]
-        known = {l.name for _, ls in groups for l in ls}
-        unknown = [n for n in wanted if n not in known]
-        if unknown:
-            raise UsageError(f"--layers: no layer named {', '.join(unknown)}; these are: {', '.join(sorted(known))}")
-        groups = [(s, [l for l in ls if l.name in wanted]) for s, ls in groups]
+        kept = {id(l) for l in select_layers([l for _, ls in groups for l in ls], args.layers)}
+        groups = [(s, [l for l in ls if id(l) in kept]) for s, ls in groups]
     passes = list(Pass) if args.pass_ == "all" else [Pass.parse(args.pass_)]
     fused = getattr(args, "fused", False)
     items = []
