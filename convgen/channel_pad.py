@@ -40,13 +40,13 @@ def padded_channels(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Ta
     """The channel count the convolution kernel runs on when it is not ``problem.c``, else None.
 
     fprop and wgrad of a 16-bit, 3-channel input of at least :data:`MIN_X_BYTES` on a CUDA
-    part with cp.async (sm_80+), but not an fprop the staged halo runs as it is. Not dgrad: its output has the narrow channels (and a
+    part with cp.async (sm_80+), but not an fprop the staged halo runs as it is
+    (:func:`kept_for_the_staged_halo`). Not dgrad: its output has the narrow channels (and a
     network's first layer needs no dx). Not C = 1 or 2, where padding multiplies the MMA work
     by 4 or 2 (measured only at C = 1: 1.5-5x slower), nor C = 5-7, which no suite has and no
     probe measured. Not with a hand plan or the scalar path, which name the kernel the
     caller wants; not float32 inputs, which the gathers cast on the way."""
-    if not _stem(problem, pass_, in_dtype, target, plan, scalar) or kept_for_the_staged_halo(problem, pass_, in_dtype,
-                                                                                               target):
+    if not _stem(problem, pass_, in_dtype, target, plan, scalar) or _runs_staged_halo(problem, pass_, in_dtype, target):
         return None
     return PAD_TO
 
@@ -68,11 +68,14 @@ def kept_for_the_staged_halo(problem: ConvProblem, pass_: Pass, in_dtype: str, t
     ran 1.19-1.35x slower than the staged halo as is (VGG-16 conv1_1 141.0 against 117.5 us,
     UNet enc1a 59.2 / 44.6, Darknet-53's stem 213.1 / 158.0; channel_pad_probe.py on the H200
     at b41f285)."""
+    return _stem(problem, pass_, in_dtype, target) and _runs_staged_halo(problem, pass_, in_dtype, target)
+
+
+def _runs_staged_halo(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target) -> bool:
     from .mainloop import StagedHalo
     from .planner import plan as default_plan  # the planner never imports this module
 
-    return (pass_ is Pass.FPROP and _stem(problem, pass_, in_dtype, target)
-            and isinstance(default_plan(problem, Pass.FPROP, target, in_dtype).loop, StagedHalo))
+    return pass_ is Pass.FPROP and isinstance(default_plan(problem, Pass.FPROP, target, in_dtype).loop, StagedHalo)
 
 
 def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target,

@@ -219,13 +219,9 @@ def tma_persistent_roofline(problem: ConvProblem, pass_: Pass, target: Target, b
     take the classes' mean tile."""
     gemm = problem.gemm(pass_)
     rate = next((r for m, n, _, r in TMA_TILES if (m, n) == (bm, bn)), PERSISTENT_128X64_RATE)
-    k_steps = math.ceil((problem.c if pass_ is Pass.FPROP else problem.k) / TMA_BLOCK_K)
-    n_tiles = math.ceil(gemm.n / bn)
-    if pass_ is Pass.DGRAD:  # (tiles, steps a tile) per class; one class of every tap at stride 1
-        classes = [(math.ceil(problem.n * c.pixels_per_image / bm) * n_tiles, c.taps * k_steps)
-                   for c in residue_classes(problem.geometry) if c.pixels_per_image]
-    else:
-        classes = [(math.ceil(gemm.m / bm) * n_tiles, problem.r * problem.s * k_steps)]
+    classes = (dgrad_class_tiles(problem, bm, bn) if pass_ is Pass.DGRAD else
+               [(math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn),
+                 problem.r * problem.s * math.ceil((problem.c if pass_ is Pass.FPROP else problem.k) / TMA_BLOCK_K))])
 
     def tile_us(steps: int) -> float:
         mma_us = steps * 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
@@ -284,6 +280,14 @@ def tma_steps(problem: ConvProblem, pass_: Pass) -> int:
     return math.ceil(problem.gemm(pass_).k / TMA_BLOCK_K)
 
 
+def dgrad_class_tiles(problem: ConvProblem, bm: int, bn: int) -> list[tuple[int, int]]:
+    """(tiles, 64-channel steps a tile) of each of dgrad's residue classes that has pixels, for
+    ``bm`` x ``bn`` tiles: one class of every tap at stride 1."""
+    n_tiles, k_steps = math.ceil(problem.c / bn), math.ceil(problem.k / TMA_BLOCK_K)
+    return [(math.ceil(problem.n * c.pixels_per_image / bm) * n_tiles, c.taps * k_steps)
+            for c in residue_classes(problem.geometry) if c.pixels_per_image]
+
+
 def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,
                   split: int = 1) -> tuple[int, float]:
     """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
@@ -295,9 +299,7 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
     step_us = 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
     n_tiles = math.ceil(gemm.n / bn)
     if pass_ is Pass.DGRAD:
-        k_steps = math.ceil(problem.k / TMA_BLOCK_K)
-        work = [(math.ceil(problem.n * c.pixels_per_image / bm) * n_tiles, c.taps * k_steps)
-                for c in residue_classes(problem.geometry) if c.pixels_per_image]
+        work = dgrad_class_tiles(problem, bm, bn)
         blocks = sum(b for b, _ in work)
         longest = max(steps for _, steps in work)
         block_steps = sum(b * steps for b, steps in work)
