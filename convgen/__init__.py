@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 
 from .autotune import set_autotune
 from .emit import KernelSource, emit
-from .ir import ConvGeometry, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from .ir import ConvGeometry, ConvProblem, Epilogue, Pass, Target
+from .spec import KernelSpec, Plan
 from .planner import make_spec, plan
 from .prepared import PreparedConv, prepare, prepare_many
 from .runtime import clear_cache, conv2d, conv2d_dgrad, conv2d_wgrad

@@ -26,7 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import config, tuning_db
 from .candidates import candidates
-from .ir import ConvProblem, Epilogue, Pass, Plan, Target
+from .ir import ConvProblem, Epilogue, Pass, Target
+from .spec import Plan
 
 log = logging.getLogger("convgen.autotune")
 

@@ -13,9 +13,11 @@ import itertools
 import math
 from typing import Callable
 
-from .ir import ConvProblem, Pass, Plan, Target, stages_whole_halo
+from .ir import ConvProblem, Pass, Target
+from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
-from .planner import check_plan, halo_eligible, halo_images, halo_vec_b, plan as default_plan
+from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
+from .footprint import halo_images
 from .tma_rules import PERSISTENT_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
@@ -59,7 +61,7 @@ _HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (
 HALO_PER_LAYOUT = 8  # halo candidates per tile layout, placed right after the default plan
 # Tiles 8 pixels wide (CUDA's ldmatrix halo MMAs) for images at most 8 pixels wide: one
 # 8x8 tile per 64-row block, whole images of CIFAR's 8x8 and ResNet-50's 7x7 layers; and
-# 128 or 256 rows where whole images stack in them (planner.halo_images: 2 or 4 8x8 images
+# 128 or 256 rows where whole images stack in them (footprint.halo_images: 2 or 4 8x8 images
 # per block, every tap's weights staged once for all).  16-channel steps (the stacked shapes
 # below also take 32).
 _NARROW_HALO_SHAPES: tuple[tuple[int, int, int, int], ...] = (

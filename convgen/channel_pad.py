@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .ir import ConvProblem, Pass, Plan, Target
+from .ir import ConvProblem, Pass, Target
+from .spec import Plan
 
 PAD_TO = 4  # channels: one 8-byte run of fp16 or bf16
 MIN_X_BYTES = 4 << 20  # x below this: the copy's launch and pass cost more than it saves (CIFAR)

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable, Iterable, NoReturn, Sequence
 
 from . import tuning_db
-from .ir import ConvProblem, Pass, Plan
+from .ir import ConvProblem, Pass
+from .spec import Plan
 from .suites import SUITE_INFO, SUITES, Layer
 from .tools import cache, sass, tune
 from .tools.bench import command as bench_command

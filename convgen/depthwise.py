@@ -20,7 +20,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .ir import ConvGeometry, ConvProblem, DType, Pass, Plan, Target
+from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
+from .spec import Plan
 from .mainloop import Depthwise
 
 PIX_PAD = 8  # halves of padding per staged pixel: a thread's next run starts in other banks

@@ -18,8 +18,9 @@ import jinja2
 
 from . import __version__
 from .targets import Arch
-from .ir import KernelSpec, Pass
-from .planner import (
+from .ir import Pass
+from .spec import KernelSpec
+from .footprint import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
     resident_blocks, ring_stages, smem_bytes, staged_halo_halves,
 )
@@ -182,7 +183,7 @@ class Tile:
     warps_n: int
     warps_k: int  # > 1: sliced K (im2col WMMA only)
     stages: int
-    ring: int  # stages allocated: planner.ring_stages
+    ring: int  # stages allocated: footprint.ring_stages
     persistent: bool  # a TMA block walks tiles until none are left (TmaWgmma.persistent)
     pingpong: bool  # and its two consumer warpgroups take those tiles in turn (TmaWgmma.pingpong)
     pad: int  # halves of padding per staged row
@@ -210,7 +211,7 @@ class Halo:
 
     ld: int  # halves per staged halo pixel of a 16-channel slab
     tile: tuple[int, int, int, int]  # (tile rows, tile columns, halo rows, halo columns); zeros for a flat tile
-    imgs: int  # whole images stacked in one 8-wide tile (planner.halo_images), else 1
+    imgs: int  # whole images stacked in one 8-wide tile (footprint.halo_images), else 1
     flat_grid: tuple[int, int]  # a flat tile's grid (rows, columns per image); zeros otherwise
     pix: int  # pixels of one staged halo (the "taps" kinds)
     flip: bool  # the taps walk the halo flipped (dgrad reads dy at h + PH - r*DH)
@@ -227,7 +228,7 @@ class Epilogue:
     gelu: bool  # fprop's activation is GELU (erf form)
     residual: bool  # fprop reads a residual of y's shape: v = alpha * v + beta * residual, before the bias
     db: bool  # wgrad sums db
-    drain_group: int  # fragments drained side by side (planner.drain_group)
+    drain_group: int  # fragments drained side by side (footprint.drain_group)
     pad: int  # floats of padding per scratch row
 
 

@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .ir import ConvProblem, Pass, Plan, Target
+from .ir import ConvProblem, Pass, Target
+from .spec import Plan
 
 # Channels a slab packs groups up to. Fitted to benchmarks/probes/group_pack_probe.py on the
 # H200 (benchmarks/NOTES.md, 5bf5603): slabs of 32 beat 16, 64 and 128 on every ResNeXt layer

@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from .ir import ConvGeometry, ConvProblem, Pass, Plan
+from .ir import ConvGeometry, ConvProblem, Pass
+from .spec import Plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from .emit import KernelSource

@@ -1,6 +1,6 @@
 """Main-loop kinds: how a kernel's reduction loop stages and multiplies its operands.
 
-A :class:`~convgen.ir.Plan` holds one of these in ``plan.loop``; the fields every kind
+A :class:`~convgen.spec.Plan` holds one of these in ``plan.loop``; the fields every kind
 shares (tile, warps, stages, gather widths, split-K) stay on the plan.  Each kind carries
 only its own parameters, validates them where they are typed, and checks what it needs of
 the plan's shared fields in :meth:`MainLoop.check`, so no combination of flags can name a
@@ -21,10 +21,10 @@ The kinds:
   read in place from it.
 - :class:`HaloLdsm`: a halo tile narrower than a 16-row fragment (8 pixels wide): each lane
   hands ldmatrix its own row address and the MMAs are raw ``mma.sync``.  A tile a whole
-  number of images tall stacks those images (``planner.halo_images``: derived from the
+  number of images tall stacks those images (``footprint.halo_images``: derived from the
   geometry, since the plan's dict has no field for it).
 - :class:`FlatHalo`: the batch laid out as one padded grid of positions
-  (``planner.flat_grid``); a block owns ``block_m`` consecutive ones and a tap is a fixed
+  (``footprint.flat_grid``); a block owns ``block_m`` consecutive ones and a tap is a fixed
   shift, whatever the image's width.
 - :class:`StagedHalo`: fprop with C not a multiple of 8 (a 3-channel first layer): the block
   stages its whole input halo, every channel, once, and runs the im2col gather over that copy.
@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from ._valid import as_int
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .ir import Plan
+    from .spec import Plan
 
 FRAG = 16  # WMMA fragment edge (m16n16k16)
 
@@ -291,7 +291,7 @@ class HaloLdsm(MainLoop):
     """A halo tile narrower than a fragment (8 pixels; any odd multiple of 8): a fragment's
     16 rows may span tile rows, so each lane gives ldmatrix its own row's address and the
     MMAs are raw mma.sync (CUDA only).  With tiles = 1, a tile at least as wide as the image
-    and a whole number of images tall stacks that many images (planner.halo_images), so a
+    and a whole number of images tall stacks that many images (footprint.halo_images), so a
     block of 8x8 images stages every tap's weights once per 128 or 256 pixels."""
 
     halo: ClassVar[bool] = True
@@ -325,7 +325,7 @@ class HaloLdsm(MainLoop):
 
 @dataclass(frozen=True)
 class FlatHalo(MainLoop):
-    """block_m consecutive positions of the batch's padded grid (planner.flat_grid), a tap
+    """block_m consecutive positions of the batch's padded grid (footprint.flat_grid), a tap
     one fixed shift of them.  A 2-D tile's rows are whole fragments, so an image narrower
     than 16 pixels (an 8x8 CIFAR layer) wastes half of every 16-wide tile; the flat tile
     only spends MMAs on the grid's padding positions.  tiles as in :class:`HaloTile`."""

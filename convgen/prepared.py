@@ -36,7 +36,8 @@ from . import runtime as _rt
 from .channel_pad import ChannelPad
 from .group_pack import GroupPack
 from .dtypes import BF16_HINT, check_dtypes, dtype_name, np_dtype, resolve_mma_dtype
-from .ir import ConvProblem, Epilogue, Pass, PairLike, Plan
+from .ir import ConvProblem, Epilogue, Pass, PairLike
+from .spec import Plan
 
 _F32 = np.dtype("float32")
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from .dtypes import BF16_HINT, default_mma_dtype, dtype_name, np_dtype, resolve_mma_dtype
 from .emit import KernelSource, emit
-from .ir import ConvProblem, Epilogue, Pass, Plan, PairLike, resolve_padding
+from .ir import ConvProblem, Epilogue, Pass, PairLike, resolve_padding
+from .spec import Plan
 from .limits import check_launch
 from .planner import make_spec
 

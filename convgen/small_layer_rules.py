@@ -28,7 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .ir import ConvProblem, DType, Pass, Plan, Target, stages_whole_halo
+from .footprint import smem_bytes
+from .ir import ConvProblem, DType, Pass, Target
+from .spec import Plan, stages_whole_halo
 from .mainloop import HaloLdsm, HaloTile, StagedHalo, fit_tile
 
 MAX_SPLIT = 512
@@ -61,7 +63,7 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
     None where the rule does not apply or its plan does not fit (the caller then keeps
     ``base``, the im2col plan).  A 3-channel fprop stages its whole halo and keeps
     ``base``'s gathers."""
-    from .planner import check_plan, halo_eligible, halo_vec_b, smem_bytes
+    from .planner import check_plan, halo_eligible, halo_vec_b
 
     g = problem.geometry
     if pass_ is Pass.WGRAD or g.r * g.s == 1 or g.stride != (1, 1) or not target.info.cp_async:

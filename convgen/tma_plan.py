@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .ir import ConvProblem, Pass, Plan, Target
+from .footprint import smem_bytes
+from .ir import ConvProblem, Pass, Target
+from .spec import Plan
 from .mainloop import TMA_BLOCK_K, TmaWgmma
 from .tma_rules import MIN_LONG_PADDING, column_padding, tma_cheapest_tile, tma_persistent
 
@@ -22,8 +24,6 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
     The roofline's persistent tile (``short_tile``, tma_short_persistent) replaces it outright
     on a short reduction (``short_first``), and on a 1x1 layer's long one where the cost
     model's tile has no persistent kernel and pads N (tma_rules.MIN_LONG_PADDING)."""
-    from .planner import smem_bytes  # the planner imports this module: its size rule, read at call time
-
     gemm = problem.gemm(pass_)
     (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)

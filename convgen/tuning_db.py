@@ -22,7 +22,8 @@ from typing import Any, Optional
 
 from . import config
 from .fsio import atomic_write
-from .ir import PLAN_KEYS, ConvGeometry, Pass, Plan
+from .ir import ConvGeometry, Pass
+from .spec import PLAN_KEYS, Plan
 
 DB_FORMAT = 1
 SHIPPED_DIR = Path(__file__).resolve().parent / "tuning"

@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from convgen.emit import emit  # noqa: E402
-from convgen.ir import Epilogue, KernelSpec, Pass, Target  # noqa: E402
+from convgen.ir import Epilogue, Pass, Target
+from convgen.spec import KernelSpec  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
 
 

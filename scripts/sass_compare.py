@@ -46,7 +46,7 @@ print(json.dumps(out))
 def pick_cases() -> dict[str, list]:
     """The first candidate of each (kind, pass, variant) over every suite, for sm_90."""
     from convgen.ir import Pass, Target
-    from convgen.planner import halo_images
+    from convgen.footprint import halo_images
     from convgen.suites import SUITES
 
     try:

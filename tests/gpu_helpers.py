@@ -11,7 +11,8 @@ import numpy as np
 
 import convgen
 from convgen import reference
-from convgen.ir import ConvProblem, Pass, Plan
+from convgen.ir import ConvProblem, Pass
+from convgen.spec import Plan
 
 
 @dataclass

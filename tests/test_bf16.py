@@ -12,7 +12,8 @@ from convgen import runtime
 from convgen.cli import main as cli_main
 from convgen.dtypes import check_dtypes, resolve_mma_dtype
 from convgen.emit import emit
-from convgen.ir import ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
+from convgen.spec import KernelSpec, Plan
 from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 from convgen.planner import make_spec, plan
 from convgen.resources import include_dir

@@ -303,7 +303,8 @@ def test_two_consumer_tma_kernels_keep_their_register_split(case):
     launch's 168: every two-consumer TMA kernel, strided dgrad's class switch included,
     compiles with an empty log."""
     from convgen.emit import emit
-    from convgen.ir import ConvProblem, Plan, Target
+    from convgen.ir import ConvProblem, Target
+    from convgen.spec import Plan
     from convgen.mainloop import TmaWgmma
     from convgen.planner import make_spec
     from convgen.resources import include_dir
@@ -326,7 +327,8 @@ def test_a_float16_bias_compiles_in_every_fprop_loop_without_warnings(plan_):
     bias parameter, its add in the main kernel and in the split-K reduction compile cleanly
     in each non-TMA main-loop kind (tests/test_tma.py compiles the TMA one)."""
     from convgen.emit import emit
-    from convgen.ir import ConvProblem, Epilogue, Plan
+    from convgen.ir import ConvProblem, Epilogue
+    from convgen.spec import Plan
     from convgen.mainloop import HaloTile, StagedHalo
     from convgen.planner import make_spec
     from convgen.resources import include_dir
@@ -354,7 +356,8 @@ def test_a_residual_and_gelu_compile_in_every_fprop_loop_without_warnings(plan_,
     residual's parameter in y's type and its two scales, read in the main kernel's drain and
     in the split-K reduction, compile cleanly in each fprop main-loop kind."""
     from convgen.emit import emit
-    from convgen.ir import ConvProblem, Epilogue, Plan
+    from convgen.ir import ConvProblem, Epilogue
+    from convgen.spec import Plan
     from convgen.mainloop import HaloTile, StagedHalo, TmaWgmma
     from convgen.planner import make_spec
     from convgen.resources import include_dir

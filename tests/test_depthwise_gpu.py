@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from convgen.ir import ConvProblem, Epilogue, Pass, Plan
+from convgen.ir import ConvProblem, Pass
+from convgen.spec import Plan
 from convgen.mainloop import Depthwise
 from convgen.planner import plan as make_plan
 

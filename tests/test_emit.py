@@ -23,9 +23,11 @@ import pytest
 import convgen
 from convgen.emit import REDUCE_BLOCK, KernelSource, _context, _environment, emit
 from convgen.resources import templates_dir
-from convgen.ir import ARCHES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from convgen.ir import ARCHES, ConvProblem, Epilogue, Pass, Target
+from convgen.spec import KernelSpec, Plan
 from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
-from convgen.planner import make_spec, plan, smem_bytes
+from convgen.planner import make_spec, plan
+from convgen.footprint import smem_bytes
 from convgen.suites import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,7 +122,7 @@ def cases():
                         make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=Plan(64, 32, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8)))))
     out.append(("ldsm-tiles/dgrad", make_spec(ConvProblem(8, 8, 32, 16, 3, 3, 1, 1, n=3), Pass.DGRAD,
                                               plan_=Plan(64, 16, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8, 2)))))
-    # two and four whole 8x8 images stacked in one 128- or 256-row tile (planner.halo_images)
+    # two and four whole 8x8 images stacked in one 128- or 256-row tile (footprint.halo_images)
     for pass_, hand in ((Pass.DGRAD, Plan(128, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))),
                         (Pass.FPROP, Plan(256, 64, 16, 8, 1, 3, 8, 8, loop=HaloLdsm(8)))):
         out.append((f"ldsm-stacked/{pass_.value}/{hand.block_m}",
@@ -460,7 +462,8 @@ def test_scalar_im2col_gathers_own_whole_rows(pass_, plan_, gather_map):
 def test_epilogue_strip_fits_the_warp_and_the_scratch(name, spec, sources):
     """DRAIN_G fragments drained side by side: a divisor of the warp's fragment columns, at most
     4 (one 128-byte fp16 row), and its scratch counted in the shared memory the launch asks for."""
-    from convgen.planner import EPI_PAD, FRAG, drain_group
+    from convgen.planner import FRAG
+    from convgen.footprint import EPI_PAD, drain_group
 
     code = sources[name].source
     g = constant(code, "DRAIN_G")

@@ -9,7 +9,8 @@ import zlib
 import numpy as np
 import pytest
 
-from convgen.ir import ConvProblem, Pass, Plan
+from convgen.ir import ConvProblem, Pass
+from convgen.spec import Plan
 from convgen.mainloop import HaloTile, StagedHalo, TmaWgmma
 
 from gpu_helpers import check, run_pass

@@ -10,7 +10,8 @@ import re
 import pytest
 
 from convgen.emit import emit
-from convgen.ir import ConvProblem, Epilogue, Pass, Plan, Target
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
+from convgen.spec import Plan
 from convgen.mainloop import HaloTile, Im2col, TmaWgmma
 from convgen.planner import check_plan, make_spec, plan
 

@@ -86,7 +86,8 @@ if TOOLS is None:
 
 # Imported after the skip so a plain `pytest` run pays nothing for this module.
 from convgen.emit import KernelSource, emit  # noqa: E402
-from convgen.ir import Epilogue, Pass, Plan, Target  # noqa: E402
+from convgen.ir import Epilogue, Pass, Target
+from convgen.spec import Plan  # noqa: E402
 from convgen.mainloop import Depthwise, FlatHalo, HaloTile, Im2col, StagedHalo  # noqa: E402
 from convgen.planner import halo_vec_b, make_spec  # noqa: E402
 from convgen.resources import include_dir  # noqa: E402

@@ -21,17 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convgen.ir import (
-    ARCHES,
-    ConvGeometry,
-    ConvProblem,
-    Epilogue,
-    KernelSpec,
-    Pass,
-    Plan,
-    Target,
-    resolve_padding,
-)
+from convgen.ir import ARCHES, ConvGeometry, ConvProblem, Epilogue, Pass, Target, resolve_padding
+from convgen.spec import KernelSpec, Plan
 from convgen.mainloop import KINDS, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -643,6 +634,7 @@ def test_kernel_names_say_kind_tile_stages_and_arch(changes, middle):
 def test_spec_key_is_the_same_in_another_process():
     code = (
         "from convgen.ir import *\n"
+        "from convgen.spec import *\n"
         "p = ConvProblem(16, 16, 8, 16, 3, 3, 1, 1, 1, n=4)\n"
         "s = KernelSpec(p, Pass.FPROP, Epilogue(bias=True), 'float16', Target('sm_90'), Plan(128, 32, 32, 4, 1, 3, 8, 8))\n"
         "print(s.key, s.name)\n"
@@ -726,7 +718,7 @@ def test_epilogue_flags_must_be_bools():
 
 def test_plan_brief_names_the_halo_tile():
     """tune's and bench's tables print plans this way; a halo plan must not read as im2col."""
-    from convgen.ir import Plan
+    from convgen.spec import Plan
 
     assert Plan(256, 32, 32, 4, 1, 2, 8, 8).brief() == "256x32x32 w4x1 s2 k1"
     assert Plan(256, 32, 32, 4, 1, 2, 8, 8, split_k=3, loop=HaloTile(16)).brief() == "256x32x32 w4x1 s2 k3 halo16"

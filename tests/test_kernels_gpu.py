@@ -17,8 +17,8 @@ from hypothesis import given, strategies as st
 import convgen
 import convgen.runtime
 from convgen import reference
-from convgen.ir import ConvProblem, Pass, Plan
-from convgen.mainloop import Im2col
+from convgen.ir import ConvProblem, Pass
+from convgen.spec import Plan
 from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 from convgen.suites import SUITES
 
@@ -443,7 +443,7 @@ HALO_HAND = [
     ("staged", Pass.FPROP, ConvProblem(17, 23, 6, 16, 5, 3, (1, 3), (2, 0), (2, 1), n=2),
      Plan(128, 16, 32, 4, 1, 2, 2, 2, loop=StagedHalo(32))),
     ("staged", Pass.FPROP, ConvProblem(9, 40, 12, 40, 3, 3, 3, (0, 1), 1, n=3), Plan(64, 48, 32, 2, 1, 3, 4, 4, loop=StagedHalo(16))),
-    # "flat": the batch as one padded grid (planner.flat_grid).  8x8 images (CIFAR's last
+    # "flat": the batch as one padded grid (footprint.flat_grid).  8x8 images (CIFAR's last
     # stage); odd sizes with dilation and unequal padding; no padding; a narrow-weight
     # dgrad; and a dgrad whose padding exceeds the filter's reach (its grid starts inside dy).
     ("flat", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(256, 64, 32, 4, 2, 3, 8, 8, loop=FlatHalo())),
@@ -461,7 +461,7 @@ HALO_HAND = [
     ("ldsm", Pass.FPROP, ConvProblem(7, 7, 40, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 32, 16, 2, 1, 2, 8, 8, loop=HaloLdsm(8))),
     ("ldsm", Pass.FPROP, ConvProblem(11, 19, 24, 40, 3, 3, 1, (2, 1), (2, 1), n=2), Plan(64, 48, 16, 4, 1, 2, 8, 8, loop=HaloLdsm(8))),
     ("ldsm", Pass.DGRAD, ConvProblem(12, 20, 3, 32, 3, 3, 1, 1, 1, n=2), Plan(64, 16, 16, 4, 1, 2, 8, 1, loop=HaloLdsm(8))),
-    # "stacked": whole images stacked in one tall 8-wide tile (planner.halo_images), the last
+    # "stacked": whole images stacked in one tall 8-wide tile (footprint.halo_images), the last
     # block's stack running past the batch: 2 and 4 8x8 images; 4 4x4 images (half of each
     # tile row past the image); 2 6x5 images of a dilated, unevenly padded filter.
     ("stacked", Pass.DGRAD, ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 16, 4, 1, 3, 8, 8, loop=HaloLdsm(8))),

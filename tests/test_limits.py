@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from convgen import cli, limits
 from convgen.emit import emit
-from convgen.ir import ConvGeometry, ConvProblem, KernelSpec, Pass, Plan, Target, Epilogue
+from convgen.ir import ConvGeometry, ConvProblem, Pass, Target, Epilogue
+from convgen.spec import KernelSpec, Plan
 from convgen.planner import make_spec, plan
 
 INT_MAX = 2**31 - 1

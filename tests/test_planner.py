@@ -12,9 +12,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from convgen.ir import ARCHES, DTYPES, ConvProblem, Epilogue, KernelSpec, Pass, Plan, Target
+from convgen.ir import ARCHES, DTYPES, ConvProblem, Epilogue, Pass, Target
+from convgen.spec import KernelSpec, Plan
 from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
-from convgen.planner import check_plan, gathered_channels, make_spec, plan, smem_bytes
+from convgen.planner import check_plan, make_spec, plan
+from convgen.footprint import gathered_channels, smem_bytes
 from convgen.suites import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -384,7 +386,7 @@ def test_tall_narrow_halo_tiles_stack_whole_images():
     """halo_images: an 8-pixel-wide tile a whole number of images tall holds that many images
     (each with its own halo rows); a 16-wide tile, a single 8x8 tile, 7-row images under a
     16-row tile and multi-tile blocks do not stack."""
-    from convgen.planner import halo_images, halo_shape
+    from convgen.footprint import halo_images, halo_shape
 
     g8 = ConvProblem(8, 8, 64, 128, 3, 3, 1, 1, n=2).geometry
     g7 = ConvProblem(7, 7, 64, 128, 3, 3, 1, 1, n=2).geometry
@@ -403,7 +405,7 @@ def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
     """4 x 32 output pixels of a 3x3, dilation-2 filter reach 8 x 36 input pixels; fprop stages
     them (2 slabs of 16 channels, each pixel padded to 24 halves) and 9 taps of [BN][BK + 8]
     weights per stage; 64 channels (C in fprop, K in dgrad) are two K-steps: two stages."""
-    from convgen.planner import halo_shape
+    from convgen.footprint import halo_shape
 
     prob = ConvProblem(40, 40, 64, 64, 3, 3, 1, 2, 2, n=2)
     p = Plan(128, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(32))
@@ -417,7 +419,7 @@ def test_halo_shared_memory_counts_the_halo_and_every_taps_weights():
 def test_halo_fragments_read_shared_memory_without_bank_conflicts():
     """Whatever pixel a tap's fragment starts at, the 8 rows of each ldmatrix phase (16 bytes
     each, HALO_LD halves apart) cover 8 distinct 16-byte groups of the 32 banks."""
-    from convgen.planner import HALO_LD
+    from convgen.footprint import HALO_LD
 
     for start in range(64):
         for half in (0, 8):  # the k 0-7 and k 8-15 phases of one 16 x 16 fragment
@@ -438,7 +440,7 @@ def test_halo_fragments_read_shared_memory_without_bank_conflicts():
     (Pass.WGRAD, 3, 32, Im2col(), 4),      # wgrad reduces over the batch: only the launch knows
 ])
 def test_one_step_reductions_allocate_one_stage(pass_, c, k, loop, want):
-    from convgen.planner import ring_stages
+    from convgen.footprint import ring_stages
 
     prob = ConvProblem(32, 32, c, k, 3, 3, 1, 1, 1, n=8)
     p = Plan(256, 32, 32, 4, 1, 4, 8, 8, loop=loop)
@@ -460,7 +462,7 @@ def test_narrow_fprop_takes_the_staged_halo_path_at_any_stride():
     """A 3-channel fprop (ResNet-50's 7x7 stride-2 first layer here) stages its block's whole
     input halo, every channel, next to the pipeline: 8 x 16 output pixels at stride 2 reach
     21 x 37 input pixels.  Its reduction (R*S*C = 147) is five K-steps, so all 3 stages stay."""
-    from convgen.planner import halo_path, halo_shape, staged_halo_halves
+    from convgen.footprint import halo_path, halo_shape, staged_halo_halves
 
     prob = ConvProblem(224, 224, 3, 64, 7, 7, 2, 3, n=1)
     p = Plan(128, 64, 32, 4, 1, 3, 1, 1, loop=StagedHalo(16))
@@ -476,7 +478,7 @@ def test_narrow_fprop_takes_the_staged_halo_path_at_any_stride():
 def test_several_tiles_per_block_need_a_one_step_halo_reduction():
     """tiles > 1 keeps every tap's weights, two halo slots and the epilogue scratch live at
     once; it needs the "taps" halo path with the whole reduction in one K-step."""
-    from convgen.planner import halo_stage_halves
+    from convgen.footprint import halo_stage_halves
 
     prob = ConvProblem(32, 32, 32, 32, 3, 3, 1, 1, n=8)
     p = Plan(256, 32, 32, 4, 1, 2, 8, 8, loop=HaloTile(16, 4))
@@ -508,7 +510,7 @@ def test_flat_grid_taps_are_fixed_shifts(r, s, pad, dil, h, w, n, pass_, seed):
     import numpy as np
 
     from convgen import reference
-    from convgen.planner import flat_grid, halo_frame
+    from convgen.footprint import flat_grid, halo_frame
 
     assume(h + 2 * pad[0] >= dil[0] * (r - 1) + 1 and w + 2 * pad[1] >= dil[1] * (s - 1) + 1)
     prob = ConvProblem(h, w, 1, 1, r, s, 1, pad, dil, n=n)

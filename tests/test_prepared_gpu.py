@@ -12,7 +12,7 @@ import pytest
 
 import convgen
 from convgen import reference
-from convgen.ir import ConvProblem, Pass
+from convgen.ir import ConvProblem
 
 from gpu_helpers import check_fp16 as _check, draw_layer as _draw, geo as _geo, kernel_view, poisoned, seeded as _rng
 
@@ -71,7 +71,7 @@ def test_a_float16_bias_is_read_as_it_is(problem, split):
     bias it is handed with no cast, in the main kernel's epilogue and in a split-K
     reduction's, and the plain function takes that path for a float16 bias."""
     import cupy as cp
-    from convgen.ir import Plan
+    from convgen.spec import Plan
 
     x, w, _, b = _draw("bias16", problem)
     b16 = b.astype(np.float16)

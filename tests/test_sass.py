@@ -20,7 +20,8 @@ from convgen.tools import tune
 from convgen.cli import main
 from convgen.emit import emit
 from convgen.ir import Epilogue, Pass, Target
-from convgen.planner import halo_path, make_spec
+from convgen.planner import make_spec
+from convgen.footprint import halo_path
 from convgen.tools.sass import find_cuobjdump, kernel_sass, read_cubin, source_sass
 from convgen.suites import SUITES
 

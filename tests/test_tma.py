@@ -10,7 +10,8 @@ import pytest
 
 from convgen.candidates import candidates
 from convgen.emit import emit
-from convgen.ir import ConvProblem, Epilogue, Pass, Plan, Target
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
+from convgen.spec import Plan
 from convgen.mainloop import Im2col, TmaWgmma
 from convgen.planner import check_plan, make_spec, tma_eligible
 
@@ -202,7 +203,7 @@ def test_persistent_grid_is_the_blocks_the_gpu_holds():
     """One row of as many blocks as fit at once (two of a small one-consumer tile on an SM,
     one of a two-consumer tile), never more than there are tiles; the drain's scratch sits
     past the ring, so the block needs both."""
-    from convgen.planner import smem_bytes
+    from convgen.footprint import smem_bytes
 
     src = emit(make_spec(LAYER, Pass.FPROP, target=Target("sm_90", 132), plan_=PERSISTENT))
     tiles = -(-64 * 28 * 28 // 128) * 2

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convgen.ir import ConvProblem, Pass, Plan
+from convgen.ir import ConvProblem, Pass
+from convgen.spec import Plan
 from convgen.mainloop import TmaWgmma
 
 from gpu_helpers import check, run_pass

@@ -11,9 +11,11 @@ import pytest
 from convgen import tuning_db
 from convgen.tools import timing, tune
 from convgen.cli import main
-from convgen.ir import ARCHES, ConvProblem, Pass, Plan, Target
+from convgen.ir import ARCHES, ConvProblem, Pass, Target
+from convgen.spec import Plan
 from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
-from convgen.planner import check_plan, halo_path, plan
+from convgen.planner import check_plan, plan
+from convgen.footprint import halo_path
 from convgen.suites import SUITES, TUNED_ON
 
 from test_bench import FakeDevice

@@ -16,7 +16,8 @@ import cupy as cp
 
 import convgen
 from convgen import reference
-from convgen.ir import ConvProblem, Plan
+from convgen.ir import ConvProblem
+from convgen.spec import Plan
 from convgen.mainloop import TmaWgmma
 
 CASES = [

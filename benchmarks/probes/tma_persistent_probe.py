@@ -16,7 +16,8 @@ import convgen
 from convgen.autotune import _compile_all
 from convgen.compile import detect_target
 from convgen.emit import emit
-from convgen.ir import Pass, Plan
+from convgen.ir import Pass
+from convgen.spec import Plan
 from convgen.mainloop import TmaWgmma
 from convgen.planner import make_spec, tma_eligible
 from convgen.suites import SUITES

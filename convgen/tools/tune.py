@@ -31,7 +31,8 @@ from ..candidates import (  # noqa: F401  (re-exported: scripts and tests use tu
     _add_unique, _halo_candidates, _wgmma_candidates, candidates,
 )
 from ..fsio import atomic_write
-from ..ir import ConvProblem, Pass, Plan, Target
+from ..ir import ConvProblem, Pass, Target
+from ..spec import Plan
 from . import timing
 from .cli_common import add_shape_args, layers, passes, select_layers
 

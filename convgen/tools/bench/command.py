@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...compile import gpu_unavailable_reason  # noqa: F401  (command.gpu_unavailable_reason is patched in tests)
-from ...ir import Pass, Plan, Target
+from ...ir import Pass, Target
+from ...spec import Plan
 from ...suites import SUITES, get_suite
 from ..cli_common import UsageError, add_shape_args, layers, select_layers
 from . import harness

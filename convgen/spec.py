@@ -1,0 +1,257 @@
+"""How a kernel computes one pass (:class:`Plan`), and everything a generated kernel
+depends on (:class:`KernelSpec`), whose hash names its files and cache entries.
+
+Apart from the shape IR (:mod:`convgen.ir`) because a plan is a choice, the planner's or the
+tuner's or a user's, while the shape is a given: a plan is checked against a shape, never
+part of it.  Frozen and validated at construction, as the IR is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._valid import as_int as _int
+from .dtypes import check_dtypes, resolve_mma_dtype
+from .ir import DTYPES, ConvGeometry, ConvProblem, DType, Epilogue, Pass, Target
+from .mainloop import KINDS, Flags, Im2col, MainLoop, from_flags
+
+
+def stages_whole_halo(geometry: "ConvGeometry", pass_: "Pass | str") -> bool:
+    """Whether a 2-D halo tile of this layer is a :class:`StagedHalo`: fprop with C not a
+    multiple of 8 (a 3-channel first layer), whose channels cannot be read in 16-byte runs."""
+    return Pass.parse(pass_) is Pass.FPROP and geometry.c % 8 != 0
+
+
+_PLAN_INTS = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b", "split_k")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a kernel computes its GEMM.  Made by :func:`convgen.planner.plan`, or by hand.
+
+    block_m x block_n is the output tile of one block, block_k the reduction step per
+    pipeline stage; warps_m x warps_n warps each own a warp tile of (block_m/warps_m) x
+    (block_n/warps_n), i.e. several 16x16 fragments.  vec_a/vec_b are the gather widths in
+    elements (8 fp16 = one 16-byte load); read_a/read_b the dtype the gather reads (float32
+    is cast in the gather).  ``loop`` is the main-loop kind (:mod:`convgen.mainloop`), with
+    its own parameters: im2col from global memory (optionally with sliced K), wgmma, or one
+    of the halo tiles.
+
+    ``dataclasses.replace(plan, loop=HaloTile(32))`` changes the kind.  A plan's dict
+    (:meth:`as_dict`, the tuning database's format and part of every spec key) writes the
+    kind in the flag fields plans had before kinds were types; :meth:`from_dict` reads them.
+    """
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    vec_a: int
+    vec_b: int
+    read_a: DType = "float16"
+    read_b: DType = "float16"
+    split_k: int = 1
+    loop: MainLoop = Im2col()
+    reasons: tuple[str, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        for name in _PLAN_INTS:
+            v = _int(name, getattr(self, name))
+            if v < 1:
+                raise ValueError(f"plan.{name} must be >= 1, got {v}")
+            object.__setattr__(self, name, v)
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v % 16:
+                raise ValueError(f"plan.{name} must be a multiple of 16 (the fragment size), got {v}")
+        grid = getattr(self.loop, "warp_grid", True)  # a bad loop is refused below, with its own message
+        if grid and self.block_m % (16 * self.warps_m):
+            raise ValueError(
+                f"plan.block_m={self.block_m} does not split into warps_m={self.warps_m} warp tiles of 16-row fragments"
+            )
+        if grid and self.block_n % (16 * self.warps_n):
+            raise ValueError(
+                f"plan.block_n={self.block_n} does not split into warps_n={self.warps_n} warp tiles of 16-column fragments"
+            )
+        for name in ("vec_a", "vec_b"):
+            if getattr(self, name) not in (1, 2, 4, 8):
+                raise ValueError(f"plan.{name} must be 1, 2, 4 or 8 elements, got {getattr(self, name)}")
+        for name in ("read_a", "read_b"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"plan.{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
+        if not 2 <= self.stages <= 8:
+            raise ValueError(
+                f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
+                "the next tile's loads with this tile's MMAs, which needs at least two buffers"
+            )
+        if not isinstance(self.loop, MainLoop) or type(self.loop) is MainLoop:
+            raise TypeError(f"plan.loop must be a main-loop kind ({', '.join(k.__name__ for k in KINDS)}), "
+                            f"got {self.loop!r}")
+        self.loop.check(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], geometry: "ConvGeometry | None" = None, pass_: "Pass | str | None" = None,
+                  *, reasons: tuple[str, ...] = ()) -> "Plan":
+        """The plan :meth:`as_dict` wrote (a tuning-database entry).  A 2-D halo tile's dict
+        does not say whether it stages the whole halo (:class:`StagedHalo`) or reads taps in
+        place (:class:`HaloTile`): the layer does (:func:`stages_whole_halo`), so give the
+        geometry and pass where the plan will run; without them it reads as a HaloTile."""
+        unknown = set(d) - set(PLAN_KEYS)
+        if unknown:
+            raise ValueError(f"plan dict has unknown keys {sorted(unknown)}; known: {', '.join(PLAN_KEYS)}")
+        common = {k: v for k, v in d.items() if k not in Flags._fields}
+        staged = geometry is not None and pass_ is not None and stages_whole_halo(geometry, pass_)
+        loop = from_flags(**{k: v for k, v in d.items() if k in Flags._fields}, staged=staged)
+        return cls(**common, loop=loop, reasons=reasons)
+
+    # -- the emitter's view: today's flag fields, derived from the kind -----------------
+    # convgen/emit.py and the templates read these; the planner and tuner read `loop`.
+    @property
+    def tile_w(self) -> int:
+        """Emitter's view: the 2-D halo tile's width, 0 for im2col, wgmma and flat plans."""
+        return self.loop.flags().tile_w
+
+    @property
+    def tiles(self) -> int:
+        """Emitter's view: pixel tiles one block computes in turn (1 unless a halo kind says more)."""
+        return self.loop.flags().tiles
+
+    @property
+    def flat(self) -> bool:
+        """Emitter's view: whether the kind is :class:`FlatHalo`."""
+        return self.loop.flags().flat
+
+    @property
+    def warps_k(self) -> int:
+        """Emitter's view: the K slices of an :class:`Im2col` plan (1 for every other kind)."""
+        return self.loop.flags().warps_k
+
+    @property
+    def wgmma(self) -> bool:
+        """Emitter's view: whether the kind is :class:`Wgmma`."""
+        return self.loop.flags().wgmma
+
+    @property
+    def halo(self) -> bool:
+        """Emitter's view: whether the kind stages a halo (any halo tile, flat or 2-D)."""
+        return self.loop.halo
+
+    @property
+    def warps(self) -> int:
+        """Warps of the block (threads / warp size): every K slice's, and a TMA loop's producers."""
+        return self.warps_m * self.warps_n * self.warps_k + self.loop.producer_warps
+
+    @property
+    def tma(self) -> bool:
+        """Emitter's view: whether the kind is :class:`~convgen.mainloop.TmaWgmma`."""
+        return self.loop.flags().tma
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return (self.block_m // self.warps_m, self.block_n // self.warps_n)
+
+    @property
+    def fragments(self) -> tuple[int, int]:
+        wm, wn = self.warp_tile
+        return (wm // 16, wn // 16)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The shared fields, then the kind's flags that differ from an im2col plan's:
+        plans keep the keys they had before each kind existed, so old specs, caches and
+        tuning entries still match."""
+        d: dict[str, Any] = {name: getattr(self, name) for name in PLAN_KEYS[:11]}
+        for name, value in self.loop.flags()._asdict().items():
+            if value != Flags._field_defaults[name]:
+                d[name] = value
+        return d
+
+    def layout(self) -> str:
+        """The halo tile in a table cell: " halo16", " flat", "x2" for two tiles per block,
+        and " wgmma"; empty for a WMMA im2col plan."""
+        return self.loop.layout()
+
+    def brief(self) -> str:
+        """One table cell: tile, warps, stages, split-K, and the halo tile if any."""
+        return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n}"
+                + (f"x{self.warps_k}" if self.warps_k > 1 else "") + f" s{self.stages} k{self.split_k}" + self.layout())
+
+    def explain(self) -> str:
+        head = (
+            f"block {self.block_m}x{self.block_n}x{self.block_k}, {self.warps} warps "
+            f"({self.warps_m}x{self.warps_n}" + (f"x{self.warps_k}, K sliced {self.warps_k} ways" if self.warps_k > 1 else "")
+            + f", warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
+            f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
+            f"split-K {self.split_k}" + self.loop.describe(self)
+        )
+        return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
+
+
+# A plan dict's keys, in as_dict's order: the shared fields, then the kind's flags.
+PLAN_KEYS: tuple[str, ...] = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b",
+                              "read_a", "read_b", "split_k", *Flags._fields)
+
+
+SPEC_FORMAT = 1  # bump when the meaning of a spec's fields changes
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything a generated kernel depends on; its hash names files and cache entries."""
+
+    geometry: ConvGeometry
+    pass_: Pass
+    epilogue: Epilogue
+    in_dtype: DType
+    target: Target
+    plan: Plan
+    mma_dtype: DType | None = None  # the MMA's 16-bit input type; None: in_dtype's (convgen/dtypes.py)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.geometry, ConvProblem):  # drop the batch: it is a run-time argument
+            object.__setattr__(self, "geometry", self.geometry.geometry)
+        object.__setattr__(self, "pass_", Pass.parse(self.pass_))
+        if self.in_dtype not in DTYPES:
+            raise ValueError(f"in_dtype must be one of {DTYPES}, got {self.in_dtype!r}")
+        object.__setattr__(self, "mma_dtype", resolve_mma_dtype(self.in_dtype, self.mma_dtype))
+        check_dtypes(self.in_dtype, self.mma_dtype, self.epilogue.out_dtype, self.epilogue.bias_dtype)
+        self.epilogue.check_pass(self.pass_)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": SPEC_FORMAT,
+            "pass": self.pass_.value,
+            "geometry": self.geometry.as_dict(),
+            "epilogue": self.epilogue.as_dict(),
+            "in_dtype": self.in_dtype,
+            "target": self.target.as_dict(),
+            "plan": self.plan.as_dict(),
+            # only where not float16, so every earlier kernel keeps its key, name and cache entries
+            **({"mma_dtype": self.mma_dtype} if self.mma_dtype != "float16" else {}),
+        }
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        """The kernel's C name, read from its configuration as CUTLASS names its kernels:
+        pass, main-loop kind (its tag), block tile, stages and arch, then the shape (H x W,
+        C, K, R x S, stride, padding, dilation), e.g.
+        ``convgen_fprop_halo16x2_128x64x32_s3_sm90_32x32_c64_k64_3x3_s11_p11_d11_1a2b3c4d``.
+        The key's first 8 hex digits keep apart specs that share all of those (epilogue,
+        dtypes, warps, gather widths, split-K)."""
+        g, p = self.geometry, self.plan
+        return (
+            f"convgen_{self.pass_.value}_{p.loop.tag}_{p.block_m}x{p.block_n}x{p.block_k}_s{p.stages}"
+            f"_{self.target.arch.replace('_', '')}"
+            f"_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
+            f"_s{g.stride[0]}{g.stride[1]}_p{g.padding[0]}{g.padding[1]}"
+            f"_d{g.dilation[0]}{g.dilation[1]}" + (f"_g{g.groups}" if g.groups > 1 else "") + f"_{self.key[:8]}"
+        )
