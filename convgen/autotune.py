@@ -199,8 +199,9 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     from .planner import make_spec
 
     what = f"{pass_.value} {problem.describe()}"
-    if problem.depthwise:  # the depthwise kind has no candidate set yet (convgen/depthwise.py)
-        log.info("autotune %s: not tuned, depthwise layers have no tuning candidates yet; using the planner's plan", what)
+    if problem.depthwise:  # its variations (depthwise.variations) have not been timed on a GPU yet
+        log.info("autotune %s: not tuned, the depthwise variations have not been measured on a GPU yet (`convgen "
+                 "tune` times them); using the planner's plan", what)
         return None
     if _capturing():  # tuning synchronises: not inside a graph capture
         log.info("autotune %s: not tuned, the stream is capturing a CUDA graph; using the planner's plan", what)

@@ -13,6 +13,7 @@ import itertools
 import math
 from typing import Callable
 
+from . import depthwise
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
@@ -88,6 +89,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     WMMA plans on every suite layer (benchmarks/NOTES.md)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
+    if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise.py)
+        return [base, *depthwise.variations(problem, pass_, target, base.read_a, base)]  # type: ignore[arg-type]
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -284,6 +285,69 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     return plan
 
 
+# What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
+# 4, 2 or 1 outputs a thread (the default's 4 hold 94 registers with two halo buffers, two
+# blocks of 256 an SM; runs of 2 hold 64, four blocks: more loads in flight), tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block, and the
+# channel chunk that pads C least (48 for C = 96 or 144, where 64-channel chunks leave a
+# quarter of the lanes idle).  None of these has been timed on a GPU yet, so tuning on first
+# use does not run them (convgen/autotune.py).
+VARIATION_COLS = (4, 2, 1)  # (runs of 8 took 121-132 registers, and one spilled)
+VARIATION_TILES = ((8, 16), (4, 16), (8, 8), (16, 16), (8, 32), (4, 32), (16, 8))
+VARIATION_BLOCK = (1, 2, 4)
+MAX_VARIATIONS = 48
+
+
+def chunks_by_padding(c: int, vec: int, lanes_cap: int = 8) -> list[int]:
+    """Channel chunks of 16 to 64 (whole 16-channel steps, at most ``lanes_cap`` lanes of
+    ``vec``), those that pad C least first, then the widest."""
+    fits = [ch for ch in range(16, 65, 16) if ch % vec == 0 and ch // vec <= lanes_cap] or [max(16, vec)]
+    return sorted(fits, key=lambda ch: (math.ceil(c / ch) * ch, -ch))
+
+
+def variations(problem: ConvProblem, pass_: Pass, target: Target, elem: DType, base: Plan) -> list[Plan]:
+    """Depthwise plans worth timing after ``base`` (the default), each checked, none equal to it:
+    fprop and dgrad vary the chunk, the run, the tile and the tiles a block; wgrad the tile
+    search's next-cheapest tiles, each chunk's cheapest, and the slices around the default's."""
+    from .planner import check_plan  # the planner imports this module
+
+    out: list[Plan] = []
+    seen = {dataclasses.replace(base, reasons=())}
+
+    def offer(make) -> None:
+        try:
+            p = make()
+            check_plan(p, problem, pass_, target, elem)
+        except ValueError:
+            return
+        bare = dataclasses.replace(p, reasons=())
+        if bare not in seen and len(out) < MAX_VARIATIONS:
+            seen.add(bare)
+            out.append(p)
+
+    if pass_ is Pass.WGRAD:
+        for plan_ in _wgrad_variations(problem, target, elem, base):
+            offer(lambda: plan_)
+        return out
+    warp, vec, loop = target.warp_size, base.vec_a, base.loop
+    assert isinstance(loop, Depthwise)
+    sw = problem.stride[1]
+    default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles)
+    options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec)[:1], base.block_n])),
+               [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
+               VARIATION_TILES, VARIATION_BLOCK)
+    # the default's neighbours first: one choice changed, then two, and so on
+    combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
+    for chunk, cols, (tile_h, tile_w), block in combos:
+        threads = tile_h * tile_w // cols * (chunk // vec)
+        if tile_w % cols or threads % warp or not 64 <= threads <= 512:
+            continue
+        offer(lambda: Plan(tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, 1, elem, elem, 1,
+                           Depthwise(tile_w, cols, 0, block),
+                           reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of "
+                                    f"{cols}, {block} tile(s) a block",)))
+    return out
+
+
 def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tuple[int, int], w: tuple[int, int],
               cols: int, vec: int, chunk: int) -> tuple[int, int]:
     """fprop's and dgrad's tile (rows, columns): the first of the preferred width ``w[0]``, then
@@ -336,29 +400,35 @@ def _resident_threads(threads: int, smem: int, held: int, target: Target) -> int
     return min(target.smem_limit // max(smem, 1), 2048 // threads, 65536 // (regs * threads)) * threads
 
 
-def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]) -> Plan:
-    """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules below."""
-    m, warp = g.kg, target.warp_size
-    # The most filter rows a thread (its dy, read and converted once, then serves all of their
-    # taps), then the widest channel vector, whose vec x m x rows x S sums fit MAX_WGRAD_ACCS.
+def _wgrad_layout(g: ConvProblem) -> tuple[int, int]:
+    """wgrad's filter rows a thread and channel vector: the most rows (a thread's dy, read and
+    converted once, then serves all of their taps), then the widest vector, whose vec x m x
+    rows x S sums fit MAX_WGRAD_ACCS; refused by name where not even one row of one channel fits."""
+    m = g.kg
     rows, vec = next(((rw, v) for rw in range(g.r, 0, -1) if g.r % rw == 0 for v in (8, 4, 2, 1)
                       if g.c % v == 0 and v * m * rw * g.s <= MAX_WGRAD_ACCS), (1, 1))
-    groups = g.r // rows
     if vec * m * rows * g.s > 2 * MAX_WGRAD_ACCS:  # even one channel and one filter row a thread
         raise ValueError(f"Depthwise wgrad: K/C = {m} filters a channel over a filter {g.s} wide keep {m * g.s} fp32 "
                          f"sums a thread for one filter row, more than the {2 * MAX_WGRAD_ACCS} that fit in registers; "
                          f"this kind takes at most {2 * MAX_WGRAD_ACCS // g.s} filters a channel at this width")
-    chunk = _wgrad_chunk(g.c, vec, warp)
-    lanes = chunk // vec
+    return rows, vec
+
+
+def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: int,
+                 chunk: int) -> list[tuple[tuple, Plan, float, int]]:
+    """Every wgrad tile of this chunk the search admits, as (key, plan, modelled cost, shared
+    bytes), best first (unsplit): tile_h rows of per_row runs of cols outputs (block_m a
+    multiple of 16), 64-256 threads (whole warps of one row group each; up to 1024 only where no
+    smaller block has whole warps), staged buffers within a third of the part's shared memory,
+    MIN_RESIDENT threads an SM where shared memory and registers allow, at the least modelled
+    cost per output pixel."""
+    m, warp = g.kg, target.warp_size
+    groups, lanes = g.r // rows, chunk // vec
     stage_vec = next(v for v in (8, 4, 2, 1) if g.c % v == 0 and chunk % v == 0)
     acc = vec * m * rows * g.s
     max_cols = max(1, min(MAX_WGRAD_COLS, (MAX_WGRAD_HELD - acc) // (vec * m)))
     budget = target.smem_limit // 3  # three blocks an SM where the part allows (227 KB on an H100 / H200)
-    # The tile: tile_h rows of per_row runs of cols outputs (block_m a multiple of 16), 64-256
-    # threads (whole warps of one row group each; up to 1024 only where no smaller block has whole
-    # warps), staged buffers within the budget, MIN_RESIDENT threads an SM where shared memory and
-    # registers allow, at the least modelled cost per output pixel.
-    best = None
+    found: list[tuple[tuple, Plan, float, int]] = []
     # (a large channel multiplier's sums leave no room for a run's dy values under MAX_WGRAD_HELD;
     # then runs up to the checker's 64 held values, where 16 pixels of every row group fit 1024 threads)
     for most, longest in ((THREADS, max_cols), (1024, max_cols), (1024, max(max_cols, 64 // (vec * m)))):
@@ -379,23 +449,41 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
                     cost = _wgrad_tile_cost(g, vec, rows, cols, tile_h, tile_w, chunk, threads, stage_vec)
                     few = _resident_threads(threads, smem, acc + cols * vec * m, target) < MIN_RESIDENT
                     key = (smem > budget, smem if smem > budget else 0, few, round(cost, 3), -threads, tile_h, cols)
-                    if best is None or key < best[0]:
-                        best = (key, plan, cost, smem)
-        if best is not None:
+                    found.append((key, plan, cost, smem))
+        if found:
             break
-    if best is None:
+    return sorted(found, key=lambda f: f[0])
+
+
+def _wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
+    """Enough slices for 8 blocks an SM, at most one a tile: each slice sums its own run of tiles."""
+    loop = plan.loop
+    assert isinstance(loop, Depthwise)
+    tiles = g.n * math.ceil(g.p / (plan.block_m // loop.tile_w)) * math.ceil(g.q / loop.tile_w)
+    return max(1, min(math.ceil(8 * target.sm_count / math.ceil(g.c / plan.block_n)), tiles, 4096))
+
+
+def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) -> Plan:
+    """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules above."""
+    m, warp = g.kg, target.warp_size
+    rows, vec = _wgrad_layout(g)
+    groups = g.r // rows
+    chunk = _wgrad_chunk(g.c, vec, warp)
+    lanes = chunk // vec
+    acc = vec * m * rows * g.s
+    ranked = _wgrad_tiles(g, target, elem, rows, vec, chunk)
+    if not ranked:
         raise ValueError(f"Depthwise wgrad: K/C = {m} filters a channel over a {g.r}x{g.s} filter keep {acc} fp32 sums "
                          f"a thread, and no tile of 16 pixels for each of its {groups} row group(s) has whole warps "
                          f"within 1024 threads and its buffers within {target.smem_limit} bytes of shared memory on "
                          f"{target.arch}")
-    _, plan, cost, smem = best
+    _, plan, cost, smem = ranked[0]
     loop = plan.loop
     assert isinstance(loop, Depthwise)
     tile_h, threads = plan.block_m // loop.tile_w, plan.warps_m * warp
     tiles = g.n * math.ceil(g.p / tile_h) * math.ceil(g.q / loop.tile_w)
     chunks = math.ceil(g.c / chunk)
-    # enough slices for 8 blocks an SM, at most one a tile: each slice sums its own run of tiles
-    split = max(1, min(math.ceil(8 * target.sm_count / chunks), tiles, 4096))
+    split = _wgrad_split(g, target, plan)
     reasons.append(f"{rows} filter row(s) a thread ({groups} row group(s)), vec {vec}: {acc} fp32 sums a thread (at "
                    f"most {MAX_WGRAD_ACCS}); every staged value it reads serves up to {rows * g.s} taps")
     reasons.append(f"{chunk} channels a block ({lanes} lanes of {vec}): C = {g.c} in {chunks} chunk(s), the fewest "
@@ -406,3 +494,26 @@ def _plan_wgrad(g: ConvGeometry, target: Target, elem: DType, reasons: list[str]
     reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
                    "about 8 an SM; the next tile staged while one is summed, the slices' sums added in a fixed order")
     return dataclasses.replace(plan, split_k=split)
+
+
+WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning
+
+
+def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -> list[Plan]:
+    """The tile search's next-cheapest tiles, each other chunk's cheapest (each with its own
+    slices), and the default's tile at half and twice its slices."""
+    rows, vec = _wgrad_layout(g)
+    out = []
+    for chunk in dict.fromkeys([base.block_n, *(ch for ch in (16, 32, 64) if ch // vec <= target.warp_size)]):
+        ranked = _wgrad_tiles(g, target, elem, rows, vec, chunk)
+        for _, plan, cost, _ in ranked[1:1 + WGRAD_NEXT_TILES] if chunk == base.block_n else ranked[:1]:
+            loop = plan.loop
+            assert isinstance(loop, Depthwise)
+            out.append(dataclasses.replace(plan, split_k=_wgrad_split(g, target, plan), reasons=(
+                f"tuning candidate: depthwise wgrad {plan.block_m // loop.tile_w}x{loop.tile_w} tile, {chunk} "
+                f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)",)))
+    for split in (base.split_k // 2, base.split_k * 2):
+        if 1 <= split <= 4096:
+            out.append(dataclasses.replace(base, split_k=split, reasons=(
+                f"tuning candidate: the default depthwise wgrad plan in {split} slices",)))
+    return out

@@ -223,3 +223,19 @@ def test_runner_calls_the_grouped_convolution_it_tunes(pass_, monkeypatch):
     run = autotune._runner(problem, pass_, Epilogue(), "float16")
     run(None)
     assert [name for name, _ in calls] == [pass_.value]
+
+
+def test_depthwise_layers_are_not_tuned_on_first_use_until_their_variations_are_measured(caplog, monkeypatch):
+    """`convgen tune` offers a depthwise layer its variations; tuning on first use keeps the
+    planner's plan (and says why) before compiling or timing anything."""
+    from convgen.ir import Epilogue
+
+    def no_gpu(*args, **kwargs):
+        raise AssertionError("tuning a depthwise layer reached the compiler")
+
+    monkeypatch.setattr(autotune, "_compile_all", no_gpu)
+    layer = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=8)
+    assert len(candidates(layer, Pass.FPROP, Target("sm_90"))) > 8
+    with caplog.at_level("INFO", logger=autotune.log.name):
+        assert autotune.tune(layer, Pass.FPROP, Epilogue(bias=False), "float16", Target("sm_90"), "NVIDIA H200") is None
+    assert "depthwise variations have not been measured on a GPU" in caplog.text

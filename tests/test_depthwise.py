@@ -380,3 +380,92 @@ def test_every_depthwise_layer_plans_or_is_refused_by_name(problem, pass_, arch)
         assert "Depthwise" in str(e) and f"K/C = {problem.kg}" in str(e), str(e)
         return
     check_plan(p, problem, pass_, target, "float16")
+
+
+def _emulate_stencil(problem, pass_, pl, rng):
+    """The fprop or dgrad kernel's walk in NumPy, from the facts its template reads and the grid
+    its launch takes: blocks of TILES_PB tiles per channel chunk, a zero-filled staged halo,
+    runs of COLS outputs per thread whose staged reads must stay inside the halo, and stores
+    guarded as the kernel guards them.  Returns (got, reference); unwritten outputs are NaN."""
+    from convgen.depthwise import facts
+
+    g, f = problem, facts(pl, problem, pass_)
+    (sh, sw), (ph, pw), (dh, dl), m = g.stride, g.padding, g.dilation, g.kg
+    fprop = pass_ is Pass.FPROP
+    src = rng.integers(-3, 4, (g.n, g.h, g.w, g.c) if fprop else (g.n, g.p, g.q, g.k)).astype(np.float64)
+    wt = rng.integers(-3, 4, g.w_shape).astype(np.float64)
+    src_h, src_w, src_c = (g.h, g.w, g.c) if fprop else (g.p, g.q, g.k)
+    out_h, out_w = (g.p, g.q) if fprop else (g.h, g.w)
+    got = np.full((g.n, out_h, out_w, g.k if fprop else g.c), np.nan)
+    grid = emit(make_spec(problem, pass_, plan_=pl)).main.grid(g.n)
+    total = g.n * f.tiles_h * f.tiles_w
+    assert grid[0] * f.tiles_pb >= total and grid[1] * f.chunk >= g.c, "the grid covers every tile and channel"
+    wide = f.chunk * m  # staged channels a pixel (dgrad: the chunk's dy channels)
+    for by, bx in np.ndindex(grid[1], grid[0]):
+        c0 = by * f.chunk
+        wts = np.zeros((wide, g.r, g.s))
+        k1 = min(g.k, (c0 + f.chunk) * m)
+        wts[:k1 - c0 * m] = wt[c0 * m:k1, :, :, 0]
+        for tile in range(bx * f.tiles_pb, min(bx * f.tiles_pb + f.tiles_pb, total)):
+            n, t0, u0 = tile // (f.tiles_h * f.tiles_w), tile // f.tiles_w % f.tiles_h * f.tile_h, tile % f.tiles_w * f.tile_w
+            row0, col0 = (t0 * sh - ph, u0 * sw - pw) if fprop else (t0 // sh + f.row0, u0 // sw + f.col0)
+            halo = np.zeros((f.halo_h, f.halo_w, wide))
+            for hy, hx in np.ndindex(f.halo_h, f.halo_w):
+                iy, ix = row0 + hy, col0 + hx
+                if 0 <= iy < src_h and 0 <= ix < src_w:
+                    run = src[n, iy, ix, c0 * (1 if fprop else m):][:wide]
+                    halo[hy, hx, :len(run)] = run
+            for ty, tx in np.ndindex(f.tile_h, f.tile_w // f.cols):
+                acc = np.zeros((f.cols, wide if fprop else f.chunk))
+                for r in range(g.r):
+                    if fprop:
+                        hy = ty * sh + r * dh
+                    else:
+                        num = ty + ph - r * dh
+                        if num % sh:
+                            continue
+                        hy = num // sh - f.row0
+                    base = tx * f.cols * sw if fprop else tx * f.cols // sw
+                    for j in range(f.in_cols):
+                        assert 0 <= hy < f.halo_h and 0 <= base + j < f.halo_w, "a staged read outside the halo"
+                        v = halo[hy, base + j]
+                        for o, s in np.ndindex(f.cols, g.s):
+                            if fprop:
+                                sd = j - o * sw
+                                if sd != s * dl:
+                                    continue
+                                acc[o] += np.repeat(v[:f.chunk], m) * wts[:, r, s]
+                            else:
+                                off = o + pw - s * dl
+                                if off % sw or off // sw - f.col0 != j:
+                                    continue
+                                acc[o] += (v * wts[:, r, s]).reshape(f.chunk, m).sum(axis=1)
+                oy, ox = t0 + ty, u0 + tx * f.cols
+                valid = (min(g.c, c0 + f.chunk) - c0) * (m if fprop else 1)
+                if oy < out_h and valid > 0:
+                    for o in range(f.cols):
+                        if ox + o >= out_w:
+                            break
+                        first = c0 * (m if fprop else 1)
+                        got[n, oy, ox + o, first:first + valid] = acc[o][:valid]
+    geo = dict(stride=g.stride, padding=g.padding, dilation=g.dilation, groups=g.groups)
+    ref = reference.fprop(src, wt, **geo) if fprop else reference.dgrad(src, wt, (g.n, g.h, g.w, g.c), **geo)
+    return got, ref
+
+
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", [dw(13, 10, 48, 3, 3, 1, 1), dw(12, 11, 144, 3, 3, 2, 1, n=1),
+                                     dw(9, 20, 96, 5, 5, 1, 2), dw(10, 9, 16, 3, 3, 1, 2, 2, mult=2),
+                                     dw(11, 12, 24, 7, 7, 2, 3, n=1)],
+                         ids=lambda p: p.describe().replace(" ", "_"))
+def test_tuning_variations_emulated_are_exact(problem, pass_):
+    """Every fourth of the depthwise tuning variations (chunks of 48 past C, runs of 2-8,
+    several tiles a block, edge tiles) walked as its kernel walks its layer, on integer data:
+    each staged read lands inside the halo and every output equals the float64 reference."""
+    from convgen.candidates import candidates
+
+    plans = candidates(problem, pass_, Target())
+    assert len(plans) > 8 and len(set(plans)) == len(plans)
+    for i, pl in enumerate(plans[::4]):
+        got, ref = _emulate_stencil(problem, pass_, pl, np.random.default_rng(i))
+        np.testing.assert_array_equal(got, ref, err_msg=pl.brief())

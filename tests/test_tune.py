@@ -13,7 +13,7 @@ from convgen.tools import timing, tune
 from convgen.cli import main
 from convgen.ir import ARCHES, ConvProblem, Pass, Target
 from convgen.spec import Plan
-from convgen.mainloop import FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
+from convgen.mainloop import Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
 from convgen.planner import check_plan, plan
 from convgen.footprint import halo_path
 from convgen.suites import SUITES, TUNED_ON
@@ -296,3 +296,54 @@ def test_pointwise_tile_candidates_come_last_and_only_for_one_step_1x1_layers():
     assert not offered(ConvProblem(56, 56, 24, 24, 3, 3, 1, 1, 1, n=8), Pass.DGRAD)  # 3x3: the halo kinds' own
     assert not offered(pw, Pass.WGRAD)
     assert not offered(pw, Pass.DGRAD, Target("gfx942"))
+
+
+DEPTHWISE = [layer for layers in SUITES.values() for layer in layers if layer.problem.depthwise]
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_75", "gfx1201", "gfx942"])
+@pytest.mark.parametrize("pass_", list(Pass), ids=lambda p: p.value)
+def test_depthwise_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
+    """A depthwise layer's candidates are its own kind's variations (no GEMM kind applies), the
+    default first, each checked for the part, none twice, at most MAX_VARIATIONS more."""
+    from convgen.depthwise import MAX_VARIATIONS
+
+    target = Target(arch)
+    for layer in DEPTHWISE:
+        cands = tune.candidates(layer.problem, pass_, target)
+        assert cands[0] == plan(layer.problem, pass_, target)
+        assert 2 <= len(cands) <= 1 + MAX_VARIATIONS, layer.name
+        bare = [dataclasses.replace(c, reasons=()) for c in cands]
+        assert len(set(bare)) == len(bare), "duplicate candidates"
+        for c in cands:
+            assert isinstance(c.loop, Depthwise) and c.reasons
+            check_plan(c, layer.problem, pass_, target, "float16")
+            # a winner goes into the tuning database as a dict, and comes back the same plan
+            assert Plan.from_dict(c.as_dict(), layer.problem.geometry, pass_) == c
+
+
+def test_depthwise_candidates_try_the_chunk_that_pads_c_least_first():
+    """C = 144 in 64-channel chunks is 64 + 64 + 16: a quarter of the lanes idle.  The first
+    variation of fprop and dgrad keeps the default's tile and takes 48-channel chunks; where
+    64 already divides C the chunk is not varied."""
+    h200 = Target("sm_90", 132)
+    odd = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=128)
+    for pass_ in (Pass.FPROP, Pass.DGRAD):
+        base, first = tune.candidates(odd, pass_, h200)[:2]
+        assert base.block_n == 64 and first.block_n == 48
+        assert (first.block_m, first.loop.tile_w, first.loop.cols) == (base.block_m, base.loop.tile_w, base.loop.cols)
+    even = ConvProblem(28, 28, 192, 192, 3, 3, 1, 1, groups=192, n=128)
+    assert {c.block_n for c in tune.candidates(even, Pass.FPROP, h200)} == {64}
+    # a strided dgrad's runs stay whole multiples of the stride
+    strided = ConvProblem(112, 112, 96, 96, 3, 3, 2, 1, groups=96, n=128)
+    assert all(c.loop.cols % 2 == 0 for c in tune.candidates(strided, Pass.DGRAD, h200))
+
+
+def test_depthwise_wgrad_candidates_vary_tile_chunk_and_slices():
+    h200 = Target("sm_90", 132)
+    layer = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=128)
+    base, *rest = tune.candidates(layer, Pass.WGRAD, h200)
+    assert {c.block_n for c in rest} >= {16, 32, 64}
+    assert {base.split_k // 2, base.split_k * 2} <= {c.split_k for c in rest if c.block_m == base.block_m
+                                                      and c.loop == base.loop and c.block_n == base.block_n}
+    assert len({(c.block_m, c.loop.tile_w, c.loop.cols) for c in rest}) >= 4
