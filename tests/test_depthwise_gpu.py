@@ -145,3 +145,19 @@ def test_depthwise_tiles_per_block(problem, pass_, tiles):
     res = run_pass(problem, pass_, seeded("dw-tiles", problem, pass_, tiles), out_dtype="float32", exact=True,
                    bias=pass_ is Pass.FPROP, plan=plan)
     check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} tiles {tiles}")
+
+
+@pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", [SHAPES[3], SHAPES[2], SHAPES[5], SHAPES[7], dw(20, 23, 96, 3, 3, 2, 1)], ids=_ids)
+def test_depthwise_tuning_variations_exact(problem, pass_):
+    """Every tuning variation `convgen tune` offers (depthwise.variations: 48-channel chunks,
+    runs of 1-4, 4-16-row tiles, several tiles a block; wgrad's other tiles, chunks and
+    slices), in exact arithmetic: bit for bit, as the default plan is above."""
+    from convgen.candidates import candidates
+    from convgen.ir import Target
+
+    for i, plan in enumerate(candidates(problem, pass_, Target("sm_90"))[1:]):
+        epi = dict(bias=True) if pass_ is not Pass.DGRAD else {}
+        res = run_pass(problem, pass_, seeded("dw-variation", problem, pass_, i), out_dtype="float32", exact=True,
+                       plan=plan, **epi)
+        check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
