@@ -12,6 +12,7 @@ branches (the model is tinygrad's renderers, capabilities as attributes).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +43,9 @@ class Arch:
     bf16_include: str  # the header declaring bf16_type
     warp_sync: str  # orders a warp's shared-memory writes before its lanes read them
     ptx_store16: bool  # 16-byte global stores written in PTX (NVVM splits some uint4 stores)
+    # Copies of each WMMA input a lane holds: RDNA3 (gfx11) wants A and B replicated in both
+    # half-waves (16 halves a lane, twice RDNA4's), so its fragments cost twice the VGPRs.
+    wmma_input_copies: int = 1
 
     @property
     def name(self) -> str:
@@ -93,7 +97,7 @@ ARCHES: dict[str, Arch] = {
     "sm_86": _cuda("sm_86", 99, 82, sm=86),  # RTX 3090
     "sm_89": _cuda("sm_89", 99, 128, sm=89),  # RTX 4090
     "sm_90": _cuda("sm_90", 227, 132, sm=90),  # H100 / H200 SXM
-    "gfx1100": _hip("gfx1100", 32, 96),  # RX 7900 XTX (RDNA3)
+    "gfx1100": dataclasses.replace(_hip("gfx1100", 32, 96), wmma_input_copies=2),  # RX 7900 XTX (RDNA3)
     "gfx1201": _hip("gfx1201", 32, 64),  # RX 9070 XT (RDNA4)
     "gfx942": _hip("gfx942", 64, 304),  # MI300X (CDNA3)
 }

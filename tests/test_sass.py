@@ -308,3 +308,22 @@ def test_tuned_for_a_gpu_with_no_database_says_so(capsys, monkeypatch, tmp_path)
     assert main(["sass", "--suite", "cifar-vgg", "--pass", "dgrad", "--tuned", "NVIDIA A100"]) == 2
     err = capsys.readouterr().err
     assert "no tuning database has plans for 'NVIDIA A100'" in err and "nvidia-h200" in err
+
+
+# wgrad layers whose x is gathered one channel at a time (C odd; K = 33 is odd too, so dy
+# as well): with 4 warps of 8 fragments their default plans spilled 72-128 bytes a thread.
+SCALAR_WGRAD = [(c, k, f) for c, k, f in ((17, 33, 3), (33, 64, 3), (255, 33, 1), (255, 64, 3))]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("c, k, f", SCALAR_WGRAD, ids=[f"c{c}-k{k}-{f}x{f}" for c, k, f in SCALAR_WGRAD])
+def test_scalar_gather_wgrad_defaults_do_not_spill(c, k, f):
+    """The planner gives such a tile 8 warps (planner.CROWDED_WGRAD_FRAGMENTS): no local memory."""
+    from convgen.ir import ConvProblem
+
+    problem = ConvProblem(40, 36, c, k, f, f, 1, f // 2, n=32)
+    spec = make_spec(problem, Pass.WGRAD, target=Target("sm_90"), epilogue=Epilogue(bias=True))
+    assert spec.plan.vec_b == 1
+    k_ = _main_sass(spec)
+    assert k_.count("HMMA") > 0 and k_.local == 0 and k_.stack == 0, (
+        f"{k_.local} local-memory accesses, {k_.stack}-byte stack with {k_.registers} registers ({spec.plan.brief()})")
