@@ -250,7 +250,26 @@ def _tile_text(plan: "Plan", tile_w: int, tiles: int) -> str:
 
 
 @dataclass(frozen=True)
-class HaloTile(MainLoop):
+class _TileHalo(MainLoop):
+    """What the two 2-D tiles that read each tap in place share (HaloTile, HaloLdsm): a plan of
+    (block_m / tile_w) x tile_w pixels, ``tiles`` of them a block in turn; each subclass
+    declares both fields."""
+
+    def check(self, plan: "Plan") -> None:
+        _check_tile(self, plan, self.tile_w, self.tiles)
+
+    def flags(self) -> Flags:
+        return Flags(tile_w=self.tile_w, tiles=self.tiles)
+
+    def layout(self) -> str:
+        return f" halo{self.tile_w}" + _tiles_suffix(self.tiles)
+
+    def describe(self, plan: "Plan") -> str:
+        return _tile_text(plan, self.tile_w, self.tiles)
+
+
+@dataclass(frozen=True)
+class HaloTile(_TileHalo):
     """A (block_m / tile_w) x tile_w tile of one image's output pixels; the input pixels its
     taps reach are staged once per K-step (BK channels, stride 1, channels in 16-byte runs)
     and each tap's WMMA fragments read in place.  tiles > 1 (a one-step reduction) has a
@@ -273,21 +292,9 @@ class HaloTile(MainLoop):
     def tag(self) -> str:
         return f"halo{self.tile_w}" + _tiles_suffix(self.tiles)
 
-    def check(self, plan: "Plan") -> None:
-        _check_tile(self, plan, self.tile_w, self.tiles)
-
-    def flags(self) -> Flags:
-        return Flags(tile_w=self.tile_w, tiles=self.tiles)
-
-    def layout(self) -> str:
-        return f" halo{self.tile_w}" + _tiles_suffix(self.tiles)
-
-    def describe(self, plan: "Plan") -> str:
-        return _tile_text(plan, self.tile_w, self.tiles)
-
 
 @dataclass(frozen=True)
-class HaloLdsm(MainLoop):
+class HaloLdsm(_TileHalo):
     """A halo tile narrower than a fragment (8 pixels; any odd multiple of 8): a fragment's
     16 rows may span tile rows, so each lane gives ldmatrix its own row's address and the
     MMAs are raw mma.sync (CUDA only).  With tiles = 1, a tile at least as wide as the image
@@ -309,18 +316,6 @@ class HaloLdsm(MainLoop):
     @property
     def tag(self) -> str:
         return f"ldsm{self.tile_w}" + _tiles_suffix(self.tiles)
-
-    def check(self, plan: "Plan") -> None:
-        _check_tile(self, plan, self.tile_w, self.tiles)
-
-    def flags(self) -> Flags:
-        return Flags(tile_w=self.tile_w, tiles=self.tiles)
-
-    def layout(self) -> str:
-        return f" halo{self.tile_w}" + _tiles_suffix(self.tiles)
-
-    def describe(self, plan: "Plan") -> str:
-        return _tile_text(plan, self.tile_w, self.tiles)
 
 
 @dataclass(frozen=True)
