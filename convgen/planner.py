@@ -24,12 +24,14 @@ from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tm
                         tma_short_persistent, tma_steps, tma_tail_fill)
 
 
-# wgrad tiles of 4 warps with 8 fragments each (64x128, 128x64) that spilled, and took 8 warps of
-# 4 to stop: x's im2col gathered one channel at a time (C odd; NVRTC 13 on sm_90 spilled 72-128
-# bytes a thread at C = 17, 33, 255 and K = 33 or 64; 174 registers on 8 warps), and on RDNA3,
-# whose WMMA inputs are held twice, 64-deep steps staged through registers (clang-19 for
-# gfx1100: 256 VGPRs and 262-326 spilled on 17 suite layers; gfx1201 and gfx942 did not spill).
-CROWDED_WGRAD_FRAGMENTS = 8
+# Tiles of 4 warps with 8 fragments each (64x128, 128x64) that spilled, and took 8 warps of 4
+# to stop: wgrad whose x's im2col is gathered one channel at a time (C odd; NVRTC 13 on sm_90
+# spilled 72-128 bytes a thread at C = 17, 33, 255 and K = 33 or 64; 174 registers on 8
+# warps); fprop gathering x one channel at a time through registers (no cp.async: clang-19
+# spilled 4-57 VGPRs on the RGB stems for gfx1100 and gfx1201); and on RDNA3, whose WMMA
+# inputs are held twice, 64-deep steps staged through registers (gfx1100: 256 VGPRs and
+# 262-326 spilled on 17 suite layers' wgrad, 34-48 on two dgrads; gfx1201 and gfx942 did not).
+CROWDED_FRAGMENTS = 8
 
 
 def vector_width(channels: int) -> int:
@@ -143,10 +145,12 @@ def plan(
     )
 
     warps = 8 if bm * bn >= 128 * 128 else 4
-    crowded = None  # a wgrad warp of many fragments whose gather or MMA inputs hold many registers too
-    if pass_ is Pass.WGRAD and bm * bn // (warps * FRAG * FRAG) >= CROWDED_WGRAD_FRAGMENTS:
-        if vb == 1:
+    crowded = None  # a warp of many fragments whose gather or MMA inputs hold many registers too
+    if bm * bn // (warps * FRAG * FRAG) >= CROWDED_FRAGMENTS:
+        if pass_ is Pass.WGRAD and vb == 1:
             crowded = "x's im2col gathered one channel at a time"
+        elif pass_ is Pass.FPROP and va == 1 and not target.info.cp_async:
+            crowded = "x's im2col gathered one channel at a time and staged through registers"
         elif bk == 64 and target.info.wmma_input_copies > 1:
             crowded = "64-deep steps staged through registers and WMMA inputs held twice"
     if crowded:
@@ -159,7 +163,7 @@ def plan(
     reasons.append(
         f"{wm * wn} warps as {wm}x{wn}: warp tile {bm // wm}x{bn // wn} "
         f"= {(bm // wm // FRAG) * (bn // wn // FRAG)} fragments per warp"
-        + (f" ({crowded}: with {CROWDED_WGRAD_FRAGMENTS} fragments a warp the kernel spilled registers)"
+        + (f" ({crowded}: with {CROWDED_FRAGMENTS} fragments a warp the kernel spilled registers)"
            if crowded and exact is None else "")
     )
 

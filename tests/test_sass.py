@@ -318,7 +318,7 @@ SCALAR_WGRAD = [(c, k, f) for c, k, f in ((17, 33, 3), (33, 64, 3), (255, 33, 1)
 @needs_cuobjdump
 @pytest.mark.parametrize("c, k, f", SCALAR_WGRAD, ids=[f"c{c}-k{k}-{f}x{f}" for c, k, f in SCALAR_WGRAD])
 def test_scalar_gather_wgrad_defaults_do_not_spill(c, k, f):
-    """The planner gives such a tile 8 warps (planner.CROWDED_WGRAD_FRAGMENTS): no local memory."""
+    """The planner gives such a tile 8 warps (planner.CROWDED_FRAGMENTS): no local memory."""
     from convgen.ir import ConvProblem
 
     problem = ConvProblem(40, 36, c, k, f, f, 1, f // 2, n=32)
