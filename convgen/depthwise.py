@@ -287,10 +287,11 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
 
 # What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
 # 4, 2 or 1 outputs a thread (the default's 4 hold 94 registers with two halo buffers, two
-# blocks of 256 an SM; runs of 2 hold 64, four blocks: more loads in flight), tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block, and the
-# channel chunk that pads C least (48 for C = 96 or 144, where 64-channel chunks leave a
-# quarter of the lanes idle).  None of these has been timed on a GPU yet, so tuning on first
-# use does not run them (convgen/autotune.py).
+# blocks of 256 an SM; runs of 2 hold 64, four blocks: more loads in flight), tiles of 4-16
+# rows and 8-32 columns, 1, 2 or 4 tiles a block, and the channel chunk that pads C least (48
+# for C = 96 or 144, where 64-channel chunks leave a quarter of the lanes idle).  None of
+# these has been timed on a GPU yet, so tuning on first use does not run them
+# (convgen/autotune.py).
 VARIATION_COLS = (4, 2, 1)  # (runs of 8 took 121-132 registers, and one spilled)
 VARIATION_TILES = ((8, 16), (4, 16), (8, 8), (16, 16), (8, 32), (4, 32), (16, 8))
 VARIATION_BLOCK = (1, 2, 4)
