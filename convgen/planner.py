@@ -146,7 +146,7 @@ def plan(
 
     warps = 8 if bm * bn >= 128 * 128 else 4
     crowded = None  # a warp of many fragments whose gather or MMA inputs hold many registers too
-    if bm * bn // (warps * FRAG * FRAG) >= CROWDED_FRAGMENTS:
+    if warps == 4 and bm * bn // (warps * FRAG * FRAG) >= CROWDED_FRAGMENTS:
         if pass_ is Pass.WGRAD and vb == 1:
             crowded = "x's im2col gathered one channel at a time"
         elif pass_ is Pass.FPROP and va == 1 and not target.info.cp_async:
