@@ -90,7 +90,14 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise.py)
-        return [base, *depthwise.variations(problem, pass_, target, base.read_a, base)]  # type: ignore[arg-type]
+        out, seen = [base], {dataclasses.replace(base, reasons=())}
+        for make in depthwise.variations(problem, pass_, target, base):
+            p = _feasible(problem, pass_, target, in_dtype, make)
+            if p is not None:
+                _add_unique(p, seen, out)
+            if len(out) > depthwise.MAX_VARIATIONS:
+                break
+        return out
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}

@@ -20,6 +20,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .spec import Plan
@@ -34,6 +35,7 @@ MIN_RESIDENT = 512  # threads an SM a wgrad plan keeps where it can: 16 warps in
 STAGE_COST = 16  # thread instructions one staged access costs (its index, bounds test and copy): wgrad's model
 TILE_COST = 24  # and one tile costs each thread (the waits, the barriers, the tile's decode)
 THREADS = 256
+WGRAD_CHUNKS = (16, 32, 64)  # wgrad's channel chunks: whole 16-channel steps, powers of two
 
 
 def eligible(geometry: ConvGeometry, pass_: Pass, in_dtype: DType) -> str | None:
@@ -298,42 +300,27 @@ VARIATION_BLOCK = (1, 2, 4)
 MAX_VARIATIONS = 48
 
 
-def chunks_by_padding(c: int, vec: int, lanes_cap: int = 8) -> list[int]:
-    """Channel chunks of 16 to 64 (whole 16-channel steps, at most ``lanes_cap`` lanes of
-    ``vec``), those that pad C least first, then the widest."""
-    fits = [ch for ch in range(16, 65, 16) if ch % vec == 0 and ch // vec <= lanes_cap] or [max(16, vec)]
+def chunks_by_padding(c: int, vec: int, lanes_cap: int, sizes: tuple[int, ...] = (16, 32, 48, 64)) -> list[int]:
+    """Channel chunks of ``sizes`` with at most ``lanes_cap`` lanes of ``vec``, those that pad C
+    least first, then the widest (C = 144: 48 or 16, not 64 + 64 + 16 with lanes idle)."""
+    fits = [ch for ch in sizes if ch % vec == 0 and ch // vec <= lanes_cap] or [max(sizes[0], vec)]
     return sorted(fits, key=lambda ch: (math.ceil(c / ch) * ch, -ch))
 
 
-def variations(problem: ConvProblem, pass_: Pass, target: Target, elem: DType, base: Plan) -> list[Plan]:
-    """Depthwise plans worth timing after ``base`` (the default), each checked, none equal to it:
-    fprop and dgrad vary the chunk, the run, the tile and the tiles a block; wgrad the tile
-    search's next-cheapest tiles, each chunk's cheapest, and the slices around the default's."""
-    from .planner import check_plan  # the planner imports this module
-
-    out: list[Plan] = []
-    seen = {dataclasses.replace(base, reasons=())}
-
-    def offer(make) -> None:
-        try:
-            p = make()
-            check_plan(p, problem, pass_, target, elem)
-        except ValueError:
-            return
-        bare = dataclasses.replace(p, reasons=())
-        if bare not in seen and len(out) < MAX_VARIATIONS:
-            seen.add(bare)
-            out.append(p)
-
+def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) -> Iterator[Callable[[], Plan]]:
+    """Makers of the depthwise plans worth timing after ``base`` (the default), unchecked:
+    fprop and dgrad vary the chunk, the run, the tile and the tiles a block, the default's
+    neighbours first; wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
+    the slices around the default's.  convgen/candidates.py checks them and drops repeats."""
     if pass_ is Pass.WGRAD:
-        for plan_ in _wgrad_variations(problem, target, elem, base):
-            offer(lambda: plan_)
-        return out
-    warp, vec, loop = target.warp_size, base.vec_a, base.loop
+        for plan_ in _wgrad_variations(problem, target, base.read_a, base):
+            yield lambda plan_=plan_: plan_
+        return
+    warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
     assert isinstance(loop, Depthwise)
     sw = problem.stride[1]
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles)
-    options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec)[:1], base.block_n])),
+    options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n])),
                [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
                VARIATION_TILES, VARIATION_BLOCK)
     # the default's neighbours first: one choice changed, then two, and so on
@@ -342,11 +329,10 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, elem: DType, b
         threads = tile_h * tile_w // cols * (chunk // vec)
         if tile_w % cols or threads % warp or not 64 <= threads <= 512:
             continue
-        offer(lambda: Plan(tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, 1, elem, elem, 1,
-                           Depthwise(tile_w, cols, 0, block),
-                           reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of "
-                                    f"{cols}, {block} tile(s) a block",)))
-    return out
+        yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, threads=threads: Plan(
+            tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
+            reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
+                     f"{block} tile(s) a block",))
 
 
 def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tuple[int, int], w: tuple[int, int],
@@ -373,10 +359,8 @@ def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tupl
 
 
 def _wgrad_chunk(c: int, vec: int, warp_size: int) -> int:
-    """wgrad's channels a block: 16, 32 or 64 (lanes of vec within a warp), the one that pads C
-    least (C = 144: 9 chunks of 16, not 3 of 64 with a third of the last idle), then the widest."""
-    fits = [ch for ch in (16, 32, 64) if ch // vec <= warp_size] or [vec]
-    return min(fits, key=lambda ch: (math.ceil(c / ch) * ch, -ch))
+    """wgrad's channels a block: 16, 32 or 64 (lanes of vec within a warp), the one that pads C least."""
+    return chunks_by_padding(c, vec, warp_size, WGRAD_CHUNKS)[0]
 
 
 def _wgrad_tile_cost(g: ConvGeometry, vec: int, rows: int, cols: int, tile_h: int, tile_w: int, chunk: int,
@@ -505,7 +489,7 @@ def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -
     slices), and the default's tile at half and twice its slices."""
     rows, vec = _wgrad_layout(g)
     out = []
-    for chunk in dict.fromkeys([base.block_n, *(ch for ch in (16, 32, 64) if ch // vec <= target.warp_size)]):
+    for chunk in dict.fromkeys([base.block_n, *sorted(chunks_by_padding(g.c, vec, target.warp_size, WGRAD_CHUNKS))]):
         ranked = _wgrad_tiles(g, target, elem, rows, vec, chunk)
         for _, plan, cost, _ in ranked[1:1 + WGRAD_NEXT_TILES] if chunk == base.block_n else ranked[:1]:
             loop = plan.loop
