@@ -31,6 +31,11 @@ MAX_WGRAD_ACCS = 56  # fp32 sums a wgrad thread keeps (vec x m x its taps): 3-4 
 MAX_WGRAD_HELD = 64  # fp32 sums plus the run's dy values a wgrad thread holds (cols x vec x m): <= ~96 registers
 MAX_WGRAD_COLS = 16  # a wgrad run's length: the unrolled body grows as cols x in_cols x rows
 WGRAD_PADS = (0, 8, 16, 24, 32, 40, 48, 56)  # halves of padding a wgrad staged pixel may take (16-byte steps)
+# Registers a wgrad thread needs beyond its sums and its run's dy values (indices, addresses, the x
+# column in flight). At 8-176 held values, 62-160 registers were used unconstrained on sm_90; a
+# block whose threads cannot each have that many (65536 / threads) spilled: 7x7 filters of 2-16
+# filters a channel on 896-thread blocks (72 registers), 5x5 on 960 (64): scripts/compile_fuzz.py.
+WGRAD_REG_OVERHEAD = 32
 MIN_RESIDENT = 512  # threads an SM a wgrad plan keeps where it can: 16 warps in flight hide the staging
 STAGE_COST = 16  # thread instructions one staged access costs (its index, bounds test and copy): wgrad's model
 TILE_COST = 24  # and one tile costs each thread (the waits, the barriers, the tile's decode)
@@ -262,14 +267,21 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     chunk = _chunk(g.c, vec, 8)
     lanes = chunk // vec
     dgrad = pass_ is Pass.DGRAD
-    cols = 4 if not dgrad or 4 % sw == 0 else sw * math.ceil(4 / sw)
     out_h, out_w = (g.h, g.w) if dgrad else (g.p, g.q)
-    unit_w = math.lcm(cols, sw) if dgrad else cols
     widest = 16 if dgrad or sw == 1 else 8  # a strided fprop's halo is sw times as wide as its tile
-    tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
     unit_h = sh if dgrad else 1
-    tile_h = unit_h * max(1, math.ceil(min(out_h, 8) / unit_h))
-    tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk)
+    # runs of 4 outputs (dgrad: whole strides), shorter where a large multiplier's sums need the registers
+    runs = [4 if not dgrad or 4 % sw == 0 else sw * math.ceil(4 / sw)] + [c for c in (2, 1) if not dgrad or c % sw == 0]
+    for i, cols in enumerate(runs):
+        unit_w = math.lcm(cols, sw) if dgrad else cols
+        tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
+        tile_h = unit_h * max(1, math.ceil(min(out_h, 8) / unit_h))
+        try:
+            tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk)
+            break
+        except ValueError:
+            if i == len(runs) - 1:
+                raise
     threads = tile_h * tile_w // cols * lanes
     blocks = g.n * math.ceil(out_h / tile_h) * math.ceil(out_w / tile_w) * math.ceil(g.c / chunk)
     tiles = max(1, min(4, blocks // (8 * target.sm_count)))  # keep 8 blocks an SM's worth of work
@@ -335,13 +347,23 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
                      f"{block} tile(s) a block",))
 
 
+def stencil_registers(cols: int, vec: int, m: int, in_cols: int) -> int:
+    """An upper estimate of an fprop or dgrad thread's registers: its run's sums (cols x vec x m)
+    and the staged columns its filter row reads (in_cols x vec).  On sm_90 this bounded every
+    plan compiled (32-221 registers, m = 1-32, 3x3 and 7x7, strides 1 and 2); a block whose
+    threads could not each have that many (65536 / threads) spilled: 512 threads of 32 filters
+    a channel made 1,096-1,962 local-memory accesses (scripts/compile_fuzz.py)."""
+    return math.ceil(24 + 1.75 * cols * vec * m + 0.5 * in_cols * vec)
+
+
 def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tuple[int, int], w: tuple[int, int],
               cols: int, vec: int, chunk: int) -> tuple[int, int]:
     """fprop's and dgrad's tile (rows, columns): the first of the preferred width ``w[0]``, then
     narrower by whole units ``w[1]``, whose rows (``h[0]`` and up by ``h[1]``, then down) make a
     block of whole fragments and whole warps, at most 1024 threads, whose one halo fits the
-    part's shared memory.  The preferred tile nearly always does; a strided dgrad's units or a
-    large channel multiplier's staged pixels can push it past either limit."""
+    part's shared memory and whose threads each have the registers :func:`stencil_registers`
+    estimates.  The preferred tile nearly always does; a strided dgrad's units or a large
+    channel multiplier's staged pixels and sums can push it past a limit."""
     lanes = chunk // vec
     for tile_w in range(w[0], 0, -w[1]):
         most_h = 1024 * cols // (tile_w * lanes)  # rows within 1024 threads
@@ -351,11 +373,14 @@ def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tupl
                 continue
             plan = Plan(pixels, chunk, 16, pixels // cols * lanes // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
                         Depthwise(tile_w, cols))
-            if smem_bytes(plan, g, pass_, target.warp_size) <= target.smem_limit:
+            f = facts(plan, g, pass_, target.warp_size)
+            if (smem_bytes(plan, g, pass_, target.warp_size) <= target.smem_limit
+                    and stencil_registers(cols, vec, g.kg, f.in_cols) * f.threads <= 65536):
                 return tile_h, tile_w
     raise ValueError(f"Depthwise {pass_.value}: no tile of whole warps within 1024 threads stages this layer's halo "
-                     f"in {target.smem_limit} bytes of shared memory on {target.arch} (K/C = {g.kg} filters a "
-                     f"channel, {g.r}x{g.s} filter, stride {g.stride}, dilation {g.dilation})")
+                     f"in {target.smem_limit} bytes of shared memory on {target.arch} with the registers its runs of "
+                     f"{cols} need (K/C = {g.kg} filters a channel, {g.r}x{g.s} filter, stride {g.stride}, dilation "
+                     f"{g.dilation})")
 
 
 def _wgrad_chunk(c: int, vec: int, warp_size: int) -> int:
@@ -378,11 +403,15 @@ def _wgrad_tile_cost(g: ConvGeometry, vec: int, rows: int, cols: int, tile_h: in
     return (threads * per_thread + staged * STAGE_COST) * tiles / (g.p * g.q)
 
 
+def _wgrad_registers(held: int) -> int:
+    """A wgrad thread's registers: its ``held`` floats and WGRAD_REG_OVERHEAD more, in 8s."""
+    return -(-(held + WGRAD_REG_OVERHEAD) // 8) * 8
+
+
 def _resident_threads(threads: int, smem: int, held: int, target: Target) -> int:
     """Threads an SM holds of a wgrad block: by shared memory (the part's per-block limit taken as
-    the SM's), by 2048 threads, and by registers (its ``held`` floats and ~32 more, in 8s, of 64 K)."""
-    regs = -(-(held + 32) // 8) * 8
-    return min(target.smem_limit // max(smem, 1), 2048 // threads, 65536 // (regs * threads)) * threads
+    the SM's), by 2048 threads, and by registers (:func:`_wgrad_registers`, of 64 K)."""
+    return min(target.smem_limit // max(smem, 1), 2048 // threads, 65536 // (_wgrad_registers(held) * threads)) * threads
 
 
 def _wgrad_layout(g: ConvProblem) -> tuple[int, int]:
@@ -425,6 +454,8 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
                     if (threads > most or threads < min(64, most) or (tile_h * per_row * lanes) % warp
                             or (tile_h * cols * per_row) % 16):
                         continue
+                    if _wgrad_registers(acc + cols * vec * m) * threads > 65536:  # one block's registers
+                        continue
                     tile_w = cols * per_row
                     plan = Plan(tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, vec, elem, elem, 1,
                                 Depthwise(tile_w, cols, rows if groups > 1 else 0))
@@ -453,15 +484,17 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
     m, warp = g.kg, target.warp_size
     rows, vec = _wgrad_layout(g)
     groups = g.r // rows
-    chunk = _wgrad_chunk(g.c, vec, warp)
-    lanes = chunk // vec
     acc = vec * m * rows * g.s
-    ranked = _wgrad_tiles(g, target, elem, rows, vec, chunk)
+    # the chunk that pads C least, else the next whose tiles fit (a narrower chunk has fewer
+    # lanes, so blocks small enough for a large multiplier's registers still have whole warps)
+    chunk, ranked = next(((ch, r) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)
+                          if (r := _wgrad_tiles(g, target, elem, rows, vec, ch))), (_wgrad_chunk(g.c, vec, warp), []))
+    lanes = chunk // vec
     if not ranked:
         raise ValueError(f"Depthwise wgrad: K/C = {m} filters a channel over a {g.r}x{g.s} filter keep {acc} fp32 sums "
                          f"a thread, and no tile of 16 pixels for each of its {groups} row group(s) has whole warps "
-                         f"within 1024 threads and its buffers within {target.smem_limit} bytes of shared memory on "
-                         f"{target.arch}")
+                         f"within 1024 threads, at least {_wgrad_registers(acc + vec * m)} registers a thread (65536 a "
+                         f"block), and its buffers within {target.smem_limit} bytes of shared memory on {target.arch}")
     _, plan, cost, smem = ranked[0]
     loop = plan.loop
     assert isinstance(loop, Depthwise)
@@ -471,8 +504,10 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
     split = _wgrad_split(g, target, plan)
     reasons.append(f"{rows} filter row(s) a thread ({groups} row group(s)), vec {vec}: {acc} fp32 sums a thread (at "
                    f"most {MAX_WGRAD_ACCS}); every staged value it reads serves up to {rows * g.s} taps")
-    reasons.append(f"{chunk} channels a block ({lanes} lanes of {vec}): C = {g.c} in {chunks} chunk(s), the fewest "
-                   f"idle channels")
+    best = _wgrad_chunk(g.c, vec, warp)
+    reasons.append(f"{chunk} channels a block ({lanes} lanes of {vec}): C = {g.c} in {chunks} chunk(s), " + (
+        "the fewest idle channels" if chunk == best else
+        f"not {best} (fewer idle channels), whose blocks of whole warps need more registers than 64 K a block gives"))
     reasons.append(f"tile {tile_h}x{loop.tile_w} dy pixels, runs of {loop.cols} outputs a thread ({threads} threads): "
                    f"the least modelled cost, {cost:.0f} thread instructions an output pixel; both buffers "
                    f"{smem} bytes of shared memory")

@@ -32,6 +32,13 @@ from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tm
 # inputs are held twice, 64-deep steps staged through registers (gfx1100: 256 VGPRs and
 # 262-326 spilled on 17 suite layers' wgrad, 34-48 on two dgrads; gfx1201 and gfx942 did not).
 CROWDED_FRAGMENTS = 8
+# The narrowest gathers a 64-deep K-step takes.  A step's copies a thread grow as 64 / vec: on
+# sm_90 a 128x64 tile of 4 warps gathering x 2 channels at a time (fprop, C = 226, 230, 238,
+# 266) held 255 registers and made 110-158 local-memory accesses, and 128x128 tiles of 8 warps
+# sat at 255 (a bf16 dgrad of K = 254 spilled); 4 channels at a time held 248-253, 8 held 128
+# (scripts/compile_fuzz.py, then a sweep of C x K x filter; benchmarks/NOTES.md).  Narrower
+# gathers keep the 32-deep step, as one-channel gathers always have.
+WIDE_STEP_VEC = 4
 
 
 def vector_width(channels: int) -> int:
@@ -136,12 +143,13 @@ def plan(
         va = vb = 1
     else:
         va, vb = vector_width(ca), vector_width(cb)
-    big_k = gemm.k >= 1024 and min(va, vb) > 1
+    big_k = gemm.k >= 1024 and min(va, vb) >= WIDE_STEP_VEC
     bk = 64 if big_k else 32
     reasons.append(
         f"K-step {bk}: "
         + ("long reduction, fewer barriers per FLOP" if big_k else "two k16 MMAs per fragment per barrier"
-           + (" (a scalar gather keeps the step short: fewer accesses in flight per thread)" if min(va, vb) == 1 else ""))
+           + (f" (a {'scalar' if min(va, vb) == 1 else 'two-channel'} gather keeps the step short: fewer accesses "
+              "in flight per thread)" if min(va, vb) < WIDE_STEP_VEC else ""))
     )
 
     warps = 8 if bm * bn >= 128 * 128 else 4

@@ -10,7 +10,8 @@ that are rules, not per-shape entries:
   a small-tile layer's SMs mostly idle.  fprop and dgrad keep one block per SM: their
   slices' partials are as large as their outputs.
 * **Stride-1 fprop and dgrad with N <= 64 that the TMA loop does not take run the halo path**
-  (every input pixel of a tile staged once per K-step, each tap's fragments read in place):
+  (every input pixel of a tile staged once per K-step, each tap's fragments read in place;
+  filters of up to MAX_HALO_TAPS taps, past which a tile's registers spill):
   every such tuned CIFAR layer's winner (images of 8-32 pixels) is a halo plan, 16 pixels
   wide (8 on 8-pixel images, the ldmatrix kind), 256 rows (128 on 8-pixel images), with
   several tiles a block where the reduction is one step.  The same rule on images of 128-256
@@ -34,6 +35,11 @@ from .spec import Plan, stages_whole_halo
 from .mainloop import HaloLdsm, HaloTile, StagedHalo, fit_tile
 
 MAX_SPLIT = 512
+# The halo rule's largest filter, in taps.  A halo tile's registers grow with its taps: on sm_90
+# 3x3 filters held 122-168 registers, 5x5 211-254, and 6x6 and 7x7 240-255, where dgrads of
+# C = 3, K = 64 (6x6) and C = K = 32 (7x7) spilled (82 and 30 local-memory accesses;
+# scripts/compile_fuzz.py).  Larger filters keep the im2col plan; no tuned winner had one.
+MAX_HALO_TAPS = 25
 BLOCKS_PER_SM_CAP = 8  # registers, not shared memory, bound small blocks past this
 THREADS_PER_SM = 2048
 
@@ -66,7 +72,7 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
     from .planner import check_plan, halo_eligible, halo_vec_b
 
     g = problem.geometry
-    if pass_ is Pass.WGRAD or g.r * g.s == 1 or g.stride != (1, 1) or not target.info.cp_async:
+    if pass_ is Pass.WGRAD or not 1 < g.r * g.s <= MAX_HALO_TAPS or g.stride != (1, 1) or not target.info.cp_async:
         return None
     if halo_eligible(g, pass_, in_dtype) is not None:
         return None

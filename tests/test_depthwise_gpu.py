@@ -161,3 +161,18 @@ def test_depthwise_tuning_variations_exact(problem, pass_):
         res = run_pass(problem, pass_, seeded("dw-variation", problem, pass_, i), out_dtype="float32", exact=True,
                        plan=plan, **epi)
         check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
+
+
+# Several filters a channel, at the plans the register limits give (narrower chunks, fewer rows
+# a block, shorter runs): depthwise.stencil_registers and WGRAD_REG_OVERHEAD, tests/test_sass.py.
+MULTIPLIED = [(Pass.FPROP, 8, 32, 3), (Pass.FPROP, 64, 32, 7), (Pass.DGRAD, 8, 32, 3), (Pass.WGRAD, 40, 2, 7),
+              (Pass.WGRAD, 12, 2, 7), (Pass.WGRAD, 8, 4, 7), (Pass.WGRAD, 64, 16, 5), (Pass.WGRAD, 8, 24, 3),
+              (Pass.WGRAD, 64, 4, 7)]
+
+
+@pytest.mark.parametrize("pass_, c, m, f", MULTIPLIED, ids=[f"{p.value}-c{c}-m{m}-{f}x{f}" for p, c, m, f in MULTIPLIED])
+def test_depthwise_multiplier_plans_exact(pass_, c, m, f):
+    problem = dw(32, 32, c, f, f, 1, f // 2, mult=m, n=2)
+    res = run_pass(problem, pass_, seeded("dw-mult", problem, pass_), out_dtype="float32", exact=True,
+                   bias=pass_ is not Pass.DGRAD)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")

@@ -75,8 +75,8 @@ def _read_ahead(request):
     sources: dict[str, str] = {}
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is not sys.modules[__name__] or "pass_" not in params:
-            continue
+        if item.module is not sys.modules[__name__] or "layer" not in params:
+            continue  # (the tests of hand-built layers compile their own)
         spec = (_candidate_spec(params["layer"], params["pass_"], params["plan"]) if "plan" in params
                 else _shipped_spec(params["layer"], params["pass_"]))
         src = emit(spec)
@@ -327,3 +327,59 @@ def test_scalar_gather_wgrad_defaults_do_not_spill(c, k, f):
     k_ = _main_sass(spec)
     assert k_.count("HMMA") > 0 and k_.local == 0 and k_.stack == 0, (
         f"{k_.local} local-memory accesses, {k_.stack}-byte stack with {k_.registers} registers ({spec.plan.brief()})")
+
+
+# fprop and dgrad whose gathers move two channels at a time (C or K twice an odd number): on a
+# 64-deep step a 128x64 tile of 4 warps held 255 registers and spilled (110-158 local-memory
+# accesses); they keep the 32-deep step (planner.WIDE_STEP_VEC).
+TWO_CHANNEL = [(Pass.FPROP, 226, 64, 3), (Pass.FPROP, 230, 35, 5), (Pass.DGRAD, 42, 254, 3), (Pass.FPROP, 266, 17, 5)]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("pass_, c, k, f", TWO_CHANNEL, ids=[f"{p.value}-c{c}-k{k}-{f}x{f}" for p, c, k, f in TWO_CHANNEL])
+def test_two_channel_gathers_do_not_spill(pass_, c, k, f):
+    from convgen.ir import ConvProblem
+
+    problem = ConvProblem(40, 44, c, k, f, f, 1, f // 2, n=64)
+    spec = make_spec(problem, pass_, target=Target("sm_90"), epilogue=Epilogue())
+    assert min(spec.plan.vec_a, spec.plan.vec_b) == 2 and not spec.plan.tma, spec.plan.brief()
+    k_ = _main_sass(spec)
+    assert k_.count("HMMA") > 0 and k_.local == 0, (
+        f"{k_.local} local-memory accesses with {k_.registers} registers ({spec.plan.brief()})")
+
+
+# Depthwise layers with several filters a channel, whose default blocks once had more threads
+# than their registers allowed (65536 / threads): 512-thread fprop blocks of 32 filters a
+# channel, 896- and 960-thread wgrad blocks of 7x7 and 5x5 filters (depthwise.stencil_registers,
+# depthwise.WGRAD_REG_OVERHEAD).
+MULTIPLIED = [(Pass.FPROP, 8, 32, 3), (Pass.FPROP, 64, 32, 7), (Pass.WGRAD, 40, 2, 7), (Pass.WGRAD, 12, 2, 7),
+              (Pass.WGRAD, 8, 4, 7), (Pass.WGRAD, 64, 16, 5), (Pass.WGRAD, 8, 24, 3)]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("pass_, c, m, f", MULTIPLIED, ids=[f"{p.value}-c{c}-m{m}-{f}x{f}" for p, c, m, f in MULTIPLIED])
+def test_depthwise_multiplier_defaults_do_not_spill(pass_, c, m, f):
+    from convgen.ir import ConvProblem
+
+    problem = ConvProblem(32, 32, c, c * m, f, f, 1, f // 2, 1, c, n=8)
+    spec = make_spec(problem, pass_, target=Target("sm_90"), epilogue=Epilogue())
+    k_ = _main_sass(spec)
+    assert k_.local == 0, f"{k_.local} local-memory accesses with {k_.registers} registers ({spec.plan.brief()})"
+
+
+# Stride-1 dgrads of N <= 64 on filters of 36 and 49 taps: on the halo path (a tile's registers
+# grow with its taps) they held 255 registers and spilled; past small_layer_rules.MAX_HALO_TAPS
+# they keep the im2col plan.
+LARGE_FILTER_DGRAD = [(3, 64, 6), (32, 32, 7)]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("c, k, f", LARGE_FILTER_DGRAD, ids=[f"c{c}-k{k}-{f}x{f}" for c, k, f in LARGE_FILTER_DGRAD])
+def test_large_filter_narrow_dgrad_does_not_spill(c, k, f):
+    from convgen.ir import ConvProblem
+
+    spec = make_spec(ConvProblem(56, 56, c, k, f, f, 1, f // 2, n=16), Pass.DGRAD, target=Target("sm_90"),
+                     epilogue=Epilogue())
+    k_ = _main_sass(spec)
+    assert k_.count("HMMA") > 0 and k_.local == 0, (
+        f"{k_.local} local-memory accesses with {k_.registers} registers ({spec.plan.brief()})")
