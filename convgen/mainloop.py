@@ -108,6 +108,14 @@ class MainLoop:
         """The kind's part of ``Plan.explain``'s first line."""
         return ""
 
+    def headline(self, plan: "Plan") -> str:
+        """``Plan.explain``'s first line: the GEMM block, its warps, pipeline and gathers, then the kind's part."""
+        return (f"block {plan.block_m}x{plan.block_n}x{plan.block_k}, {plan.warps} warps ({plan.warps_m}x{plan.warps_n}"
+                + (f"x{plan.warps_k}, K sliced {plan.warps_k} ways" if plan.warps_k > 1 else "")
+                + f", warp tile {plan.warp_tile[0]}x{plan.warp_tile[1]}), {plan.stages} stages, vec A/B "
+                f"{plan.vec_a}/{plan.vec_b}, read A/B {plan.read_a}/{plan.read_b}, split-K {plan.split_k}"
+                + self.describe(plan))
+
 
 @dataclass(frozen=True)
 class Im2col(MainLoop):
@@ -445,6 +453,14 @@ class Depthwise(MainLoop):
     def describe(self, plan: "Plan") -> str:
         return (f", depthwise stencil: {plan.block_m // self.tile_w}x{self.tile_w} pixels x {plan.block_n} channels "
                 f"a block, {self.cols} pixels x {plan.vec_a} channels a thread")
+
+    def headline(self, plan: "Plan") -> str:
+        """No GEMM block, warp grid or pipeline: the stencil's tile, threads and reads."""
+        return (f"depthwise stencil: {plan.block_m // self.tile_w}x{self.tile_w} pixels x {plan.block_n} channels a "
+                f"block, {plan.warps} warps, {self.cols} pixel(s) x {plan.vec_a} channel(s) a thread"
+                + (f", filter rows {self.rows} a thread" if self.rows else "")
+                + (f", {self.tiles} tiles a block in turn" if self.tiles > 1 else "")
+                + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else ""))
 
 
 KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo, Depthwise)

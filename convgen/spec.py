@@ -181,14 +181,7 @@ class Plan:
                 + (f"x{self.warps_k}" if self.warps_k > 1 else "") + f" s{self.stages} k{self.split_k}" + self.layout())
 
     def explain(self) -> str:
-        head = (
-            f"block {self.block_m}x{self.block_n}x{self.block_k}, {self.warps} warps "
-            f"({self.warps_m}x{self.warps_n}" + (f"x{self.warps_k}, K sliced {self.warps_k} ways" if self.warps_k > 1 else "")
-            + f", warp tile {self.warp_tile[0]}x{self.warp_tile[1]}), "
-            f"{self.stages} stages, vec A/B {self.vec_a}/{self.vec_b}, read A/B {self.read_a}/{self.read_b}, "
-            f"split-K {self.split_k}" + self.loop.describe(self)
-        )
-        return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
+        return "\n".join([self.loop.headline(self), *(f"  - {r}" for r in self.reasons)])
 
 
 # A plan dict's keys, in as_dict's order: the shared fields, then the kind's flags.
