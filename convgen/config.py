@@ -92,7 +92,16 @@ WERROR = FlagSetting(
     default=False,
 )
 
-SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CUDA_INCLUDE, TUNED, AUTOTUNE, CUOBJDUMP, BENCH_COMMIT, WERROR)
+# The HIP compile check's toolchain (convgen/tools/hip_isa.py; scripts/setup_hip_toolchain.sh prints all four)
+HIP_PATH = PathSetting("CONVGEN_HIP_PATH", "HIP install for the HIP compile check, the folder holding "
+                       "include/hip/hip_runtime.h (6.4.x)")
+ROCWMMA_INCLUDE = PathSetting("CONVGEN_ROCWMMA_INCLUDE", "rocWMMA's library/include for the HIP compile check")
+HIP_CLANG = Setting("CONVGEN_HIP_CLANG", "clang++ with the AMDGPU target (clang 19) for the HIP compile check")
+HIP_OCKL_SHIM = PathSetting("CONVGEN_HIP_OCKL_SHIM", "a header defining the ROCm device-library functions behind "
+                            "threadIdx & co. for the HIP compile check (default scripts/hip_ockl_shim.h)")
+
+SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CUDA_INCLUDE, TUNED, AUTOTUNE, CUOBJDUMP, BENCH_COMMIT, WERROR, HIP_PATH,
+                                 ROCWMMA_INCLUDE, HIP_CLANG, HIP_OCKL_SHIM)
 
 
 @contextlib.contextmanager

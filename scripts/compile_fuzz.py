@@ -5,9 +5,11 @@ kernel's registers and local-memory loads and stores.  It walks the path a call 
 stem pad and group packing of `group_pack.copied_problem`, then `make_spec`, `emit` and the
 compile), over layers drawn from the families real networks use, plus odd ones: any channel
 count, 1-7 taps a side, strides, dilations, groups and depthwise, bf16 and fp32 inputs, and
-every epilogue.
+every epilogue.  On an AMD arch, clang compiles the HIP kernels to ISA instead (the toolchain
+scripts/hip_check.sh uses; convgen/tools/hip_isa.py) and its metadata gives VGPRs and spills.
 
     python3 scripts/compile_fuzz.py --arch sm_90 --seconds 1800 --seed 1 --jobs 2
+    eval "$(scripts/setup_hip_toolchain.sh)"; python3 scripts/compile_fuzz.py --arch gfx1100 --sms 96
 
 Each finding is one line that reproduces it (`convgen emit` arguments). The exit status is 1
 when a layer failed to plan, emit or compile, or a kernel spilled at its register cap. Run it
@@ -20,18 +22,22 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from convgen.compile import compile_binary  # noqa: E402
-from convgen.emit import emit  # noqa: E402
+from convgen.emit import KernelSource, emit  # noqa: E402
 from convgen.group_pack import copied_problem  # noqa: E402
 from convgen.ir import ConvProblem, Epilogue, Pass, Target  # noqa: E402
 from convgen.planner import make_spec  # noqa: E402
+from convgen.tools.hip_isa import compile_command, parse_asm, toolchain  # noqa: E402
 from convgen.tools.sass import find_cuobjdump, read_cubin  # noqa: E402
 
 WIDTHS = (1, 3, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 144, 160, 192, 256, 320, 384, 512, 576, 960)
@@ -104,27 +110,10 @@ def describe(p: ConvProblem, pass_: Pass, epi: Epilogue, in_dtype: str) -> str:
     return " ".join(flags)
 
 
-def one(job: tuple) -> tuple[str, str]:
-    """('ok' | 'refused' | 'error' | 'spill' | 'local', a line): one layer's pass through plan,
-    emit and compile.  'spill': a kernel at the register cap its launch bounds allow spilled to
-    local memory.  'local': ptxas kept a few values in local memory well below that cap, its own
-    trade for occupancy (reported, not a failure: a cached stack slot, no register shortage)."""
-    arch, sms, seed = job
-    rng = random.Random(seed)
-    problem, in_dtype = draw_layer(rng)
-    pass_ = rng.choice(list(Pass))
-    epi = draw_epilogue(rng, pass_, in_dtype)
-    target = Target(arch, sms)
-    where = describe(problem, pass_, epi, in_dtype)
-    try:
-        kp = copied_problem(problem, pass_, in_dtype, target)
-        spec = make_spec(kp, pass_, target=target, epilogue=epi, in_dtype=in_dtype)
-        src = emit(spec)
-        binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
-    except ValueError as e:  # a layer the library refuses, with its reason: not a finding
-        return "refused", f"{where}: {e}"
-    except Exception as e:  # noqa: BLE001 - every other failure is a finding
-        return "error", f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+def _cuda_findings(src: KernelSource) -> tuple[list[str], list[str]]:
+    """NVRTC's cubin, read back: kernels that spilled at the register cap their launch bounds
+    allow, and kernels whose local memory ptxas chose well below it."""
+    binary = compile_binary(src.source, arch=src.compile_arch, name=src.filename)
     blocks = {launch.kernel: launch.block[0] * launch.block[1] * launch.block[2]
               for launch in (src.main, src.reduce) if launch is not None}
     capped, chosen = [], []
@@ -134,6 +123,54 @@ def one(job: tuple) -> tuple[str, str]:
         cap = min(255, 65536 // blocks.get(k.name, 1024) // 8 * 8)  # what the launch bounds allow
         line = f"{k.name}: {k.local} local-memory accesses at {k.registers} of {cap} registers"
         (capped if k.registers >= cap - 8 else chosen).append(line)
+    return capped, chosen
+
+
+def _hip_findings(src: KernelSource, tools: dict[str, str]) -> tuple[list[str], list[str]]:
+    """clang's ISA, read back (convgen/tools/hip_isa.py): kernels that spill VGPRs or SGPRs or
+    use scratch; a failed compile raises."""
+    with tempfile.TemporaryDirectory() as folder:
+        hip_file, asm_file = Path(folder) / "kernel.hip", Path(folder) / "kernel.s"
+        hip_file.write_text(src.source)
+        proc = subprocess.run(compile_command(tools, src.spec.target.arch, hip_file, asm_file),
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"clang exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+        kernels = parse_asm(asm_file.read_text(), src.kernel_names, src.spec.target.arch)
+    spills = [f"{k.name}: {k.num('vgpr_count')} VGPRs, {k.num('vgpr_spill_count')} VGPR and "
+              f"{k.num('sgpr_spill_count')} SGPR spills, {k.num('private_segment_fixed_size')} bytes of scratch"
+              for k in kernels.values() if k.uses_scratch or k.num("sgpr_spill_count")]
+    missing = [f"{k.name}: not in the ISA" for k in kernels.values() if not k.present]
+    if missing:
+        raise RuntimeError("; ".join(missing))
+    return spills, []
+
+
+def one(job: tuple) -> tuple[str, str]:
+    """('ok' | 'refused' | 'error' | 'spill' | 'local', a line): one layer's pass through plan,
+    emit and compile.  'spill': a kernel at the register cap its launch bounds allow spilled to
+    local memory (on AMD: any VGPR or SGPR spill or scratch).  'local': ptxas kept a few values
+    in local memory well below that cap, its own trade for occupancy (reported, not a failure: a
+    cached stack slot, no register shortage)."""
+    arch, sms, seed, tools = job
+    rng = random.Random(seed)
+    problem, in_dtype = draw_layer(rng)
+    pass_ = rng.choice(list(Pass))
+    epi = draw_epilogue(rng, pass_, in_dtype)
+    target = Target(arch, sms)
+    where = describe(problem, pass_, epi, in_dtype)
+    try:
+        kp = copied_problem(problem, pass_, in_dtype, target)
+        spec = make_spec(kp, pass_, target=target, epilogue=epi, in_dtype=in_dtype)
+    except ValueError as e:  # a layer the library refuses, with its reason: not a finding
+        return "refused", f"{where}: {e}"
+    except Exception as e:  # noqa: BLE001 - every other failure is a finding
+        return "error", f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    try:
+        src = emit(spec)
+        capped, chosen = _hip_findings(src, tools) if tools else _cuda_findings(src)
+    except Exception as e:  # noqa: BLE001
+        return "error", f"{where}: plan {spec.plan.brief()}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if capped:
         return "spill", f"{where}: plan {spec.plan.brief()}: " + "; ".join(capped + chosen)
     if chosen:
@@ -143,14 +180,22 @@ def one(job: tuple) -> tuple[str, str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arch", default="sm_90", help="a CUDA arch (NVRTC); sm_90 compiles the TMA kernels as sm_90a")
-    p.add_argument("--sms", type=int, default=132, help="the target's SM count (split-K and persistent grids)")
+    p.add_argument("--arch", default="sm_90", help="a CUDA arch (NVRTC; sm_90 compiles the TMA kernels as sm_90a) or an "
+                   "AMD one (gfx1100, gfx1201, gfx942: clang, with the toolchain scripts/setup_hip_toolchain.sh names)")
+    p.add_argument("--sms", type=int, default=132, help="the target's SM or CU count (split-K and persistent grids)")
     p.add_argument("--seconds", type=float, default=600)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--show-local", action="store_true", help="also print kernels with local memory below the register cap")
     args = p.parse_args(argv)
-    if find_cuobjdump() is None:
+    tools = None
+    if args.arch.startswith("gfx"):
+        tools, why = toolchain(str(ROOT / "scripts" / "hip_ockl_shim.h"))
+        if tools is None:
+            print(f"compile_fuzz: the HIP toolchain is not set up ({why}); run "
+                  'eval "$(scripts/setup_hip_toolchain.sh)" first, as scripts/hip_check.sh does', file=sys.stderr)
+            return 2
+    elif find_cuobjdump() is None:
         print("compile_fuzz: needs cuobjdump (the CUDA toolkit) to read registers and stacks", file=sys.stderr)
         return 2
     os.environ.setdefault("CONVGEN_WERROR", "1")  # a kernel NVRTC warns about is a finding too
@@ -159,7 +204,7 @@ def main(argv=None) -> int:
     seed = args.seed * 1_000_003
     with ProcessPoolExecutor(args.jobs) as pool:
         while time.monotonic() < end:
-            batch = [(args.arch, args.sms, seed + i) for i in range(4 * args.jobs)]
+            batch = [(args.arch, args.sms, seed + i, tools) for i in range(4 * args.jobs)]
             seed += len(batch)
             for status, line in pool.map(one, batch):
                 counts[status] = counts.get(status, 0) + 1

@@ -39,7 +39,6 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import time
 import warnings
@@ -47,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from convgen.tools.hip_isa import KernelInfo, compile_command, parse_asm, toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHES = ("gfx1100", "gfx1201", "gfx942")
@@ -56,31 +57,8 @@ HOW_TO_RUN = (
 )
 
 
-def _toolchain() -> tuple[dict[str, str] | None, str]:
-    hip = os.environ.get("CONVGEN_HIP_PATH", "")
-    rocwmma = os.environ.get("CONVGEN_ROCWMMA_INCLUDE", "")
-    clang = os.environ.get("CONVGEN_HIP_CLANG", "")
-    problems = []
-    if not hip or not (Path(hip) / "include" / "hip" / "hip_runtime.h").is_file():
-        problems.append(f"CONVGEN_HIP_PATH={hip or '(unset)'} has no include/hip/hip_runtime.h")
-    if not rocwmma or not (Path(rocwmma) / "rocwmma" / "rocwmma.hpp").is_file():
-        problems.append(f"CONVGEN_ROCWMMA_INCLUDE={rocwmma or '(unset)'} has no rocwmma/rocwmma.hpp")
-    clang_exe = shutil.which(clang) if clang else None
-    if not clang_exe:
-        problems.append(f"CONVGEN_HIP_CLANG={clang or '(unset)'} is not an executable")
-    if problems:
-        return None, "; ".join(problems)
-    shim = os.environ.get("CONVGEN_HIP_OCKL_SHIM") or str(ROOT / "scripts" / "hip_ockl_shim.h")
-    return {
-        "hip": str(Path(hip)),
-        "rocwmma": str(Path(rocwmma)),
-        "clang": clang_exe,
-        "shim": shim if Path(shim).is_file() else "",
-    }, ""
-
-
 STRICT_SCRATCH = os.environ.get("CONVGEN_HIP_STRICT_SCRATCH", "") not in ("", "0")
-TOOLS, _why_not = _toolchain()
+TOOLS, _why_not = toolchain(str(ROOT / "scripts" / "hip_ockl_shim.h"))
 if TOOLS is None:
     pytest.skip(f"HIP compile check not configured ({_why_not}); {HOW_TO_RUN}", allow_module_level=True)
 
@@ -90,7 +68,6 @@ from convgen.ir import Epilogue, Pass, Target
 from convgen.spec import Plan  # noqa: E402
 from convgen.mainloop import Depthwise, FlatHalo, HaloTile, Im2col, StagedHalo  # noqa: E402
 from convgen.planner import halo_vec_b, make_spec  # noqa: E402
-from convgen.resources import include_dir  # noqa: E402
 from convgen.suites import SUITES  # noqa: E402
 
 
@@ -202,39 +179,6 @@ def _emit(case: Case) -> KernelSource:
 # --------------------------------------------------------------------------- compile + parse
 
 
-def compile_command(arch: str, src: Path, out: Path) -> list[str]:
-    """The device-only compile to ISA (what scripts/hip_check.sh runs; also handy by hand)."""
-    t = TOOLS
-    cmd = [
-        t["clang"], "-x", "hip", f"--offload-arch={arch}", "--cuda-device-only", "-nogpulib",
-        f"--hip-path={t['hip']}", "-isystem", t["rocwmma"], "-isystem", f"{t['hip']}/include",
-        f"-I{include_dir()}",  # convgen/device.h, the kernels' fixed helpers
-        "-std=c++17", "-O3",
-    ]
-    if t["shim"]:
-        cmd += ["-include", t["shim"]]
-    return cmd + ["-S", "-o", str(out), str(src)]
-
-
-@dataclass
-class KernelInfo:
-    name: str
-    present: bool = False
-    mma: int = 0  # v_wmma_* / v_mfma_* instructions in the kernel's body
-    occupancy: int = 0  # waves per SIMD, from the compiler's "; Occupancy:" comment
-    meta: dict[str, str] = field(default_factory=dict)  # the code-object metadata fields
-
-    @property
-    def uses_scratch(self) -> bool:
-        return self.num("private_segment_fixed_size") != 0 or self.num("vgpr_spill_count") != 0
-
-    def num(self, key: str) -> int:
-        try:
-            return int(self.meta.get(key, "0"))
-        except ValueError:
-            return -1
-
-
 @dataclass
 class Result:
     case: Case
@@ -247,48 +191,6 @@ class Result:
     kernels: dict[str, KernelInfo] = field(default_factory=dict)
 
 
-def mma_pattern(arch: str) -> re.Pattern[str]:
-    return re.compile(r"^\s+v_mfma_" if arch.startswith("gfx9") else r"^\s+v_wmma_", re.M)
-
-
-_FIELD = re.compile(r"^    \.(\w+):\s+(.*?)\s*$")
-
-
-def parse_asm(asm: str, names: tuple[str, ...], arch: str) -> dict[str, KernelInfo]:
-    infos = {n: KernelInfo(n) for n in names}
-    mma = mma_pattern(arch)
-    for n, info in infos.items():
-        globl = re.search(rf"^\s*\.globl\s+{re.escape(n)}\s*$", asm, re.M)
-        label = re.search(rf"^{re.escape(n)}:", asm, re.M)
-        info.present = bool(globl and label)
-        if label:
-            end = asm.find(".Lfunc_end", label.end())
-            body = asm[label.end(): end if end >= 0 else len(asm)]
-            info.mma = len(mma.findall(body))
-            nxt = re.compile(r"^\s*\.globl\s|^\s*\.amdgpu_metadata", re.M).search(asm, label.end())
-            occ = re.search(r"^; Occupancy: (\d+)", asm[label.end(): nxt.start() if nxt else len(asm)], re.M)
-            info.occupancy = int(occ.group(1)) if occ else 0
-    # amdhsa.kernels: one "  - " entry per kernel; its own fields sit at four spaces
-    # (the argument list's fields are indented deeper).
-    meta = asm[asm.find("amdhsa.kernels:"):]
-    current: dict[str, str] = {}
-    entries = [current]
-    for line in meta.splitlines()[1:]:
-        if line.startswith("  - "):
-            current = {}
-            entries.append(current)
-            line = "    " + line[4:]
-        elif line and not line.startswith(" "):
-            break  # amdhsa.target etc.: the kernel list is over
-        m = _FIELD.match(line)
-        if m:
-            current[m.group(1)] = m.group(2)
-    for entry in entries:
-        if entry.get("name") in infos:
-            infos[entry["name"]].meta = entry
-    return infos
-
-
 def _compile(result: Result, folder: Path) -> Result:
     case, src = result.case, result.source
     assert src is not None
@@ -296,7 +198,7 @@ def _compile(result: Result, folder: Path) -> Result:
     hip_file, asm_file = folder / f"{stem}.hip", folder / f"{stem}.s"
     hip_file.write_text(src.source)
     t0 = time.perf_counter()
-    proc = subprocess.run(compile_command(case.arch, hip_file, asm_file), capture_output=True, text=True)
+    proc = subprocess.run(compile_command(TOOLS, case.arch, hip_file, asm_file), capture_output=True, text=True)
     result.seconds = time.perf_counter() - t0
     result.rc, result.log = proc.returncode, (proc.stdout + proc.stderr).strip()
     if proc.returncode == 0 and asm_file.is_file():
