@@ -11,7 +11,7 @@ that are rules, not per-shape entries:
   slices' partials are as large as their outputs.
 * **Stride-1 fprop and dgrad with N <= 64 that the TMA loop does not take run the halo path**
   (every input pixel of a tile staged once per K-step, each tap's fragments read in place;
-  filters of up to MAX_HALO_TAPS taps, past which a tile's registers spill):
+  filters of up to MAX_HALO_TAPS taps, the 3x3 ones it was fitted on):
   every such tuned CIFAR layer's winner (images of 8-32 pixels) is a halo plan, 16 pixels
   wide (8 on 8-pixel images, the ldmatrix kind), 256 rows (128 on 8-pixel images), with
   several tiles a block where the reduction is one step.  The same rule on images of 128-256
@@ -35,11 +35,16 @@ from .spec import Plan, stages_whole_halo
 from .mainloop import HaloLdsm, HaloTile, StagedHalo, fit_tile
 
 MAX_SPLIT = 512
-# The halo rule's largest filter, in taps.  A halo tile's registers grow with its taps: on sm_90
-# 3x3 filters held 122-168 registers, 5x5 211-254, and 6x6 and 7x7 240-255, where dgrads of
-# C = 3, K = 64 (6x6) and C = K = 32 (7x7) spilled (82 and 30 local-memory accesses;
-# scripts/compile_fuzz.py).  Larger filters keep the im2col plan; no tuned winner had one.
-MAX_HALO_TAPS = 25
+# The halo rule's largest filter, in taps: the 3x3 filters it was fitted on.  A halo tile's
+# registers grow with its taps: on sm_90 3x3 filters held 122-238 registers, 5x5 211-254 (and
+# 4-32 local-memory accesses in bf16), 6x6 and 7x7 240-255, where fp16 dgrads of C = 3, K = 64
+# (6x6) and C = K = 32 (7x7) spilled 82 and 30 (scripts/compile_fuzz.py).  Larger filters keep
+# the im2col plan; no tuned winner had one.
+MAX_HALO_TAPS = 9
+# bf16 halo tiles hold more registers than fp16 ones: a warp of 8 fragments (a 256-row tile of
+# 32 columns on 4 warps, or of 64 on 8) sat at 255 registers on sm_90 and spilled in 3x3 dgrads
+# of C = 32 (8 local-memory accesses).  A bf16 halo plan takes 128-row tiles instead (4 fragments).
+BF16_HALO_FRAGMENTS = 4
 BLOCKS_PER_SM_CAP = 8  # registers, not shared memory, bound small blocks past this
 THREADS_PER_SM = 2048
 
@@ -87,6 +92,9 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
         return None
     bm, bn = (128, max(fit_tile(gemm.n, 64), 32)) if narrow else (256, fit_tile(gemm.n, 64))
     wm, wn = 4, 1 if bn <= 32 or narrow else 2
+    crowded = in_dtype == "bfloat16" and (bm // wm // 16) * (bn // wn // 16) > BF16_HALO_FRAGMENTS
+    if crowded:
+        bm = 128
     if staged:
         bk, stages, va, vb, tiles = 32, base.stages, base.vec_a, base.vec_b, 1
         loop = StagedHalo(16)
@@ -116,7 +124,8 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
                                                                             if tiles > 1 else ""),
         f"K-step {bk}: " + ("every channel of the staged halo's gathers in two k16 MMAs" if staged else
                             f"{'one step covers' if red <= bk else 'steps over'} the {red} reduced channels"),
-        f"{wm * wn} warps as {wm}x{wn}: warp tile {bm // wm}x{bn // wn}",
+        f"{wm * wn} warps as {wm}x{wn}: warp tile {bm // wm}x{bn // wn}" + (
+            " (bf16 fragments: a tile of 256 rows held 255 registers and spilled; BF16_HALO_FRAGMENTS)" if crowded else ""),
     ] + ([] if staged else [f"vec A {va}, vec B {vb}: the halo's 16-byte runs, the weights' widest divisor"]) + [
         f"{stages} stages: " + ("one step needs no deeper ring" if stages == 2 and red <= bk else "cp.async ring"),
         "split-K 1: a block reduces its tile's whole K",

@@ -367,19 +367,21 @@ def test_depthwise_multiplier_defaults_do_not_spill(pass_, c, m, f):
     assert k_.local == 0, f"{k_.local} local-memory accesses with {k_.registers} registers ({spec.plan.brief()})"
 
 
-# Stride-1 dgrads of N <= 64 on filters of 36 and 49 taps: on the halo path (a tile's registers
-# grow with its taps) they held 255 registers and spilled; past small_layer_rules.MAX_HALO_TAPS
-# they keep the im2col plan.
-LARGE_FILTER_DGRAD = [(3, 64, 6), (32, 32, 7)]
+# Stride-1 layers of N <= 64 that the halo rule gave spilling tiles (small_layer_rules): fp16
+# dgrads on 6x6 and 7x7 filters and bf16 on 5x5 (a halo tile's registers grow with its taps:
+# MAX_HALO_TAPS), and bf16 3x3 dgrads of C = 32 on warps of 8 fragments (BF16_HALO_FRAGMENTS).
+CROWDED_HALO = [(Pass.DGRAD, 3, 64, 6, "float16"), (Pass.DGRAD, 32, 32, 7, "float16"),
+                (Pass.FPROP, 32, 32, 5, "bfloat16"), (Pass.DGRAD, 32, 64, 3, "bfloat16")]
 
 
 @needs_cuobjdump
-@pytest.mark.parametrize("c, k, f", LARGE_FILTER_DGRAD, ids=[f"c{c}-k{k}-{f}x{f}" for c, k, f in LARGE_FILTER_DGRAD])
-def test_large_filter_narrow_dgrad_does_not_spill(c, k, f):
+@pytest.mark.parametrize("pass_, c, k, f, dtype", CROWDED_HALO,
+                         ids=[f"{p.value}-c{c}-k{k}-{f}x{f}-{d}" for p, c, k, f, d in CROWDED_HALO])
+def test_narrow_stride1_layers_do_not_spill(pass_, c, k, f, dtype):
     from convgen.ir import ConvProblem
 
-    spec = make_spec(ConvProblem(56, 56, c, k, f, f, 1, f // 2, n=16), Pass.DGRAD, target=Target("sm_90"),
-                     epilogue=Epilogue())
+    spec = make_spec(ConvProblem(56, 56, c, k, f, f, 1, f // 2, n=16), pass_, target=Target("sm_90"),
+                     epilogue=Epilogue(out_dtype=dtype), in_dtype=dtype)
     k_ = _main_sass(spec)
     assert k_.count("HMMA") > 0 and k_.local == 0, (
         f"{k_.local} local-memory accesses with {k_.registers} registers ({spec.plan.brief()})")
