@@ -271,17 +271,23 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     widest = 16 if dgrad or sw == 1 else 8  # a strided fprop's halo is sw times as wide as its tile
     unit_h = sh if dgrad else 1
     # runs of 4 outputs (dgrad: whole strides), shorter where a large multiplier's sums need the registers
+    # (else, as before the register bound, the first tile of runs of 4 that fits: it may spill)
     runs = [4 if not dgrad or 4 % sw == 0 else sw * math.ceil(4 / sw)] + [c for c in (2, 1) if not dgrad or c % sw == 0]
-    for i, cols in enumerate(runs):
+    tries = [(cols, True) for cols in runs] + [(runs[0], False)]
+    for i, (cols, registers) in enumerate(tries):
         unit_w = math.lcm(cols, sw) if dgrad else cols
         tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
         tile_h = unit_h * max(1, math.ceil(min(out_h, 8) / unit_h))
         try:
-            tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk)
+            tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk,
+                                       registers)
             break
         except ValueError:
-            if i == len(runs) - 1:
+            if i == len(tries) - 1:
                 raise
+    if not registers:
+        reasons.append(f"no tile gives its threads the {stencil_registers(cols, vec, m, 0)}+ registers their sums "
+                       "need (depthwise.stencil_registers): this one may spill")
     threads = tile_h * tile_w // cols * lanes
     blocks = g.n * math.ceil(out_h / tile_h) * math.ceil(out_w / tile_w) * math.ceil(g.c / chunk)
     tiles = max(1, min(4, blocks // (8 * target.sm_count)))  # keep 8 blocks an SM's worth of work
@@ -357,13 +363,13 @@ def stencil_registers(cols: int, vec: int, m: int, in_cols: int) -> int:
 
 
 def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tuple[int, int], w: tuple[int, int],
-              cols: int, vec: int, chunk: int) -> tuple[int, int]:
+              cols: int, vec: int, chunk: int, registers: bool = True) -> tuple[int, int]:
     """fprop's and dgrad's tile (rows, columns): the first of the preferred width ``w[0]``, then
     narrower by whole units ``w[1]``, whose rows (``h[0]`` and up by ``h[1]``, then down) make a
     block of whole fragments and whole warps, at most 1024 threads, whose one halo fits the
-    part's shared memory and whose threads each have the registers :func:`stencil_registers`
-    estimates.  The preferred tile nearly always does; a strided dgrad's units or a large
-    channel multiplier's staged pixels and sums can push it past a limit."""
+    part's shared memory and (with ``registers``) whose threads each have the registers
+    :func:`stencil_registers` estimates.  The preferred tile nearly always does; a strided
+    dgrad's units or a large channel multiplier's staged pixels and sums can push it past a limit."""
     lanes = chunk // vec
     for tile_w in range(w[0], 0, -w[1]):
         most_h = 1024 * cols // (tile_w * lanes)  # rows within 1024 threads
@@ -375,12 +381,11 @@ def _fit_tile(g: ConvGeometry, pass_: Pass, target: Target, elem: DType, h: tupl
                         Depthwise(tile_w, cols))
             f = facts(plan, g, pass_, target.warp_size)
             if (smem_bytes(plan, g, pass_, target.warp_size) <= target.smem_limit
-                    and stencil_registers(cols, vec, g.kg, f.in_cols) * f.threads <= 65536):
+                    and (not registers or stencil_registers(cols, vec, g.kg, f.in_cols) * f.threads <= 65536)):
                 return tile_h, tile_w
     raise ValueError(f"Depthwise {pass_.value}: no tile of whole warps within 1024 threads stages this layer's halo "
-                     f"in {target.smem_limit} bytes of shared memory on {target.arch} with the registers its runs of "
-                     f"{cols} need (K/C = {g.kg} filters a channel, {g.r}x{g.s} filter, stride {g.stride}, dilation "
-                     f"{g.dilation})")
+                     f"in {target.smem_limit} bytes of shared memory on {target.arch} (K/C = {g.kg} filters a channel, "
+                     f"{g.r}x{g.s} filter, stride {g.stride}, dilation {g.dilation})")
 
 
 def _wgrad_chunk(c: int, vec: int, warp_size: int) -> int:
@@ -435,7 +440,9 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
     multiple of 16), 64-256 threads (whole warps of one row group each; up to 1024 only where no
     smaller block has whole warps), staged buffers within a third of the part's shared memory,
     MIN_RESIDENT threads an SM where shared memory and registers allow, at the least modelled
-    cost per output pixel."""
+    cost per output pixel.  Tiles whose threads cannot each have the registers
+    :func:`_wgrad_registers` estimates (65536 a block) come only where no other tile exists,
+    flagged by the key's first field: they may spill."""
     m, warp = g.kg, target.warp_size
     groups, lanes = g.r // rows, chunk // vec
     stage_vec = next(v for v in (8, 4, 2, 1) if g.c % v == 0 and chunk % v == 0)
@@ -443,9 +450,11 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
     max_cols = max(1, min(MAX_WGRAD_COLS, (MAX_WGRAD_HELD - acc) // (vec * m)))
     budget = target.smem_limit // 3  # three blocks an SM where the part allows (227 KB on an H100 / H200)
     found: list[tuple[tuple, Plan, float, int]] = []
+    crowded: list[tuple[tuple, Plan, float, int]] = []  # the first search stage's tiles past the registers
     # (a large channel multiplier's sums leave no room for a run's dy values under MAX_WGRAD_HELD;
     # then runs up to the checker's 64 held values, where 16 pixels of every row group fit 1024 threads)
     for most, longest in ((THREADS, max_cols), (1024, max_cols), (1024, max(max_cols, 64 // (vec * m)))):
+        stage_crowded = []
         for cols in range(1, longest + 1):
             # (a tiny image still gets a block of whole warps: runs past its edge idle)
             for per_row in range(1, max(math.ceil(g.q / cols), 16) + 1):
@@ -454,8 +463,7 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
                     if (threads > most or threads < min(64, most) or (tile_h * per_row * lanes) % warp
                             or (tile_h * cols * per_row) % 16):
                         continue
-                    if _wgrad_registers(acc + cols * vec * m) * threads > 65536:  # one block's registers
-                        continue
+                    over = _wgrad_registers(acc + cols * vec * m) * threads > 65536  # one block's registers
                     tile_w = cols * per_row
                     plan = Plan(tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, vec, elem, elem, 1,
                                 Depthwise(tile_w, cols, rows if groups > 1 else 0))
@@ -464,11 +472,13 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
                         continue
                     cost = _wgrad_tile_cost(g, vec, rows, cols, tile_h, tile_w, chunk, threads, stage_vec)
                     few = _resident_threads(threads, smem, acc + cols * vec * m, target) < MIN_RESIDENT
-                    key = (smem > budget, smem if smem > budget else 0, few, round(cost, 3), -threads, tile_h, cols)
-                    found.append((key, plan, cost, smem))
+                    key = (over, smem > budget, smem if smem > budget else 0, few, round(cost, 3), -threads, tile_h,
+                           cols)
+                    (stage_crowded if over else found).append((key, plan, cost, smem))
+        crowded = crowded or stage_crowded
         if found:
             break
-    return sorted(found, key=lambda f: f[0])
+    return sorted(found or crowded, key=lambda f: f[0])
 
 
 def _wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
@@ -487,14 +497,15 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
     acc = vec * m * rows * g.s
     # the chunk that pads C least, else the next whose tiles fit (a narrower chunk has fewer
     # lanes, so blocks small enough for a large multiplier's registers still have whole warps)
-    chunk, ranked = next(((ch, r) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)
-                          if (r := _wgrad_tiles(g, target, elem, rows, vec, ch))), (_wgrad_chunk(g.c, vec, warp), []))
+    by_chunk = [(ch, _wgrad_tiles(g, target, elem, rows, vec, ch)) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)]
+    chunk, ranked = next(((ch, r) for ch, r in by_chunk if r and not r[0][0][0]),  # the registers fit
+                         next(((ch, r) for ch, r in by_chunk if r), (by_chunk[0][0], [])))
     lanes = chunk // vec
     if not ranked:
         raise ValueError(f"Depthwise wgrad: K/C = {m} filters a channel over a {g.r}x{g.s} filter keep {acc} fp32 sums "
                          f"a thread, and no tile of 16 pixels for each of its {groups} row group(s) has whole warps "
-                         f"within 1024 threads, at least {_wgrad_registers(acc + vec * m)} registers a thread (65536 a "
-                         f"block), and its buffers within {target.smem_limit} bytes of shared memory on {target.arch}")
+                         f"within 1024 threads and its buffers within {target.smem_limit} bytes of shared memory on "
+                         f"{target.arch}")
     _, plan, cost, smem = ranked[0]
     loop = plan.loop
     assert isinstance(loop, Depthwise)
@@ -507,10 +518,12 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
     best = _wgrad_chunk(g.c, vec, warp)
     reasons.append(f"{chunk} channels a block ({lanes} lanes of {vec}): C = {g.c} in {chunks} chunk(s), " + (
         "the fewest idle channels" if chunk == best else
-        f"not {best} (fewer idle channels), whose blocks of whole warps need more registers than 64 K a block gives"))
+        f"not {best} (fewer idle channels), whose blocks of whole warps need more registers than 65536 a block"))
     reasons.append(f"tile {tile_h}x{loop.tile_w} dy pixels, runs of {loop.cols} outputs a thread ({threads} threads): "
                    f"the least modelled cost, {cost:.0f} thread instructions an output pixel; both buffers "
-                   f"{smem} bytes of shared memory")
+                   f"{smem} bytes of shared memory" + (
+                       f"; no tile gives its threads the {_wgrad_registers(acc + loop.cols * vec * m)} registers "
+                       "their sums need (WGRAD_REG_OVERHEAD): this one may spill" if ranked[0][0][0] else ""))
     reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
                    "about 8 an SM; the next tile staged while one is summed, the slices' sums added in a fixed order")
     return dataclasses.replace(plan, split_k=split)
