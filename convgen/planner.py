@@ -32,6 +32,8 @@ from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tm
 # inputs are held twice, 64-deep steps staged through registers (gfx1100: 256 VGPRs and
 # 262-326 spilled on 17 suite layers' wgrad, 34-48 on two dgrads; gfx1201 and gfx942 did not).
 CROWDED_FRAGMENTS = 8
+# Fragments a warp holds on RDNA3 (Arch.wmma_input_copies > 1) where a gather moves one channel at a time.
+RDNA_SCALAR_FRAGMENTS = 4
 # The narrowest gathers a 64-deep K-step takes.  A step's copies a thread grow as 64 / vec: on
 # sm_90 a 128x64 tile of 4 warps gathering x 2 channels at a time (fprop, C = 226, 230, 238,
 # 266) held 255 registers and made 110-158 local-memory accesses, and 128x128 tiles of 8 warps
@@ -163,8 +165,19 @@ def plan(
             crowded = "64-deep steps staged through registers and WMMA inputs held twice"
     if crowded:
         warps = 8
+    # RDNA3 holds each WMMA input twice: with a gather one channel at a time through registers, a
+    # warp of 8 fragments spilled even on 8 warps (gfx1100, scripts/compile_fuzz.py: 12 wgrads of
+    # odd C on 128x128 tiles, 16-35 VGPRs; fprop of C = 1; dgrad on a 144-wide exact tile, 90).
+    rdna_scalar = target.info.wmma_input_copies > 1 and min(va, vb) == 1
+    halved = False
+    if rdna_scalar and bm * bn // (warps * FRAG * FRAG) > RDNA_SCALAR_FRAGMENTS:
+        if warps == 4:
+            warps = 8
+        else:
+            bn, halved = bn // 2, True
+        crowded = crowded or "a gather one channel at a time through registers and WMMA inputs held twice"
     wm, wn = _warp_grid(bm, bn, warps)
-    exact = None if scalar else exact_n_tile(problem, pass_)
+    exact = None if scalar or rdna_scalar else exact_n_tile(problem, pass_)
     if exact is not None:
         bm, bn, wm, wn, why = exact
         reasons.append(why)
@@ -173,6 +186,7 @@ def plan(
         f"= {(bm // wm // FRAG) * (bn // wn // FRAG)} fragments per warp"
         + (f" ({crowded}: with {CROWDED_FRAGMENTS} fragments a warp the kernel spilled registers)"
            if crowded and exact is None else "")
+        + (f"; block N {bn}, not {2 * bn}, so a warp holds {RDNA_SCALAR_FRAGMENTS}" if halved else "")
     )
 
     if scalar:

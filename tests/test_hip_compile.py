@@ -64,7 +64,7 @@ if TOOLS is None:
 
 # Imported after the skip so a plain `pytest` run pays nothing for this module.
 from convgen.emit import KernelSource, emit  # noqa: E402
-from convgen.ir import Epilogue, Pass, Target
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
 from convgen.spec import Plan  # noqa: E402
 from convgen.mainloop import Depthwise, FlatHalo, HaloTile, Im2col, StagedHalo  # noqa: E402
 from convgen.planner import halo_vec_b, make_spec  # noqa: E402
@@ -338,3 +338,28 @@ def test_report(run: Run) -> None:
             "CONVGEN_HIP_STRICT_SCRATCH=1 makes that a failure",
             stacklevel=1,
         )
+
+
+# Layers off the suites whose gfx1100 kernels spilled (scripts/compile_fuzz.py --arch gfx1100): wgrad
+# and fprop gathering one channel at a time on warps of 8 fragments, RDNA3 holding each WMMA
+# input twice (planner.RDNA_SCALAR_FRAGMENTS), and a dgrad on a 144-wide exact tile.
+RDNA_SCALAR = [
+    (Pass.WGRAD, ConvProblem(38, 36, 37, 219, 5, 5, 1, 1, n=2), Epilogue(bias=True)),
+    (Pass.WGRAD, ConvProblem(10, 50, 295, 81, 6, 7, 2, 3, 2, n=64), Epilogue(bias=True)),
+    (Pass.FPROP, ConvProblem(28, 28, 1, 96, 5, 5, 2, 2, n=128), Epilogue(out_dtype="float32")),
+    (Pass.DGRAD, ConvProblem(40, 3, 139, 26, 1, 2, 1, 1, n=64), Epilogue(out_dtype="float32")),
+]
+
+
+@pytest.mark.parametrize("pass_, problem, epi", RDNA_SCALAR, ids=[f"{p.value}-{q.describe()}".replace(" ", "_")
+                                                                 for p, q, _ in RDNA_SCALAR])
+def test_rdna3_scalar_gathers_do_not_spill(pass_, problem, epi, tmp_path):
+    if not TOOLS["shim"]:
+        pytest.skip("without the device-library shim the ISA has calls, and its registers mean little")
+    src = emit(make_spec(problem, pass_, target=Target("gfx1100"), epilogue=epi))
+    hip_file, asm_file = tmp_path / "k.hip", tmp_path / "k.s"
+    hip_file.write_text(src.source)
+    proc = subprocess.run(compile_command(TOOLS, "gfx1100", hip_file, asm_file), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    k = parse_asm(asm_file.read_text(), src.kernel_names, "gfx1100")[src.main.kernel]
+    assert not k.uses_scratch, f"{k.num('vgpr_spill_count')} VGPR spills at {k.num('vgpr_count')} VGPRs ({src.spec.plan.brief()})"
