@@ -286,8 +286,8 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
             if i == len(tries) - 1:
                 raise
     if not registers:
-        reasons.append(f"no tile gives its threads the {stencil_registers(cols, vec, m, 0)}+ registers their sums "
-                       "need (depthwise.stencil_registers): this one may spill")
+        reasons.append("no tile gives each thread the registers its sums need (depthwise.stencil_registers: at least "
+                       f"{stencil_registers(cols, vec, m, 0)}): this one may spill")
     threads = tile_h * tile_w // cols * lanes
     blocks = g.n * math.ceil(out_h / tile_h) * math.ceil(out_w / tile_w) * math.ceil(g.c / chunk)
     tiles = max(1, min(4, blocks // (8 * target.sm_count)))  # keep 8 blocks an SM's worth of work
@@ -481,6 +481,11 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
     return sorted(found or crowded, key=lambda f: f[0])
 
 
+def _past_registers(ranked: list[tuple[tuple, Plan, float, int]]) -> bool:
+    """Whether :func:`_wgrad_tiles`' best tile is past the register bound (its key's first field)."""
+    return bool(ranked[0][0][0])
+
+
 def _wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
     """Enough slices for 8 blocks an SM, at most one a tile: each slice sums its own run of tiles."""
     loop = plan.loop
@@ -498,7 +503,7 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
     # the chunk that pads C least, else the next whose tiles fit (a narrower chunk has fewer
     # lanes, so blocks small enough for a large multiplier's registers still have whole warps)
     by_chunk = [(ch, _wgrad_tiles(g, target, elem, rows, vec, ch)) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)]
-    chunk, ranked = next(((ch, r) for ch, r in by_chunk if r and not r[0][0][0]),  # the registers fit
+    chunk, ranked = next(((ch, r) for ch, r in by_chunk if r and not _past_registers(r)),
                          next(((ch, r) for ch, r in by_chunk if r), (by_chunk[0][0], [])))
     lanes = chunk // vec
     if not ranked:
@@ -523,7 +528,7 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
                    f"the least modelled cost, {cost:.0f} thread instructions an output pixel; both buffers "
                    f"{smem} bytes of shared memory" + (
                        f"; no tile gives its threads the {_wgrad_registers(acc + loop.cols * vec * m)} registers "
-                       "their sums need (WGRAD_REG_OVERHEAD): this one may spill" if ranked[0][0][0] else ""))
+                       "their sums need (WGRAD_REG_OVERHEAD): this one may spill" if _past_registers(ranked) else ""))
     reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
                    "about 8 an SM; the next tile staged while one is summed, the slices' sums added in a fixed order")
     return dataclasses.replace(plan, split_k=split)
