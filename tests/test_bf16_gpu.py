@@ -52,6 +52,8 @@ SMALL = ConvProblem(6, 7, 8, 24, 3, 3, 1, 1, 1, n=2)  # fprop K 72, dgrad 216, w
 CASES = [
     ("planner", SMALL, tuple(Pass), None, False),
     ("planner-strided", ConvProblem(9, 8, 8, 16, 3, 3, 2, 1, 1, n=2), tuple(Pass), None, False),
+    # the halo rule's 128-row bf16 tiles (small_layer_rules.BF16_HALO_FRAGMENTS): N = 32 in fprop and dgrad
+    ("planner-halo", ConvProblem(18, 20, 32, 32, 3, 3, 1, 1, 1, n=2), (Pass.FPROP, Pass.DGRAD), None, False),
     ("im2col", SMALL, tuple(Pass), _bf(64, 32, 32, 2, 2, 3, 8, 8), False),
     ("im2col-split", SMALL, tuple(Pass), _bf(64, 32, 16, 2, 2, 2, 8, 8, split_k=3), False),
     ("im2col-sliced", SMALL, (Pass.FPROP, Pass.DGRAD), _bf(64, 32, 32, 2, 1, 2, 8, 8, loop=Im2col(2)), False),
