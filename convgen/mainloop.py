@@ -450,10 +450,6 @@ class Depthwise(MainLoop):
     def layout(self) -> str:
         return " " + self.tag
 
-    def describe(self, plan: "Plan") -> str:
-        return (f", depthwise stencil: {plan.block_m // self.tile_w}x{self.tile_w} pixels x {plan.block_n} channels "
-                f"a block, {self.cols} pixels x {plan.vec_a} channels a thread")
-
     def headline(self, plan: "Plan") -> str:
         """No GEMM block, warp grid or pipeline: the stencil's tile, threads and reads."""
         return (f"depthwise stencil: {plan.block_m // self.tile_w}x{self.tile_w} pixels x {plan.block_n} channels a "

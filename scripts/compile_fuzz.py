@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from convgen.emit import KernelSource, emit  # noqa: E402
 from convgen.group_pack import copied_problem  # noqa: E402
 from convgen.ir import ConvProblem, Epilogue, Pass, Target  # noqa: E402
 from convgen.planner import make_spec  # noqa: E402
-from convgen.tools.hip_isa import compile_command, parse_asm, toolchain  # noqa: E402
+from convgen.tools.hip_isa import compile_to_isa, toolchain  # noqa: E402
 from convgen.tools.sass import find_cuobjdump, read_cubin  # noqa: E402
 
 WIDTHS = (1, 3, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 128, 144, 160, 192, 256, 320, 384, 512, 576, 960)
@@ -130,13 +129,9 @@ def _hip_findings(src: KernelSource, tools: dict[str, str]) -> tuple[list[str], 
     """clang's ISA, read back (convgen/tools/hip_isa.py): kernels that spill VGPRs or SGPRs or
     use scratch; a failed compile raises."""
     with tempfile.TemporaryDirectory() as folder:
-        hip_file, asm_file = Path(folder) / "kernel.hip", Path(folder) / "kernel.s"
-        hip_file.write_text(src.source)
-        proc = subprocess.run(compile_command(tools, src.spec.target.arch, hip_file, asm_file),
-                              capture_output=True, text=True)
-        if proc.returncode:
-            raise RuntimeError(f"clang exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-        kernels = parse_asm(asm_file.read_text(), src.kernel_names, src.spec.target.arch)
+        proc, _, kernels = compile_to_isa(tools, src.spec.target.arch, src.source, src.kernel_names, Path(folder))
+    if proc.returncode:
+        raise RuntimeError(f"clang exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
     spills = [f"{k.name}: {k.num('vgpr_count')} VGPRs, {k.num('vgpr_spill_count')} VGPR and "
               f"{k.num('sgpr_spill_count')} SGPR spills, {k.num('private_segment_fixed_size')} bytes of scratch"
               for k in kernels.values() if k.uses_scratch or k.num("sgpr_spill_count")]

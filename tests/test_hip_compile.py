@@ -39,7 +39,6 @@ import concurrent.futures as cf
 import dataclasses
 import os
 import re
-import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from convgen.tools.hip_isa import KernelInfo, compile_command, parse_asm, toolchain
+from convgen.tools.hip_isa import KernelInfo, compile_to_isa, toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHES = ("gfx1100", "gfx1201", "gfx942")
@@ -194,16 +193,13 @@ class Result:
 def _compile(result: Result, folder: Path) -> Result:
     case, src = result.case, result.source
     assert src is not None
-    stem = re.sub(r"[^A-Za-z0-9._-]", "_", case.id)
-    hip_file, asm_file = folder / f"{stem}.hip", folder / f"{stem}.s"
-    hip_file.write_text(src.source)
     t0 = time.perf_counter()
-    proc = subprocess.run(compile_command(TOOLS, case.arch, hip_file, asm_file), capture_output=True, text=True)
+    proc, asm_file, result.kernels = compile_to_isa(TOOLS, case.arch, src.source, src.kernel_names, folder,
+                                                    re.sub(r"[^A-Za-z0-9._-]", "_", case.id))
     result.seconds = time.perf_counter() - t0
     result.rc, result.log = proc.returncode, (proc.stdout + proc.stderr).strip()
-    if proc.returncode == 0 and asm_file.is_file():
+    if result.kernels:
         result.asm_path = str(asm_file)
-        result.kernels = parse_asm(asm_file.read_text(), src.kernel_names, case.arch)
     return result
 
 
@@ -357,9 +353,7 @@ def test_rdna3_scalar_gathers_do_not_spill(pass_, problem, epi, tmp_path):
     if not TOOLS["shim"]:
         pytest.skip("without the device-library shim the ISA has calls, and its registers mean little")
     src = emit(make_spec(problem, pass_, target=Target("gfx1100"), epilogue=epi))
-    hip_file, asm_file = tmp_path / "k.hip", tmp_path / "k.s"
-    hip_file.write_text(src.source)
-    proc = subprocess.run(compile_command(TOOLS, "gfx1100", hip_file, asm_file), capture_output=True, text=True)
+    proc, _, kernels = compile_to_isa(TOOLS, "gfx1100", src.source, src.kernel_names, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    k = parse_asm(asm_file.read_text(), src.kernel_names, "gfx1100")[src.main.kernel]
+    k = kernels[src.main.kernel]
     assert not k.uses_scratch, f"{k.num('vgpr_spill_count')} VGPR spills at {k.num('vgpr_count')} VGPRs ({src.spec.plan.brief()})"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def compile_command(tools: dict[str, str], arch: str, src: Path, out: Path) -> l
     if tools["shim"]:
         cmd += ["-include", tools["shim"]]
     return cmd + ["-S", "-o", str(out), str(src)]
+
+
+def compile_to_isa(tools: dict[str, str], arch: str, source: str, names: tuple[str, ...], folder: Path,
+                   stem: str = "kernel") -> tuple[subprocess.CompletedProcess, Path, dict[str, "KernelInfo"]]:
+    """Writes ``source`` to folder/stem.hip, compiles it to folder/stem.s, and reads the named
+    kernels back (none where the compile failed): the compiler's result, the ISA's path, the kernels."""
+    hip_file, asm_file = folder / f"{stem}.hip", folder / f"{stem}.s"
+    hip_file.write_text(source)
+    proc = subprocess.run(compile_command(tools, arch, hip_file, asm_file), capture_output=True, text=True)
+    ok = proc.returncode == 0 and asm_file.is_file()
+    return proc, asm_file, parse_asm(asm_file.read_text(), names, arch) if ok else {}
 
 
 @dataclass
