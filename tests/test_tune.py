@@ -347,3 +347,33 @@ def test_depthwise_wgrad_candidates_vary_tile_chunk_and_slices():
     assert {base.split_k // 2, base.split_k * 2} <= {c.split_k for c in rest if c.block_m == base.block_m
                                                       and c.loop == base.loop and c.block_n == base.block_n}
     assert len({(c.block_m, c.loop.tile_w, c.loop.cols) for c in rest}) >= 4
+
+
+def test_a_stopped_tune_keeps_the_layers_it_measured(tmp_path):
+    """`convgen tune` over a suite can run for minutes; stopped on its second layer (a time
+    limit, Ctrl-C), the first layer's winner is already in the database and its timings in the
+    log, and a later run merges its layers into the same database."""
+    from convgen.suites import get_suite
+    from convgen.tools.tune import tune_and_record
+
+    target = Target("sm_90")
+    first, second, third = get_suite("cifar-vgg")[:3]
+    plans = tune.candidates(first.problem, Pass.FPROP, target)[:2]
+    db, log = tmp_path / "tuning.json", tmp_path / "log.json"
+
+    def measure(problem, pass_):
+        if problem == second.problem:
+            raise KeyboardInterrupt
+        return [{"plan": p.as_dict(), "us": us, "ok": True, "err": 0.0, "spill_bytes": 0, "default": i == 0}
+                for i, (p, us) in enumerate(zip(tune.candidates(problem, pass_, target)[:2], (20.0, 12.5)))]
+
+    with pytest.raises(KeyboardInterrupt):
+        tune_and_record([(first, Pass.FPROP), (second, Pass.FPROP)], measure, target, "NVIDIA H200", db, str(log), False)
+    kept = json.loads(db.read_text())["gpus"]["nvidia-h200"]
+    key = tuning_db.tune_key(first.problem.geometry, Pass.FPROP, "float16", target.arch)
+    assert list(kept) == [key]
+    assert kept[key]["plan"] == plans[1].as_dict() and kept[key]["us"] == 12.5 and kept[key]["default_us"] == 20.0
+    assert [e["layer"] for e in json.loads(log.read_text())["layers"]] == [first.name]
+
+    tune_and_record([(third, Pass.DGRAD)], measure, target, "NVIDIA H200", db, None, False)
+    assert len(json.loads(db.read_text())["gpus"]["nvidia-h200"]) == 2

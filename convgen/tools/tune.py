@@ -22,7 +22,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import group_pack, tuning_db
 from ..candidates import (  # noqa: F401  (re-exported: scripts and tests use tune.candidates & co.)
@@ -92,6 +92,40 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     return rows
 
 
+def tune_and_record(work: list[tuple[Any, Pass]], measure: Callable[[ConvProblem, Pass], list[dict[str, Any]]],
+                    target: Target, gpu_name: str, db: Path, log_path: str | None,
+                    bias: bool) -> dict[str, dict[str, Any]]:
+    """Measure each (layer, pass) of ``work`` and keep its fastest plan in the database ``db``.
+    The database and the log are written after every layer, so a long run that is stopped (a
+    time limit, Ctrl-C) keeps what it has measured, and a second run merges into it."""
+    entries, log = {}, []
+    print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
+    for layer, pass_ in work:
+        rows = measure(layer.problem, pass_)
+        default = next(r for r in rows if r["default"])
+        best = min(rows, key=lambda r: r["us"])
+        bad = [r for r in rows if not r["ok"]]
+        if bad:
+            print(f"  WARNING: {len(bad)} candidate(s) of {layer.name} {pass_.value} disagree with the default plan: "
+                  + "; ".join(f"{r['plan']} err {r['err']:.3g}" for r in bad), file=sys.stderr)
+        spilled = [r for r in rows if r["spill_bytes"] and not r["default"]]
+        if spilled:
+            print(f"  ({len(spilled)} candidate(s) of {layer.name} {pass_.value} spill registers and were not timed)",
+                  file=sys.stderr)
+        key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", target.arch)
+        with_bias = bias and pass_ is not Pass.DGRAD
+        entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
+                        "shape": layer.problem.as_dict(), "pass": pass_.value, "bias": with_bias}
+        log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
+                    "bias": with_bias, "rows": rows})
+        print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
+              f"{Plan.from_dict(best['plan'], layer.problem, pass_).brief()}", flush=True)
+        tuning_db.record(db, gpu_name, {key: entries[key]})
+        if log_path:
+            atomic_write(log_path, json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
+    return entries
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("tune", help="time candidate plans on this GPU and store the fastest",
                        conflict_handler="resolve")
@@ -143,31 +177,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_one, sources, chunksize=4))
     dev = timing.CudaDevice(cp, cp.cuda.get_current_stream())
-    entries, log = {}, []
-    print(f"{'layer':14s} {'pass':5s} {'planned us':>10s} {'tuned us':>9s} {'gain':>6s}  best plan")
-    for layer, pass_ in work:
-        rows = tune_layer(layer.problem, pass_, dev, target, args.reps, wgmma=args.wgmma, bias=not args.no_bias)
-        default = next(r for r in rows if r["default"])
-        best = min(rows, key=lambda r: r["us"])
-        bad = [r for r in rows if not r["ok"]]
-        if bad:
-            print(f"  WARNING: {len(bad)} candidate(s) of {layer.name} {pass_.value} disagree with the default plan: "
-                  + "; ".join(f"{r['plan']} err {r['err']:.3g}" for r in bad), file=sys.stderr)
-        spilled = [r for r in rows if r["spill_bytes"] and not r["default"]]
-        if spilled:
-            print(f"  ({len(spilled)} candidate(s) of {layer.name} {pass_.value} spill registers and were not timed)",
-                  file=sys.stderr)
-        key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", target.arch)
-        entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
-                        "shape": layer.problem.as_dict(), "pass": pass_.value,
-                        "bias": not args.no_bias and pass_ is not Pass.DGRAD}
-        log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
-                    "bias": not args.no_bias and pass_ is not Pass.DGRAD, "rows": rows})
-        print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
-              f"{Plan.from_dict(best['plan'], layer.problem, pass_).brief()}", flush=True)
+    bias = not args.no_bias
+    measure = lambda problem, pass_: tune_layer(problem, pass_, dev, target, args.reps,  # noqa: E731
+                                                wgmma=args.wgmma, bias=bias)
     path = Path(args.db) if args.db else tuning_db.user_db_path()
-    tuning_db.record(path, gpu_name, entries)
+    entries = tune_and_record(work, measure, target, gpu_name, path, args.log, bias)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")
-    if args.log:
-        atomic_write(args.log, json.dumps({"gpu": gpu_name, "layers": log}, indent=1, default=str))
     return 0
