@@ -256,7 +256,7 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     try:
         tuning_db.record(tuning_db.user_db_path(), gpu_name, {key: {
             "plan": best.plan.as_dict(), "us": best.us, "default_us": default.us,
-            "shape": problem.as_dict(), "pass": pass_.value}})
+            "default_plan": default.plan.as_dict(), "shape": problem.as_dict(), "pass": pass_.value}})
     except OSError as exc:  # a read-only cache costs the next process a re-tune, not this call
         log.warning("autotune %s: could not record the winner in %s (%s); it is used in this process only",
                     what, tuning_db.user_db_path(), exc)
@@ -264,4 +264,5 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     timed = sum(1 for r in rows if math.isfinite(r.us))
     log.info("tuned %s in %.1f s: %s, %.1f us (default %.1f us; %d of %d candidates timed)", what,
              time.perf_counter() - t0, best.plan.brief(), best.us, default.us, timed, len(rows))
-    return tuning_db.lookup(gpu_name, problem.geometry, pass_, in_dtype, target.arch)
+    return tuning_db.lookup(gpu_name, problem.geometry, pass_, in_dtype, target.arch, batch=problem.n,
+                            default=lambda: default.plan)

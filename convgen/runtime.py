@@ -204,7 +204,7 @@ def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id:
     if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
         from .tuning_db import tuned_plan
 
-        if tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch) is not None:
+        if tuned_plan(_gpu_name(device_id), problem, pass_, in_dtype, target) is not None:
             return problem
     return copied_problem(problem, pass_, in_dtype, target, plan, scalar)
 
@@ -223,7 +223,7 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
     if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
         from .tuning_db import tuned_plan
 
-        plan = tuned_plan(_gpu_name(device_id), problem.geometry, pass_, in_dtype, target.arch)
+        plan = tuned_plan(_gpu_name(device_id), problem, pass_, in_dtype, target)
         if plan is None and tune:
             from . import autotune
 

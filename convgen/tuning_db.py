@@ -18,11 +18,11 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import config
 from .fsio import atomic_write
-from .ir import ConvGeometry, Pass
+from .ir import ConvGeometry, ConvProblem, Pass, Target
 from .spec import PLAN_KEYS, Plan
 
 DB_FORMAT = 1
@@ -87,31 +87,51 @@ def shipped_gpus() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
 
 
-def tuned_plan(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
+def tuned_plan(gpu_name: str, problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target) -> Optional[Plan]:
     """The plan ``convgen.conv2d`` and friends run when not given one: the tuned plan for
-    this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's.  `convgen bench`
-    records its rows' plans through here, so a row names the plan that was timed."""
+    this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's, or the entry is stale
+    (:func:`lookup`).  `convgen bench` records its rows' plans through here, so a row names
+    the plan that was timed."""
     if not config.TUNED.enabled():
         return None
-    return lookup(gpu_name, geometry, pass_, in_dtype, arch)
+    from .planner import plan
+
+    return lookup(gpu_name, problem.geometry, pass_, in_dtype, target.arch, batch=problem.n,
+                  default=lambda: plan(problem, pass_, target, in_dtype))
 
 
-def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str) -> Optional[Plan]:
+def _plan_keys(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if k in PLAN_KEYS}
+
+
+def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str, *,
+           batch: Optional[int] = None, default: Optional[Callable[[], Plan]] = None) -> Optional[Plan]:
     """The tuned plan for this shape on this GPU: the user's database first, then the shipped one.
 
-    An entry serves its geometry at any batch.  (Entries were once restricted to the batch
-    they were tuned at; on the H200 that cost ResNet-18's conv1 its ResNet-50 entries, tuned
-    at half its batch, which ran its fprop 1.35x and its wgrad 1.8x faster than the planner's
-    plans; benchmarks/NOTES.md, 2026-12-02.)"""
+    A tuned entry only says that its plan beat the planner's plan of its day, so it is used
+    while that comparison still holds.  An entry that records the default plan it was timed
+    against (``default_plan``) is stale once the planner's plan here (``default()``) differs:
+    the planner has changed, or this batch plans otherwise.  An older entry without one is used
+    only at the batch it was tuned at.  On the H200 the shipped ResNet-50 entries (tuned at
+    batch 64, before the TMA kernels' ping-pong loops) ran ResNet-18's layers at batch 128 up to
+    1.56x slower than the planner's plans, and its fprop 0.94x as fast as cuDNN instead of
+    1.03x (benchmarks/NOTES.md, 2026-12-05).  Without ``batch`` and ``default`` (tools that
+    list a database) every entry reads back."""
     slug = gpu_slug(gpu_name)
     key = tune_key(geometry, pass_, in_dtype, arch)
     for path in (user_db_path(), shipped_db_path(gpu_name)):
         entry = _cached(path).get("gpus", {}).get(slug, {}).get(key)
-        if entry:
-            # The layer and pass tell Plan.from_dict which halo kind an old-style dict means.
-            return Plan.from_dict({k: v for k, v in entry["plan"].items() if k in PLAN_KEYS}, geometry, pass_,
-                                  reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs "
-                                           f"{entry['default_us']:.1f} us planned",))
+        if not entry:
+            continue
+        if "default_plan" in entry:
+            if default is not None and _plan_keys(entry["default_plan"]) != _plan_keys(default().as_dict()):
+                continue
+        elif batch is not None and entry.get("shape", {}).get("n") != batch:
+            continue
+        # The layer and pass tell Plan.from_dict which halo kind an old-style dict means.
+        return Plan.from_dict(_plan_keys(entry["plan"]), geometry, pass_,
+                              reasons=(f"tuned on {gpu_name}: {entry['us']:.1f} us vs "
+                                       f"{entry['default_us']:.1f} us planned",))
     return None
 
 

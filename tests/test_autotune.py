@@ -156,8 +156,9 @@ def test_tune_records_the_winner_and_a_fresh_lookup_reads_it_back(monkeypatch, t
     entry = db["gpus"]["fake-gpu-1"][key]
     assert entry["plan"] == want.as_dict() and entry["pass"] == "fprop" and entry["shape"] == PROBLEM.as_dict()
     assert (entry["us"], entry["default_us"]) == (times[len(plans) - 3], times[0])
+    assert entry["default_plan"] == plans[0].as_dict()  # what the winner was timed against
     tuning_db._loaded.clear()  # as a new process would read it
-    again = tuning_db.tuned_plan("Fake GPU 1", PROBLEM.geometry, Pass.FPROP, "float16", "sm_90")
+    again = tuning_db.tuned_plan("Fake GPU 1", PROBLEM, Pass.FPROP, "float16", Target("sm_90"))
     assert again is not None and again.as_dict() == want.as_dict()
     text = caplog.text
     assert "compile failed: boom" in text and "disagrees with the default plan" in text

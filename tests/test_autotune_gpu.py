@@ -57,7 +57,7 @@ def test_first_call_tunes_records_and_reads_back(pass_, problem, tmp_path, monke
         entry = db["gpus"][tuning_db.gpu_slug(gpu)][key]
         assert entry["pass"] == pass_.value and entry["us"] <= entry["default_us"]
         tuning_db._loaded.clear()  # as a new process would read the database
-        plan = tuning_db.tuned_plan(gpu, kp.geometry, pass_, "float16", target.arch)
+        plan = tuning_db.tuned_plan(gpu, kp, pass_, "float16", target)
         assert plan is not None and plan.as_dict() == entry["plan"]
         # The next process (here: a cleared kernel cache) runs the recorded plan without tuning.
         convgen.clear_cache()

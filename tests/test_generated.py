@@ -92,7 +92,7 @@ def test_the_tuned_snapshot_is_what_the_runtime_runs_on_an_h200(tmp_path, monkey
     import json
 
     from convgen import tuning_db as tune
-    from convgen.ir import Pass
+    from convgen.ir import Pass, Target
     from convgen.suites import SUITES
 
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))  # no user tuning database
@@ -104,7 +104,7 @@ def test_the_tuned_snapshot_is_what_the_runtime_runs_on_an_h200(tmp_path, monkey
         layers = {l.name: l for l in SUITES[folder.rsplit("/", 1)[1]]}
         for e in json.loads((GENERATED / folder / "manifest.json").read_text())["kernels"]:
             layer, pass_ = layers[e["layer"]], Pass(e["spec"]["pass"])
-            plan = tune.tuned_plan("NVIDIA H200", layer.problem.geometry, pass_, "float16", "sm_90")
+            plan = tune.tuned_plan("NVIDIA H200", layer.problem, pass_, "float16", Target("sm_90", 132))
             assert plan is not None and e["spec"]["plan"] == plan.as_dict(), (folder, e["file"])
             seen.add(tune.tune_key(layer.problem.geometry, pass_, "float16", "sm_90"))
     assert seen == set(shipped)

@@ -132,6 +132,44 @@ def test_database_round_trip_and_lookup_order(tmp_path, monkeypatch):
     assert data["format"] == tuning_db.DB_FORMAT and key in data["gpus"]["nvidia-h200"]
 
 
+def test_a_tuned_entry_is_stale_once_the_default_it_beat_is_not_the_planners(tmp_path, monkeypatch):
+    """An entry that records the default plan it was timed against serves while the planner
+    still picks that plan for the call's batch; an older entry without one serves only the batch
+    it was tuned at.  (ResNet-50's shipped batch-64 entries ran ResNet-18's batch-128 layers up
+    to 1.56x slower than the planner's plans on the H200.)"""
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CONVGEN_TUNED", raising=False)
+    monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "shipped")
+    tuning_db._loaded.clear()
+    target = Target("sm_90", 132)
+    problem = next(l for l in SUITES["resnet50"] if l.name == "l1-3x3").problem.with_batch(64)
+    default = plan(problem, Pass.FPROP, target)
+    tuned = next(c for c in tune.candidates(problem, Pass.FPROP, target)[1:] if c.as_dict() != default.as_dict())
+    other = next(c for c in tune.candidates(problem, Pass.FPROP, target)[1:] if c.as_dict() not in
+                 (default.as_dict(), tuned.as_dict()))
+    user = tuning_db.user_db_path()
+
+    def entry_with(**extra):
+        tuning_db._loaded.clear()
+        key, entry = _db_entry(problem, Pass.FPROP, tuned)
+        tuning_db.record(user, "NVIDIA H200", {key: {**entry, **extra}})
+        return lambda p: tuning_db.tuned_plan("NVIDIA H200", p, Pass.FPROP, "float16", target)
+
+    lookup = entry_with(default_plan=default.as_dict())
+    assert lookup(problem) == tuned
+    lookup = entry_with(default_plan=other.as_dict())  # timed against a plan the planner no longer picks
+    assert lookup(problem) is None
+    # At a batch the planner plans otherwise, the comparison does not carry over.
+    small = problem.with_batch(8)  # a 64x64 tile, not the 128x64 ping-pong of batch 64
+    assert plan(small, Pass.FPROP, target).as_dict() != default.as_dict()
+    assert entry_with(default_plan=default.as_dict())(small) is None
+    # An entry without its default plan (the shipped ones written before it was recorded).
+    lookup = entry_with()
+    assert lookup(problem) == tuned and lookup(problem.with_batch(128)) is None
+    # Tools that list a database still read every entry.
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") == tuned
+
+
 def test_a_corrupt_database_is_ignored(tmp_path, monkeypatch):
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "none")
@@ -373,6 +411,7 @@ def test_a_stopped_tune_keeps_the_layers_it_measured(tmp_path):
     key = tuning_db.tune_key(first.problem.geometry, Pass.FPROP, "float16", target.arch)
     assert list(kept) == [key]
     assert kept[key]["plan"] == plans[1].as_dict() and kept[key]["us"] == 12.5 and kept[key]["default_us"] == 20.0
+    assert kept[key]["default_plan"] == plans[0].as_dict()
     assert [e["layer"] for e in json.loads(log.read_text())["layers"]] == [first.name]
 
     tune_and_record([(third, Pass.DGRAD)], measure, target, "NVIDIA H200", db, None, False)

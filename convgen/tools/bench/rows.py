@@ -276,10 +276,10 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
             # The plan convgen.conv2d will run: the tuned one for this GPU when there is one, else
             # the planner's, for a stem's channels padded to 4 or a layer's groups packed into
             # slabs where those rules apply.
-            tuned = tuned_plan(gpu_name, prob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
+            tuned = tuned_plan(gpu_name, prob, item.pass_, "float16", target) if gpu_name else None
             kprob = prob if tuned is not None else copied_problem(prob, item.pass_, "float16", target)
             if kprob is not prob:
-                tuned = tuned_plan(gpu_name, kprob.geometry, item.pass_, "float16", target.arch) if gpu_name else None
+                tuned = tuned_plan(gpu_name, kprob, item.pass_, "float16", target) if gpu_name else None
                 if kprob.c != prob.c:
                     row["convgen"]["padded_channels"] = kprob.c
                 if kprob.groups != prob.groups:
