@@ -226,17 +226,26 @@ def test_runner_calls_the_grouped_convolution_it_tunes(pass_, monkeypatch):
     assert [name for name, _ in calls] == [pass_.value]
 
 
-def test_depthwise_layers_are_not_tuned_on_first_use_until_their_variations_are_measured(caplog, monkeypatch):
-    """`convgen tune` offers a depthwise layer its variations; tuning on first use keeps the
-    planner's plan (and says why) before compiling or timing anything."""
+def test_depthwise_wgrad_is_not_tuned_on_first_use_until_its_variations_are_measured(caplog, monkeypatch):
+    """`convgen tune` offers a depthwise layer its variations; tuning on first use times those
+    of fprop and dgrad (measured on the H200), and keeps wgrad's planned plan (saying why)
+    before compiling or timing anything."""
     from convgen.ir import Epilogue
 
-    def no_gpu(*args, **kwargs):
-        raise AssertionError("tuning a depthwise layer reached the compiler")
+    reached = []
+
+    def no_gpu(sources, deadline):
+        reached.append(len(sources))
+        raise RuntimeError("no GPU here")
 
     monkeypatch.setattr(autotune, "_compile_all", no_gpu)
+    monkeypatch.setattr(autotune, "_capturing", lambda: False)
     layer = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=8)
     assert len(candidates(layer, Pass.FPROP, Target("sm_90"))) > 8
     with caplog.at_level("INFO", logger=autotune.log.name):
-        assert autotune.tune(layer, Pass.FPROP, Epilogue(bias=False), "float16", Target("sm_90"), "NVIDIA H200") is None
-    assert "depthwise variations have not been measured on a GPU" in caplog.text
+        assert autotune.tune(layer, Pass.WGRAD, Epilogue(bias=False), "float16", Target("sm_90"), "NVIDIA H200") is None
+        assert not reached and "depthwise wgrad variations have not been measured on a GPU" in caplog.text
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            with pytest.raises(RuntimeError, match="no GPU here"):
+                autotune.tune(layer, pass_, Epilogue(bias=False), "float16", Target("sm_90"), "NVIDIA H200")
+    assert reached == [autotune.CANDIDATES, autotune.CANDIDATES]
