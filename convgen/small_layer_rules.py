@@ -1,6 +1,7 @@
 """The planner's rules for layers of few output tiles, fitted to the tuning database.
 
-The tuned winners on the H200 (`convgen/tuning/nvidia-h200.json`: the CIFAR suites and
+The tuned winners on the H200 (the database shipped until 27682a8, kept as
+`tests/data/h200-tuning-27682a8.json`: the CIFAR suites and
 ResNet-50) beat the planner's older defaults by 1.2x to 2.1x on small layers in two ways
 that are rules, not per-shape entries:
 

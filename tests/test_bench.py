@@ -771,18 +771,18 @@ def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
     from convgen import tuning_db
     from convgen.planner import plan as default_plan
 
-    layer = next(l for l in SUITES["resnet50"] if l.name == "l1-3x3")  # tuned on the H200, unlike the planner
+    layer = next(l for l in SUITES["resnet50"] if l.name == "l4-1x1")  # tuned on the H200, unlike the planner
     target = Target("sm_90", 132)
-    tuned = tuning_db.lookup("NVIDIA H200", layer.problem.geometry, Pass.DGRAD, "float16", "sm_90")
-    assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.DGRAD, target).as_dict()
-    item = rows.Item("resnet50", layer, Pass.DGRAD)
+    tuned = tuning_db.lookup("NVIDIA H200", layer.problem.geometry, Pass.WGRAD, "float16", "sm_90")
+    assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.WGRAD, target).as_dict()
+    item = rows.Item("resnet50", layer, Pass.WGRAD)
     row = rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
     assert row["convgen"]["plan"] == tuned.as_dict()
     assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
-        == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
+        == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
     monkeypatch.setenv("CONVGEN_TUNED", "0")
     assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
-        == default_plan(layer.problem, Pass.DGRAD, target).as_dict()
+        == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
 
 
 def test_run_bench_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path):

@@ -292,13 +292,13 @@ def test_wgmma_probe_compiles_to_hgmma():
 
 
 @needs_cuobjdump
-def test_cli_names_the_tuned_halo_plans(capsys):
-    """CIFAR-VGG conv32 dgrad ships a halo plan for the H200; the table must say so."""
-    assert main(["sass", "--suite", "cifar-vgg", "--pass", "dgrad", "--tuned", "NVIDIA H200"]) == 0
-    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("conv32"))
-    tuned = tuning_db.lookup(H200, next(l for l in SUITES["cifar-vgg"] if l.name == "conv32").problem.geometry,
-                        Pass.DGRAD, "float16", "sm_90")
-    assert tuned.tile_w and f"{tuned.layout()} tuned" in row and f"halo{tuned.tile_w}" in row
+def test_cli_names_the_tuned_plans(capsys):
+    """ResNet-50's l4-1x1 wgrad ships a tuned plan for the H200; the table must say so."""
+    assert main(["sass", "--suite", "resnet50", "--pass", "wgrad", "--tuned", "NVIDIA H200"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("l4-1x1"))
+    tuned = tuning_db.lookup(H200, next(l for l in SUITES["resnet50"] if l.name == "l4-1x1").problem.geometry,
+                             Pass.WGRAD, "float16", "sm_90")
+    assert tuned is not None and f"{tuned.layout()} tuned" in row
 
 
 def test_tuned_for_a_gpu_with_no_database_says_so(capsys, monkeypatch, tmp_path):

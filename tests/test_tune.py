@@ -188,12 +188,15 @@ def test_shipped_h200_database_holds_feasible_plans_for_every_suite_shape():
     shapes = {tuning_db.tune_key(l.problem.geometry, p, "float16", "sm_90"): (l, p)
               for suite in TUNED_ON for l in SUITES[suite] for p in Pass}  # the suites it was tuned on
     assert entries and set(entries) <= set(shapes)
-    for key, entry in entries.items():  # a shape without an entry runs the planner's plan (measured within 3%)
+    for key, entry in entries.items():  # a shape without an entry runs the planner's plan
         layer, pass_ = shapes[key]
         assert entry["shape"]["n"] == layer.problem.n and entry["pass"] == pass_.value
         check_plan(Plan.from_dict(entry["plan"], layer.problem, pass_), layer.problem, pass_, target, "float16")
-    cifar = [k for k, (l, _) in shapes.items() if l in SUITES["cifar-resnet"] + SUITES["cifar-vgg"]]
-    assert set(cifar) <= set(entries)  # the CIFAR suites are tuned in every pass
+        # Each entry beat the planner's plan of the day it was measured; a planner that now
+        # picks another plan for the shape makes it stale (tuning_db.lookup), so the shipped
+        # ones must be measured again, or dropped, with the planner change.
+        assert entry["default_plan"] == plan(layer.problem, pass_, Target("sm_90", 132)).as_dict(), layer.name
+        assert entry["us"] < entry["default_us"]
 
 
 def test_median_gpu_us_times_only_the_op():
