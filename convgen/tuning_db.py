@@ -104,6 +104,17 @@ def _plan_keys(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if k in PLAN_KEYS}
 
 
+def _default_keys(default: Optional[Callable[[], Plan]]) -> Optional[dict[str, Any]]:
+    """The planner's plan as a dict; None without one, or where the planner refuses the shape
+    (the tuned plan, the only one there is, then still serves)."""
+    if default is None:
+        return None
+    try:
+        return _plan_keys(default().as_dict())
+    except ValueError:
+        return None
+
+
 def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, arch: str, *,
            batch: Optional[int] = None, default: Optional[Callable[[], Plan]] = None) -> Optional[Plan]:
     """The tuned plan for this shape on this GPU: the user's database first, then the shipped one.
@@ -124,7 +135,8 @@ def lookup(gpu_name: str, geometry: ConvGeometry, pass_: Pass, in_dtype: str, ar
         if not entry:
             continue
         if "default_plan" in entry:
-            if default is not None and _plan_keys(entry["default_plan"]) != _plan_keys(default().as_dict()):
+            current = _default_keys(default)
+            if current is not None and _plan_keys(entry["default_plan"]) != current:
                 continue
         elif batch is not None and entry.get("shape", {}).get("n") != batch:
             continue

@@ -166,6 +166,14 @@ def test_a_tuned_entry_is_stale_once_the_default_it_beat_is_not_the_planners(tmp
     # An entry without its default plan (the shipped ones written before it was recorded).
     lookup = entry_with()
     assert lookup(problem) == tuned and lookup(problem.with_batch(128)) is None
+    # Where the planner refuses the shape, the tuned plan is the only one there is.
+    entry_with(default_plan=other.as_dict())
+
+    def refused():
+        raise ValueError("no plan")
+
+    assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90", batch=problem.n,
+                            default=refused) == tuned
     # Tools that list a database still read every entry.
     assert tuning_db.lookup("NVIDIA H200", problem.geometry, Pass.FPROP, "float16", "sm_90") == tuned
 
