@@ -114,8 +114,9 @@ def tune_and_record(work: list[tuple[Any, Pass]], measure: Callable[[ConvProblem
                   file=sys.stderr)
         key = tuning_db.tune_key(layer.problem.geometry, pass_, "float16", target.arch)
         with_bias = bias and pass_ is not Pass.DGRAD
-        entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"], "default_plan": default["plan"],
-                        "shape": layer.problem.as_dict(), "pass": pass_.value, "bias": with_bias}
+        entries[key] = {"plan": best["plan"], "us": best["us"], "default_us": default["us"],
+                        "default_plan": default["plan"], "shape": layer.problem.as_dict(), "pass": pass_.value,
+                        "bias": with_bias}
         log.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
                     "bias": with_bias, "rows": rows})
         print(f"{layer.name:14s} {pass_.value:5s} {default['us']:10.1f} {best['us']:9.1f} {default['us'] / best['us']:6.2f}  "
