@@ -36,6 +36,14 @@ WGRAD_PADS = (0, 8, 16, 24, 32, 40, 48, 56)  # halves of padding a wgrad staged 
 # block whose threads cannot each have that many (65536 / threads) spilled: 7x7 filters of 2-16
 # filters a channel on 896-thread blocks (72 registers), 5x5 on 960 (64): scripts/compile_fuzz.py.
 WGRAD_REG_OVERHEAD = 32
+# fprop's and dgrad's default block, fitted to `convgen tune` on both depthwise suites' fprop
+# and dgrad (H200, e4aaee5; benchmarks/results/tuning/*-tune-*-dw-*.json): 8x8-pixel tiles, and
+# 1, 2 or 4 of them a block in turn so that about 2 blocks an SM remain.  Its plans, measured in
+# those runs, take 1.03-1.07x the best candidate's time (geometric mean per suite and pass),
+# where 8x16 tiles with blocks for 8 an SM took 1.08-1.21x: small images (7-28 pixels) lost
+# most, as more, smaller blocks each computed one tile and waited on its halo.
+STENCIL_TILE = 8
+STENCIL_BLOCKS_PER_SM = 2
 MIN_RESIDENT = 512  # threads an SM a wgrad plan keeps where it can: 16 warps in flight hide the staging
 STAGE_COST = 16  # thread instructions one staged access costs (its index, bounds test and copy): wgrad's model
 TILE_COST = 24  # and one tile costs each thread (the waits, the barriers, the tile's decode)
@@ -268,7 +276,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     lanes = chunk // vec
     dgrad = pass_ is Pass.DGRAD
     out_h, out_w = (g.h, g.w) if dgrad else (g.p, g.q)
-    widest = 16 if dgrad or sw == 1 else 8  # a strided fprop's halo is sw times as wide as its tile
+    widest = STENCIL_TILE  # 8x8 pixels (a strided dgrad: whole strides), 128 threads of 64 channels
     unit_h = sh if dgrad else 1
     # runs of 4 outputs (dgrad: whole strides), shorter where a large multiplier's sums need the registers
     # (else, as before the register bound, the first tile of runs of 4 that fits: it may spill)
@@ -277,7 +285,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     for i, (cols, registers) in enumerate(tries):
         unit_w = math.lcm(cols, sw) if dgrad else cols
         tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
-        tile_h = unit_h * max(1, math.ceil(min(out_h, 8) / unit_h))
+        tile_h = unit_h * max(1, math.ceil(min(out_h, STENCIL_TILE) / unit_h))
         try:
             tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk,
                                        registers)
@@ -290,12 +298,14 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
                        f"{stencil_registers(cols, vec, m, 0)}): this one may spill")
     threads = tile_h * tile_w // cols * lanes
     blocks = g.n * math.ceil(out_h / tile_h) * math.ceil(out_w / tile_w) * math.ceil(g.c / chunk)
-    tiles = max(1, min(4, blocks // (8 * target.sm_count)))  # keep 8 blocks an SM's worth of work
+    # tiles a block (1, 2 or 4) that leave about STENCIL_BLOCKS_PER_SM blocks an SM
+    tiles = next(t for t in (4, 2, 1) if t == 1 or blocks // (STENCIL_BLOCKS_PER_SM * target.sm_count) >= t)
     reasons.append(f"vec {vec}: {vec * m} output channels a thread in one store; {chunk} channels a block "
                    f"({lanes} lanes)")
     if tiles > 1:
         reasons.append(f"{tiles} tiles a block in turn, the next halo copied while one is computed "
-                       f"({blocks} tiles, {blocks // tiles} blocks)")
+                       f"({blocks} tiles, {math.ceil(blocks / tiles)} blocks: about {STENCIL_BLOCKS_PER_SM} an SM "
+                       "or more, as the depthwise suites' tuning runs chose)")
     reasons.append(f"tile {tile_h}x{tile_w} pixels, {cols} a thread along a row ({threads} threads): a staged "
                    "column serves every output of the run its filter row reaches")
     plan = Plan(tile_h * tile_w, chunk, 16, threads // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
@@ -306,12 +316,11 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
 
 
 # What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
-# 4, 2 or 1 outputs a thread (the default's 4 hold 94 registers with two halo buffers, two
-# blocks of 256 an SM; runs of 2 hold 64, four blocks: more loads in flight), tiles of 4-16
-# rows and 8-32 columns, 1, 2 or 4 tiles a block, and the channel chunk that pads C least (48
-# for C = 96 or 144, where 64-channel chunks leave a quarter of the lanes idle).  None of
-# these has been timed on a GPU yet, so tuning on first use does not run them
-# (convgen/autotune.py).
+# 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block,
+# and the channel chunk that pads C least (48 for C = 96 or 144, where 64-channel chunks leave
+# a quarter of the lanes idle).  Timed on the H200 (e4aaee5) on both depthwise suites: the
+# 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
+# runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
 VARIATION_COLS = (4, 2, 1)  # (runs of 8 took 121-132 registers, and one spilled)
 VARIATION_TILES = ((8, 16), (4, 16), (8, 8), (16, 16), (8, 32), (4, 32), (16, 8))
 VARIATION_BLOCK = (1, 2, 4)

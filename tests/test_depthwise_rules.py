@@ -1,0 +1,63 @@
+"""The depthwise stencil's default block (convgen/depthwise.py: STENCIL_TILE,
+STENCIL_BLOCKS_PER_SM) against the `convgen tune` runs it was fitted to: every fprop and
+dgrad candidate of both depthwise suites, timed on the H200 (benchmarks/results/tuning/)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from convgen.ir import ConvProblem, Pass, Target
+from convgen.planner import plan
+
+H200 = Target("sm_90", 132)
+TUNING = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning"
+LOGS = sorted(TUNING.glob("nvidia-h200_*-tune-*-dw-*.json"))
+
+
+def _key(p: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in p.items() if k not in ("read_a", "read_b")))
+
+
+def _timed() -> list[tuple[str, str, ConvProblem, dict, float]]:
+    """(suite, pass, problem, plan key -> us, best us) per tuned layer and pass."""
+    out = []
+    for path in LOGS:
+        suite = path.name.split("-tune-")[1].split("-dw-")[0] + "-dw"
+        for layer in json.loads(path.read_text())["layers"]:
+            d = layer["problem"]
+            problem = ConvProblem(d["h"], d["w"], d["c"], d["k"], d["r"], d["s"], tuple(d["stride"]),
+                                  tuple(d["padding"]), tuple(d["dilation"]), d.get("groups", 1), n=d["n"])
+            times = {_key(r["plan"]): r["us"] for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])}
+            out.append((suite, layer["pass"], problem, times, min(times.values())))
+    return out
+
+
+def test_the_logs_are_there():
+    assert {p.name.split("-tune-")[1] for p in LOGS} >= {
+        "mobilenetv2-dw-fprop.json", "mobilenetv2-dw-dgrad.json", "convnext-dw-fprop.json", "convnext-dw-dgrad.json"}
+
+
+@pytest.mark.parametrize("pass_", ["fprop", "dgrad"])
+@pytest.mark.parametrize("suite", ["mobilenetv2-dw", "convnext-dw"])
+def test_the_default_block_is_within_10_percent_of_the_tuned_best(suite, pass_):
+    """The planner's plan, where the tuning run timed it, takes at most 1.10x the best
+    candidate's time as a geometric mean over the suite's layers (the 8x16 tiles of 256
+    threads with blocks for 8 an SM took 1.08-1.21x), and the run timed it on all layers but
+    at most one."""
+    ratios, unmeasured = [], 0
+    for s, p, problem, times, best in _timed():
+        if (s, p) != (suite, pass_):
+            continue
+        us = times.get(_key(plan(problem, Pass(p), H200).as_dict()))
+        if us is None:
+            unmeasured += 1
+            continue
+        ratios.append(us / best)
+    assert ratios and unmeasured <= 1
+    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    assert geomean <= 1.10, f"{suite} {pass_}: the default takes {geomean:.3f}x the best ({len(ratios)} layers)"
