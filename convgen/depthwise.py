@@ -40,8 +40,8 @@ WGRAD_REG_OVERHEAD = 32
 # and dgrad (H200, e4aaee5; benchmarks/results/tuning/*-tune-*-dw-*.json): 8x8-pixel tiles, and
 # 1, 2 or 4 of them a block in turn so that about 2 blocks an SM remain.  Its plans, measured in
 # those runs, take 1.03-1.07x the best candidate's time (geometric mean per suite and pass),
-# where 8x16 tiles with blocks for 8 an SM took 1.08-1.21x: small images (7-28 pixels) lost
-# most, as more, smaller blocks each computed one tile and waited on its halo.
+# where 8x16 tiles with blocks for 8 an SM took 1.08-1.21x, and 1.15-1.40x on 7-28 pixel
+# images, where that rule left one tile a block.
 STENCIL_TILE = 8
 STENCIL_BLOCKS_PER_SM = 2
 MIN_RESIDENT = 512  # threads an SM a wgrad plan keeps where it can: 16 warps in flight hide the staging
