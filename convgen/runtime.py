@@ -193,20 +193,26 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
 
 
 def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id: int, plan: Optional[Plan],
-                    scalar: bool, mma_dtype: Optional[str] = None) -> ConvProblem:
-    """The problem this shape's kernel is built for: ``problem``, or it with a stem's channels
-    padded to 4 (convgen/channel_pad.py) or its narrow groups packed into slabs
-    (convgen/group_pack.py), unless a plan tuned for the layer as it is exists for this GPU:
-    that plan was measured, the two rules only fitted."""
+                    scalar: bool, mma_dtype: Optional[str] = None) -> tuple[ConvProblem, Optional[Plan]]:
+    """The problem this shape's kernel is built for, and the plan tuned for it on this GPU (None
+    if none serves, or where a hand plan, the scalar path or a non-fp16 MMA is asked for).  The
+    problem is ``problem``, or it with a stem's channels padded to 4 (convgen/channel_pad.py) or
+    its narrow groups packed into slabs (convgen/group_pack.py), unless a plan tuned for the
+    layer as it is exists for this GPU: that plan was measured, the two rules only fitted.  Each
+    problem is looked up once: a lookup plans the shape to see whether its entry is stale."""
     from .group_pack import copied_problem
+    from .tuning_db import tuned_plan
 
     target = _target(device_id)
-    if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
-        from .tuning_db import tuned_plan
-
-        if tuned_plan(_gpu_name(device_id), problem, pass_, in_dtype, target) is not None:
-            return problem
-    return copied_problem(problem, pass_, in_dtype, target, plan, scalar)
+    tunable = plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16"
+    if tunable:
+        tuned = tuned_plan(_gpu_name(device_id), problem, pass_, in_dtype, target)
+        if tuned is not None:
+            return problem, tuned
+    kernel = copied_problem(problem, pass_, in_dtype, target, plan, scalar)
+    if tunable and kernel is not problem:
+        return kernel, tuned_plan(_gpu_name(device_id), kernel, pass_, in_dtype, target)
+    return kernel, None
 
 
 def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, device_id: int,
@@ -219,16 +225,14 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
     grouped layer's for its groups packed (:func:`_kernel_problem`): the spec's geometry says
     which, and the op copies around it."""
     target = _target(device_id)
-    problem = _kernel_problem(problem, pass_, in_dtype, device_id, plan, scalar, mma_dtype)
-    if plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16":
-        from .tuning_db import tuned_plan
+    problem, tuned = _kernel_problem(problem, pass_, in_dtype, device_id, plan, scalar, mma_dtype)
+    if tuned is not None:
+        plan = tuned
+    elif plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16" and tune:
+        from . import autotune
 
-        plan = tuned_plan(_gpu_name(device_id), problem, pass_, in_dtype, target)
-        if plan is None and tune:
-            from . import autotune
-
-            if autotune.enabled():  # tune on first use (convgen.set_autotune)
-                plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
+        if autotune.enabled():  # tune on first use (convgen.set_autotune)
+            plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
     return emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=plan,
                           scalar=scalar, mma_dtype=mma_dtype))
 
