@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from convgen.ir import ConvProblem, Pass, Target
 from convgen.planner import plan
+
+from test_short_reduction_rules import _problem
 
 H200 = Target("sm_90", 132)
 TUNING = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning"
@@ -29,9 +30,7 @@ def _timed() -> list[tuple[str, str, ConvProblem, dict, float]]:
     for path in LOGS:
         suite = path.name.split("-tune-")[1].split("-dw-")[0] + "-dw"
         for layer in json.loads(path.read_text())["layers"]:
-            d = layer["problem"]
-            problem = ConvProblem(d["h"], d["w"], d["c"], d["k"], d["r"], d["s"], tuple(d["stride"]),
-                                  tuple(d["padding"]), tuple(d["dilation"]), d.get("groups", 1), n=d["n"])
+            problem = _problem(layer["problem"])
             times = {_key(r["plan"]): r["us"] for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])}
             out.append((suite, layer["pass"], problem, times, min(times.values())))
     return out
