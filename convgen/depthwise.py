@@ -44,6 +44,12 @@ WGRAD_REG_OVERHEAD = 32
 # images, where that rule left one tile a block.
 STENCIL_TILE = 8
 STENCIL_BLOCKS_PER_SM = 2
+# Halo buffers of a block that computes 3 or more tiles in turn.  3 would copy the next two tiles'
+# halos while one is computed, so that a tile's copies have two tiles' compute to land in, not
+# one, where the third halo costs no resident block.  It stays 2 until a GPU has timed it:
+# benchmarks/probes/halo_ring_probe.py sets it (benchmarks/NOTES.md, twenty-ninth session), and
+# tuning already times rings of 3.
+STENCIL_RING = 2
 MIN_RESIDENT = 512  # threads an SM a wgrad plan keeps where it can: 16 warps in flight hide the staging
 STAGE_COST = 16  # thread instructions one staged access costs (its index, bounds test and copy): wgrad's model
 TILE_COST = 24  # and one tile costs each thread (the waits, the barriers, the tile's decode)
@@ -84,7 +90,8 @@ class DwFacts:
     in_cols: int  # staged columns one thread's run reads per filter row
     tiles_h: int  # tiles over the output (fprop: P x Q; dgrad: H x W)
     tiles_w: int
-    tiles_pb: int  # tiles a block computes in turn (Depthwise.tiles); two halo buffers when > 1
+    tiles_pb: int  # tiles a block computes in turn (Depthwise.tiles)
+    halo_bufs: int  # fprop, dgrad: the ring of halos (1 with one tile a block, else plan.stages)
     halo_halves: int  # the staged halo, rounded up to 16 bytes
     weight_floats: int  # the chunk's weights (fprop, dgrad) or wgrad's cross-warp sums
     dy_ld: int = 0  # wgrad: halves per staged dy pixel (the chunk's KROW filters and a pad)
@@ -120,7 +127,7 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
         return _wgrad_facts(plan, g, warp_size)
     halo = -(-halo_h * halo_w * pix_ld // 8) * 8
     return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, row0, col0,
-                   pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, halo, weights)
+                   pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, 1 if loop.tiles == 1 else plan.stages, halo, weights)
 
 
 def _round16(halves: int) -> int:
@@ -148,7 +155,7 @@ def _wgrad_facts(plan: Plan, g: ConvGeometry, warp_size: int) -> DwFacts:
     sums = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
     return DwFacts(tile_h, tile_w, cols, vec, mult, chunk, lanes, threads, groups, halo_h, halo_w, 0, 0, pix_ld,
                    (cols - 1) * sw + (g.s - 1) * dw + 1, math.ceil(g.p / tile_h), math.ceil(g.q / tile_w), loop.tiles,
-                   _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec)
+                   2, _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec)
 
 
 def _bank_ways(ld: int, vec: int, lanes: int, pix: list[int], warp_size: int, pieces: int = 1) -> int:
@@ -180,7 +187,7 @@ def smem_bytes(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) ->
     f = facts(plan, g, pass_, warp_size)
     if pass_ is Pass.WGRAD:  # two x halos and two dy tiles; the sums reuse them once the last tile is done
         return max((f.halo_halves + f.dy_halves) * 2 * 2, f.weight_floats * 4)
-    return f.halo_halves * 2 * (2 if f.tiles_pb > 1 else 1) + f.weight_floats * 4
+    return f.halo_halves * 2 * f.halo_bufs + f.weight_floats * 4
 
 
 def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType, elem: DType) -> None:
@@ -202,6 +209,8 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
                              f"{elem!r}, got {read!r}")
     if pass_ is not Pass.WGRAD and plan.split_k != 1:
         raise ValueError(f"Depthwise {pass_.value} has no reduction to split: plan.split_k must be 1")
+    if pass_ is Pass.WGRAD and plan.stages != 2:
+        raise ValueError(f"Depthwise wgrad stages two buffers of each operand: plan.stages must be 2, got {plan.stages}")
     if pass_ is Pass.WGRAD and loop.tiles != 1:
         raise ValueError(f"Depthwise wgrad's block walks every tile of its slice (plan.split_k slices of the batch's "
                          f"tiles), two buffers deep: Depthwise.tiles must be 1, got {loop.tiles}")
@@ -311,13 +320,26 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     plan = Plan(tile_h * tile_w, chunk, 16, threads // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
                 Depthwise(tile_w, cols, 0, tiles))
     if smem_bytes(plan, g, pass_, target.warp_size) > target.smem_limit:  # two halos do not fit: one
-        plan = dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
+        return dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
+    if tiles >= 3 and STENCIL_RING > 2:
+        ring = dataclasses.replace(plan, stages=STENCIL_RING)
+        by_regs = 65536 // (stencil_registers(cols, vec, m, facts(plan, g, pass_).in_cols) * threads)
+        held = min(by_regs, _resident(plan, g, pass_, target))
+        if _resident(ring, g, pass_, target) >= held:
+            reasons.append(f"a ring of {ring.stages} halos: the next {ring.stages - 1} tiles' copies in flight while "
+                           f"one is computed, at no cost in resident blocks ({held} an SM)")
+            return ring
     return plan
 
 
+def _resident(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> int:
+    """Blocks of ``plan`` an SM's shared memory holds (each also reserves 1 KB)."""
+    return (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, target.warp_size) + 1024)
+
+
 # What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
-# 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block,
-# and the channel chunk that pads C least (48 for C = 96 or 144, where 64-channel chunks leave
+# 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block
+# (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or 144, where 64-channel chunks leave
 # a quarter of the lanes idle).  Timed on the H200 (e4aaee5) on both depthwise suites: the
 # 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
 # runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
@@ -346,20 +368,20 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
     assert isinstance(loop, Depthwise)
     sw = problem.stride[1]
-    default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles)
+    default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
     options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n])),
                [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
-               VARIATION_TILES, VARIATION_BLOCK)
+               VARIATION_TILES, VARIATION_BLOCK, (2, 3))
     # the default's neighbours first: one choice changed, then two, and so on
     combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
-    for chunk, cols, (tile_h, tile_w), block in combos:
+    for chunk, cols, (tile_h, tile_w), block, ring in combos:
         threads = tile_h * tile_w // cols * (chunk // vec)
-        if tile_w % cols or threads % warp or not 64 <= threads <= 512:
+        if tile_w % cols or threads % warp or not 64 <= threads <= 512 or (ring == 3 and block < 3):
             continue
-        yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, threads=threads: Plan(
-            tile_h * tile_w, chunk, 16, threads // warp, 1, 2, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
+        yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, ring=ring, threads=threads: Plan(
+            tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
             reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
-                     f"{block} tile(s) a block",))
+                     f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
 
 
 def stencil_registers(cols: int, vec: int, m: int, in_cols: int) -> int:

@@ -406,8 +406,9 @@ class Depthwise(MainLoop):
     threads, ``rows`` each (R / rows thread groups), so a large filter's sums stay in
     registers with 16-byte channel vectors.  ``tiles`` > 1 (fprop, dgrad) has a block compute
     that many neighbouring tiles in turn, copying the next one's halo while it computes the
-    current one (two halo buffers).  block_k and stages have no meaning here: they
-    must be 16 and 2, and warps_n 1 (the thread count is warps_m warps)."""
+    current one.  ``plan.stages`` is then the ring of halo buffers: 2 copies the next tile's
+    halo while one is computed, 3 (with ``tiles`` of 3 or more) the next two.  block_k has no
+    meaning here: it must be 16, and warps_n 1 (the thread count is warps_m warps)."""
 
     warp_grid: ClassVar[bool] = False
     tile_w: int = 16
@@ -432,9 +433,13 @@ class Depthwise(MainLoop):
         return f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "") + _tiles_suffix(self.tiles)
 
     def check(self, plan: "Plan") -> None:
-        if (plan.block_k, plan.stages, plan.warps_n) != (FRAG, 2, 1):
-            raise ValueError(f"Depthwise has no K-steps, pipeline or warp grid: plan.block_k = 16, stages = 2 and "
-                             f"warps_n = 1, got {plan.block_k}, {plan.stages} and {plan.warps_n}")
+        if (plan.block_k, plan.warps_n) != (FRAG, 1):
+            raise ValueError(f"Depthwise has no K-steps or warp grid: plan.block_k = 16 and warps_n = 1, got "
+                             f"{plan.block_k} and {plan.warps_n}")
+        if plan.stages not in (2, 3) or (plan.stages == 3 and self.tiles < 3):
+            raise ValueError(f"Depthwise's stages are its ring of halo buffers: 2, or 3 with Depthwise.tiles of 3 or "
+                             f"more (the next two tiles copied while one is computed); got stages={plan.stages} with "
+                             f"tiles={self.tiles}")
         if plan.block_m % self.tile_w:
             raise ValueError(f"Depthwise.tile_w={self.tile_w} does not divide plan.block_m={plan.block_m}: a block "
                              "computes a (block_m / tile_w) x tile_w tile of pixels")

@@ -117,8 +117,16 @@ def test_hand_plan_errors_name_the_field(change, match):
 def test_depthwise_kind_validates_its_own_fields():
     with pytest.raises(ValueError, match="Depthwise.cols=3 must divide Depthwise.tile_w=8"):
         Depthwise(8, 3)
-    with pytest.raises(ValueError, match="block_k = 16, stages = 2"):
+    with pytest.raises(ValueError, match="block_k = 16 and warps_n = 1"):
         Plan(64, 32, 32, 4, 1, 2, 8, 1, loop=Depthwise(8, 2))
+    # stages is the ring of halo buffers: 2, or 3 where a block computes 3 tiles or more
+    Plan(64, 32, 16, 4, 1, 3, 8, 1, loop=Depthwise(8, 2, 0, 4))
+    for stages, tiles in ((3, 2), (4, 4), (3, 1)):
+        with pytest.raises(ValueError, match="ring of halo buffers"):
+            Plan(64, 32, 16, 4, 1, stages, 8, 1, loop=Depthwise(8, 2, 0, tiles))
+    with pytest.raises(ValueError, match="wgrad stages two buffers"):
+        check_plan(Plan(64, 32, 16, 4, 1, 3, 8, 8, loop=Depthwise(8, 2, 0, 4)), dw(16, 16, 32, 3, 3, 1, 1), "wgrad",
+                   Target(), "float16")
     with pytest.raises(ValueError, match="Depthwise.rows=1 splits wgrad's filter rows"):
         check_plan(Plan(64, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(8, 2, 1)), dw(16, 16, 32, 3, 3, 1, 1), "fprop",
                    Target(), "float16")

@@ -132,19 +132,20 @@ def test_depthwise_fuzz(problem, pass_, seed):
     check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
 
 
-@pytest.mark.parametrize("tiles", [2, 3])
+@pytest.mark.parametrize("tiles, ring", [(2, 2), (3, 2), (3, 3), (4, 3), (5, 3)], ids=lambda v: str(v))
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(13, 19, 32, 3, 3, 1, 1, n=3), dw(14, 11, 16, 5, 3, 2, (2, 1), mult=2, n=2)],
                          ids=_ids)
-def test_depthwise_tiles_per_block(problem, pass_, tiles):
-    """Several tiles a block, the next halo copied while one computes (two buffers); the batch's
-    tiles are not a whole number of blocks, so the last block stops early."""
+def test_depthwise_tiles_per_block(problem, pass_, tiles, ring):
+    """Several tiles a block, the next ring - 1 tiles' halos copied while one computes; the
+    batch's tiles are not a whole number of blocks, so the last block stops early, with fewer
+    tiles than its ring has buffers where tiles is 4 or 5."""
     vec = 8 if problem.kg == 1 else 4
     lanes = 32 // vec
-    plan = Plan(64, 32, 16, 64 // 2 * lanes // 32, 1, 2, vec, 1, loop=Depthwise(8, 2, 0, tiles))
-    res = run_pass(problem, pass_, seeded("dw-tiles", problem, pass_, tiles), out_dtype="float32", exact=True,
-                   bias=pass_ is Pass.FPROP, plan=plan)
-    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} tiles {tiles}")
+    plan = Plan(64, 32, 16, 64 // 2 * lanes // 32, 1, ring, vec, 1, loop=Depthwise(8, 2, 0, tiles))
+    res = run_pass(problem, pass_, seeded("dw-tiles", problem, pass_, tiles * 10 + ring), out_dtype="float32",
+                   exact=True, bias=pass_ is Pass.FPROP, plan=plan)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} tiles {tiles} ring {ring}")
 
 
 @pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)

@@ -60,3 +60,25 @@ def test_the_default_block_is_within_10_percent_of_the_tuned_best(suite, pass_):
     assert ratios and unmeasured <= 1
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert geomean <= 1.10, f"{suite} {pass_}: the default takes {geomean:.3f}x the best ({len(ratios)} layers)"
+
+
+def test_a_ring_of_three_halos_only_where_it_costs_no_resident_block(monkeypatch):
+    """With STENCIL_RING = 3 (what halo_ring_probe.py times), a block of 4 tiles takes a third
+    halo where its shared memory still holds as many blocks an SM as its registers allow:
+    MobileNetV2's 3x3 layers at stride 1 (8x8 tiles: 3 halos of 14 KB). Not a 7x7 filter (3
+    halos of 28 KB: 2 blocks an SM where 2 halos allow 3), nor a stride-2 fprop (17x17 halos of
+    42 KB), nor the 32-channel layer (64-thread blocks: 9 an SM by registers, 8 with 3 halos).
+    The shipped default (2) keeps every plan at two halos."""
+    from convgen import depthwise
+    from convgen.suites import SUITES
+
+    def ring(suite: str, layer: str, pass_: str) -> int:
+        (problem,) = [l.problem for l in SUITES[suite] if l.name == layer]
+        return plan(problem, Pass(pass_), H200).stages
+
+    cases = [("mobilenetv2-dw", "dw144-56px", "fprop"), ("mobilenetv2-dw", "dw144-56px", "dgrad"),
+             ("mobilenetv2-dw", "dw144-56px-s2", "fprop"), ("convnext-dw", "dw96-56px", "fprop"),
+             ("convnext-dw", "dw96-56px", "dgrad"), ("mobilenetv2-dw", "dw32-112px", "fprop")]
+    assert [ring(*c) for c in cases] == [2] * len(cases)
+    monkeypatch.setattr(depthwise, "STENCIL_RING", 3)
+    assert [ring(*c) for c in cases] == [3, 3, 2, 2, 2, 2]
