@@ -150,7 +150,7 @@ def cmd_sass(args: argparse.Namespace) -> int:
         src = emit(spec)
         k = kernel_sass(src, cuobjdump)[src.main.kernel]
         p = spec.plan
-        plan = (f"{p.block_m}x{p.block_n}x{p.block_k} v{p.vec_a}/{p.vec_b} k{p.split_k}"
+        plan = (f"{p.block_m}x{p.block_n}x{p.block_k} s{p.stages} v{p.vec_a}/{p.vec_b} k{p.split_k}"
                 + p.layout() + (" tuned" if tuned else ""))
         print(f"{layer.name:12s} {pass_.value:5s} {plan:33s} {k.registers:4d} {k.stack:5d} {k.total:6d} "
               f"{k.count('HMMA'):5d} {k.count('LDGSTS'):8d} {k.count('LDGSTS', '128'):5d} {k.count('LDG'):4d} "
