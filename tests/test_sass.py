@@ -260,7 +260,7 @@ def test_cli_reports_one_row_per_kernel(capsys):
     assert lines[0].split()[:4] == ["layer", "pass", "plan", "regs"]
     assert [ln.split()[1] for ln in lines[1:]] == ["fprop", "dgrad", "wgrad"]
     hmma = lines[0].split().index("HMMA")
-    assert all(int(ln.split()[hmma + 2]) > 0 for ln in lines[1:])  # plan takes 3 columns
+    assert all(int(ln.split()[hmma + 3]) > 0 for ln in lines[1:])  # plan takes 4 columns
 
 
 def test_cli_refuses_hip_targets(capsys):
