@@ -132,7 +132,8 @@ def test_depthwise_fuzz(problem, pass_, seed):
     check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
 
 
-@pytest.mark.parametrize("tiles, ring", [(2, 2), (3, 2), (3, 3), (4, 3), (5, 3)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tiles, ring", [(2, 2), (3, 2), (3, 3), (4, 3), (5, 3)],
+                         ids=["t2r2", "t3r2", "t3r3", "t4r3", "t5r3"])
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(13, 19, 32, 3, 3, 1, 1, n=3), dw(14, 11, 16, 5, 3, 2, (2, 1), mult=2, n=2)],
                          ids=_ids)
