@@ -199,12 +199,9 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     from .planner import make_spec
 
     what = f"{pass_.value} {problem.describe()}"
-    # Depthwise fprop and dgrad variations were timed on the H200 (mobilenetv2-dw, convnext-dw:
-    # their first 8 gain up to 1.40x over the planner's plan); wgrad's have not been timed yet.
-    if problem.depthwise and pass_ is Pass.WGRAD:
-        log.info("autotune %s: not tuned, the depthwise wgrad variations have not been measured on a GPU yet "
-                 "(`convgen tune` times them); using the planner's plan", what)
-        return None
+    # Depthwise variations were timed before this tuned them: fprop and dgrad on the H200
+    # (mobilenetv2-dw, convnext-dw: their first 8 gain up to 1.40x over the planner's plan), wgrad
+    # on an H100 (mobilenetv2-dw: 1.03x a layer, up to 1.09x; benchmarks/NOTES.md).
     if _capturing():  # tuning synchronises: not inside a graph capture
         log.info("autotune %s: not tuned, the stream is capturing a CUDA graph; using the planner's plan", what)
         return None
