@@ -339,8 +339,8 @@ def _resident(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> int:
 
 # What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
 # 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block
-# (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or 144, where 64-channel chunks leave
-# a quarter of the lanes idle).  Timed on the H200 (e4aaee5) on both depthwise suites: the
+# (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or
+# 144, where 64-channel chunks leave a quarter of the lanes idle).  Timed on the H200 (e4aaee5) on both depthwise suites: the
 # 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
 # runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
 VARIATION_COLS = (4, 2, 1)  # (runs of 8 took 121-132 registers, and one spilled)
