@@ -368,6 +368,9 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
     assert isinstance(loop, Depthwise)
     sw = problem.stride[1]
+    long_run = _long_run(problem, pass_, base)
+    if long_run is not None:
+        yield lambda: long_run
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
     options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n])),
                [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
@@ -382,6 +385,23 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
             reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
+
+
+def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
+    """The default's block with runs of 8 outputs over half its channel vector (vec 8 -> 4), for
+    filters 5 or more wide: per filter row a thread then reads 14 staged columns of 8 bytes for
+    8 x 4 x S sums, where runs of 4 over 8 channels read 10 of 16 bytes for 4 x 8 x S, so the
+    halo's shared-memory traffic and its conversions per sum fall by 30% at the same registers
+    (benchmarks/NOTES.md, twenty-ninth session: not yet timed).  None where it does not apply."""
+    loop = base.loop
+    assert isinstance(loop, Depthwise)
+    if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
+        return None
+    if pass_ is Pass.DGRAD and 8 % problem.stride[1]:
+        return None
+    return dataclasses.replace(base, vec_a=4, loop=dataclasses.replace(loop, cols=8), reasons=(
+        f"tuning candidate: depthwise runs of 8 over 4 channels (the default's {base.block_m // loop.tile_w}x"
+        f"{loop.tile_w} tile, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
 
 
 def stencil_registers(cols: int, vec: int, m: int, in_cols: int) -> int:

@@ -468,12 +468,13 @@ def _emulate_stencil(problem, pass_, pl, rng):
                          ids=lambda p: p.describe().replace(" ", "_"))
 def test_tuning_variations_emulated_are_exact(problem, pass_):
     """Every fourth of the depthwise tuning variations (chunks of 48 past C, runs of 2-8,
-    several tiles a block, edge tiles) walked as its kernel walks its layer, on integer data:
-    each staged read lands inside the halo and every output equals the float64 reference."""
+    several tiles a block, edge tiles) and the second, the runs of 8 over 4 channels where the
+    default has 8, walked as its kernel walks its layer, on integer data: each staged read lands
+    inside the halo and every output equals the float64 reference."""
     from convgen.candidates import candidates
 
     plans = candidates(problem, pass_, Target())
     assert len(plans) > 8 and len(set(plans)) == len(plans)
-    for i, pl in enumerate(plans[::4]):
+    for i, pl in enumerate([*plans[::4], plans[1]]):
         got, ref = _emulate_stencil(problem, pass_, pl, np.random.default_rng(i))
         np.testing.assert_array_equal(got, ref, err_msg=pl.brief())

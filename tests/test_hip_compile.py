@@ -126,6 +126,12 @@ def _cases() -> list[Case]:
             for arch in ARCHES:
                 cases.append(Case(f"bf16-halo/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch,
                                   "bf16-halo"))
+    for suite, name, variants in DW_LAYERS:  # depthwise tuning variations
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            for arch in ARCHES:
+                for variant in variants:
+                    cases.append(Case(f"{variant}/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch,
+                                      variant))
     for arch in ARCHES:  # sliced K: two warp grids per block, their sums added through shared memory
         for pass_ in Pass:
             cases.append(Case(f"sliced/cifar-vgg/conv3-{pass_.value}-{arch}", "cifar-vgg", "conv3", pass_, arch, "sliced"))
@@ -136,6 +142,9 @@ def _cases() -> list[Case]:
 
 
 HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
+# runs of 8 over 4 channels; a ring of 3 halos (three 7x7 halos pass AMD's 64 KiB of shared memory)
+DW_LAYERS = (("mobilenetv2-dw", "dw144-56px", ("dw-long-run", "dw-ring3")),
+             ("convnext-dw", "dw384-14px", ("dw-long-run",)))
 HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloTile(16))  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()
 
@@ -146,9 +155,25 @@ def _halo_plan(geometry, pass_: Pass) -> Plan:
     return dataclasses.replace(HALO_PLAN, vec_b=halo_vec_b(geometry, pass_))
 
 
+def _dw_variant(problem, pass_: Pass, arch: str, variant: str) -> Plan:
+    """The depthwise default's runs of 8 over 4 channels, or its ring of 3 halos (4 tiles a block)."""
+    from convgen import depthwise
+    from convgen.planner import plan
+
+    base = plan(problem, pass_, Target(arch))
+    if variant == "dw-long-run":
+        long_run = depthwise._long_run(problem, pass_, base)
+        assert long_run is not None, f"no runs of 8 for {problem.describe()} on {arch}: the case tests nothing"
+        return long_run
+    return dataclasses.replace(base, stages=3, loop=dataclasses.replace(base.loop, tiles=4))
+
+
 def _emit(case: Case) -> KernelSource:
     layer = next(l for l in SUITES[case.suite] if l.name == case.layer)
     p = case.pass_
+    if case.variant.startswith("dw-"):
+        return emit(make_spec(layer.problem, p, target=Target(case.arch), epilogue=Epilogue(bias=p is Pass.FPROP),
+                              plan_=_dw_variant(layer.problem, p, case.arch, case.variant)))
     bf16 = case.variant.startswith("bf16")
     halo_plan = _halo_plan(layer.problem.geometry, p) if case.variant in ("halo", "bf16-halo") else None
     if halo_plan is not None and bf16:

@@ -385,3 +385,27 @@ def test_narrow_stride1_layers_do_not_spill(pass_, c, k, f, dtype):
     k_ = _main_sass(spec)
     assert k_.count("HMMA") > 0 and k_.local == 0, (
         f"{k_.local} local-memory accesses with {k_.registers} registers ({spec.plan.brief()})")
+
+
+LONG_RUNS = [(suite, layer, pass_)
+             for suite, layer in (("mobilenetv2-dw", "dw144-56px"), ("mobilenetv2-dw", "dw144-56px-s2"),
+                                  ("convnext-dw", "dw96-56px"))
+             for pass_ in (Pass.FPROP, Pass.DGRAD)]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("suite, name, pass_", LONG_RUNS, ids=[f"{s}/{n}/{p.value}" for s, n, p in LONG_RUNS])
+def test_depthwise_long_runs_hold_fewer_registers_and_fewer_conversions(suite, name, pass_):
+    """The depthwise variation `convgen tune` and tuning on first use try second (runs of 8
+    outputs over 4 channels, depthwise._long_run): its reason is fewer staged-column reads and
+    conversions per sum at no more registers, so on sm_90 it holds no more registers than the
+    default, no local memory, as many FFMA and fewer HADD2 conversions."""
+    from convgen.candidates import candidates
+
+    problem = next(l.problem for l in SUITES[suite] if l.name == name)
+    base, long_run = candidates(problem, pass_, Target("sm_90"))[:2]
+    assert (long_run.vec_a, long_run.loop.cols) == (4, 8) and (base.vec_a, base.loop.cols) == (8, 4)
+    sass = [_main_sass(make_spec(problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=False), plan_=p))
+            for p in (base, long_run)]
+    assert sass[1].local == 0 and sass[1].registers <= sass[0].registers, (sass[0].registers, sass[1].registers)
+    assert sass[1].count("FFMA") == sass[0].count("FFMA") and sass[1].count("HADD2") < sass[0].count("HADD2")
