@@ -373,12 +373,14 @@ def test_depthwise_candidates_are_feasible_unique_and_start_with_the_default(arc
 
 def test_depthwise_candidates_try_the_chunk_that_pads_c_least_first():
     """C = 144 in 64-channel chunks is 64 + 64 + 16: a quarter of the lanes idle.  The first
-    variation of fprop and dgrad keeps the default's tile and takes 48-channel chunks; where
-    64 already divides C the chunk is not varied."""
+    variation of fprop and dgrad after the runs of 8 over 4 channels (depthwise._long_run)
+    keeps the default's tile and takes 48-channel chunks; where 64 already divides C the chunk
+    is not varied."""
     h200 = Target("sm_90", 132)
     odd = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=128)
     for pass_ in (Pass.FPROP, Pass.DGRAD):
-        base, first = tune.candidates(odd, pass_, h200)[:2]
+        base, long_run, first = tune.candidates(odd, pass_, h200)[:3]
+        assert (long_run.vec_a, long_run.loop.cols, long_run.block_n) == (4, 8, 64)
         assert base.block_n == 64 and first.block_n == 48
         assert (first.block_m, first.loop.tile_w, first.loop.cols) == (base.block_m, base.loop.tile_w, base.loop.cols)
     even = ConvProblem(28, 28, 192, 192, 3, 3, 1, 1, groups=192, n=128)
