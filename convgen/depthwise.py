@@ -340,10 +340,11 @@ def _resident(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> int:
 # What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
 # 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block
 # (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or
-# 144, where 64-channel chunks leave a quarter of the lanes idle).  Timed on the H200 (e4aaee5) on both depthwise suites: the
+# 144, where 64-channel chunks leave a quarter of the lanes idle); runs of 8 over 4 channels
+# first (_long_run).  Timed on the H200 (e4aaee5) on both depthwise suites: the
 # 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
 # runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
-VARIATION_COLS = (4, 2, 1)  # (runs of 8 took 121-132 registers, and one spilled)
+VARIATION_COLS = (4, 2, 1)  # (runs of 8 over 8 channels took 121-132 registers, and one spilled)
 VARIATION_TILES = ((8, 16), (4, 16), (8, 8), (16, 16), (8, 32), (4, 32), (16, 8))
 VARIATION_BLOCK = (1, 2, 4)
 MAX_VARIATIONS = 48
@@ -388,11 +389,11 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
 
 
 def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
-    """The default's block with runs of 8 outputs over half its channel vector (vec 8 -> 4), for
-    filters 5 or more wide: per filter row a thread then reads 14 staged columns of 8 bytes for
-    8 x 4 x S sums, where runs of 4 over 8 channels read 10 of 16 bytes for 4 x 8 x S, so the
-    halo's shared-memory traffic and its conversions per sum fall by 30% at the same registers
-    (benchmarks/NOTES.md, twenty-ninth session: not yet timed).  None where it does not apply."""
+    """The default's block with runs of 8 outputs over half its channel vector (vec 8 -> 4): the
+    same 32 sums a thread, for fewer staged-column bytes and conversions per sum (a 7x7 filter
+    row: 14 columns of 8 bytes, 56 conversions, against 10 of 16 bytes and 80) and, on sm_90,
+    fewer registers (benchmarks/NOTES.md, twenty-ninth session: not yet timed).  None where the
+    default is not runs of 4 over 8 channels of one filter each, or a run of 8 does not fit."""
     loop = base.loop
     assert isinstance(loop, Depthwise)
     if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
