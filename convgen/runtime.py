@@ -19,7 +19,7 @@ import numpy as np
 
 from .dtypes import BF16_HINT, default_mma_dtype, dtype_name, np_dtype, resolve_mma_dtype
 from .emit import KernelSource, emit
-from .ir import ConvProblem, Epilogue, Pass, PairLike, resolve_padding
+from .ir import ConvProblem, Epilogue, Pass, PairLike, Target, resolve_padding
 from .spec import Plan
 from .limits import check_launch
 from .planner import make_spec
@@ -192,26 +192,34 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     return k
 
 
-def _kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, device_id: int, plan: Optional[Plan],
-                    scalar: bool, mma_dtype: Optional[str] = None) -> tuple[ConvProblem, Optional[Plan]]:
-    """The problem this shape's kernel is built for, and the plan tuned for it on this GPU (None
-    if none serves, or where a hand plan, the scalar path or a non-fp16 MMA is asked for).  The
-    problem is ``problem``, or it with a stem's channels padded to 4 (convgen/channel_pad.py) or
-    its narrow groups packed into slabs (convgen/group_pack.py), unless a plan tuned for the
-    layer as it is exists for this GPU: that plan was measured, the two rules only fitted.  Each
-    problem is looked up once: a lookup plans the shape to see whether its entry is stale."""
+def _tunable(plan: Optional[Plan], scalar: bool, in_dtype: str, mma_dtype: Optional[str]) -> bool:
+    """Whether a call may take a tuned plan: no hand plan, not the scalar path, fp16 MMAs (no
+    database holds bf16 plans, and a float32 input's were timed for fp16 MMAs)."""
+    return plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16"
+
+
+def kernel_problem(problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target, gpu_name: Optional[str],
+                   plan: Optional[Plan] = None, scalar: bool = False,
+                   mma_dtype: Optional[str] = None) -> tuple[ConvProblem, Optional[Plan]]:
+    """The problem this shape's kernel is built for, and the plan tuned for it on ``gpu_name``
+    (None if none serves, without a GPU name, or where a hand plan, the scalar path or a
+    non-fp16 MMA is asked for).  The problem is ``problem``, or it with a stem's channels
+    padded to 4 (convgen/channel_pad.py) or its narrow groups packed into slabs
+    (convgen/group_pack.py), unless a plan tuned for the layer as it is exists for this GPU:
+    that plan was measured, the two rules only fitted.  Each problem is looked up once: a
+    lookup plans the shape to see whether its entry is stale.  `convgen bench` names its rows'
+    kernels through here, so a row's plan is the one the call runs."""
     from .group_pack import copied_problem
     from .tuning_db import tuned_plan
 
-    target = _target(device_id)
-    tunable = plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16"
+    tunable = gpu_name is not None and _tunable(plan, scalar, in_dtype, mma_dtype)
     if tunable:
-        tuned = tuned_plan(_gpu_name(device_id), problem, pass_, in_dtype, target)
+        tuned = tuned_plan(gpu_name, problem, pass_, in_dtype, target)
         if tuned is not None:
             return problem, tuned
     kernel = copied_problem(problem, pass_, in_dtype, target, plan, scalar)
     if tunable and kernel is not problem:
-        return kernel, tuned_plan(_gpu_name(device_id), kernel, pass_, in_dtype, target)
+        return kernel, tuned_plan(gpu_name, kernel, pass_, in_dtype, target)
     return kernel, None
 
 
@@ -222,13 +230,13 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
     tuning database's, else (with autotune on and ``tune``) the tuner's, else the planner's.
     bfloat16 kernels take the planner's: no database holds bf16 plans yet, and a float32 input's
     tuned plans were timed for fp16 MMAs. A stem's kernel may be for its channels padded to 4, a
-    grouped layer's for its groups packed (:func:`_kernel_problem`): the spec's geometry says
+    grouped layer's for its groups packed (:func:`kernel_problem`): the spec's geometry says
     which, and the op copies around it."""
     target = _target(device_id)
-    problem, tuned = _kernel_problem(problem, pass_, in_dtype, device_id, plan, scalar, mma_dtype)
+    problem, tuned = kernel_problem(problem, pass_, in_dtype, target, _gpu_name(device_id), plan, scalar, mma_dtype)
     if tuned is not None:
         plan = tuned
-    elif plan is None and not scalar and resolve_mma_dtype(in_dtype, mma_dtype) == "float16" and tune:
+    elif tune and _tunable(plan, scalar, in_dtype, mma_dtype):
         from . import autotune
 
         if autotune.enabled():  # tune on first use (convgen.set_autotune)

@@ -269,17 +269,14 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
     row["bytes"] = sum(row["traffic"].values())
     if target is not None:
         try:
-            from ...group_pack import copied_problem
             from ...planner import make_spec
-            from ...tuning_db import tuned_plan
+            from ...runtime import kernel_problem
 
             # The plan convgen.conv2d will run: the tuned one for this GPU when there is one, else
             # the planner's, for a stem's channels padded to 4 or a layer's groups packed into
             # slabs where those rules apply.
-            tuned = tuned_plan(gpu_name, prob, item.pass_, "float16", target) if gpu_name else None
-            kprob = prob if tuned is not None else copied_problem(prob, item.pass_, "float16", target)
+            kprob, tuned = kernel_problem(prob, item.pass_, "float16", target, gpu_name or None)
             if kprob is not prob:
-                tuned = tuned_plan(gpu_name, kprob, item.pass_, "float16", target) if gpu_name else None
                 if kprob.c != prob.c:
                     row["convgen"]["padded_channels"] = kprob.c
                 if kprob.groups != prob.groups:
