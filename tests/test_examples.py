@@ -40,3 +40,17 @@ def test_cupy_train_learns_and_its_graph_replays_match_eager():
     losses = [float(m) for m in re.findall(r"loss (\d+\.\d+)", out.stdout)]
     assert len(losses) >= 3 and losses[-1] < 0.85 * losses[0], out.stdout
     assert re.search(r"eager [\d.]+ ms/step, one CUDA graph [\d.]+ ms/step", out.stdout), out.stdout
+
+
+@pytest.mark.gpu
+def test_train_step_agrees_with_cudnn_and_runs_the_compiled_step():
+    """examples/train_step.py on a GPU: its first step agrees with cuDNN's (the script exits 1
+    otherwise), and the eager and compiled steps (forward+loss under CUDA graphs, the optimizer
+    compiled) run and print their ms/step on both sides.  reduce-overhead on the model alone
+    is left out to keep the test short (about 3 inductor compiles a side a mode)."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_step.py"), "--batch", "64", "--steps", "5",
+                          "--warmup", "3", "--modes", "eager", "compiled-step"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for mode in ("eager", "compiled-step"):
+        assert re.search(rf"{mode}\s+convgen / cuDNN = [\d.]+x", out.stdout), out.stdout

@@ -833,3 +833,67 @@ def test_precompile_prepares_a_depthwise_layers_ops_with_its_groups(fake, monkey
     y = model(x)
     y.sum().backward()
     assert len(fake.prepared) == built, "the step after precompile must find every op it launches"
+
+
+# --------------------------------------------------------------------------- examples/train_step.py's steps
+
+
+def _train_step_example():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "train_step.py"
+    spec = importlib.util.spec_from_file_location("train_step_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_step_example_modes_take_the_same_steps(fake, monkeypatch):
+    """examples/train_step.py times three modes; each must be the same training step.  From
+    the same weights on the same data, three SGD steps eagerly, with the model compiled, and
+    with the forward+loss and the optimizer compiled (torch.compile's aot_eager backend on
+    the CPU; fullgraph on the model and the forward, so a graph break at a convgen layer
+    fails here) must give the same losses and parameters, and every step must run convgen's
+    three passes."""
+    monkeypatch.setattr(cgt.Conv2d, "_conv_forward", lambda self, i, w, b: cgt._conv2d(
+        i, w, b, self.stride, self.padding, self.dilation, self.groups))
+    example = _train_step_example()
+    assert example.MODES == ("eager", "reduce-overhead", "compiled-step")
+
+    def net():
+        return nn.Sequential(cgt.Conv2d(3, 4, 3, padding="same"), nn.ReLU(), nn.MaxPool2d(2),
+                             cgt.Conv2d(4, 6, 3, padding="same"), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 10)).double()
+
+    torch.manual_seed(0)
+    start = net().state_dict()
+    x = make((4, 3, 8, 8), torch.float64, True, 1, requires_grad=False)
+    labels = torch.randint(0, 10, (4,), generator=torch.Generator().manual_seed(2))
+
+    def compile_fn(fn, *, fullgraph, optimizer):
+        return torch.compile(fn, backend="aot_eager", fullgraph=fullgraph)
+
+    results = {}
+    for mode in example.MODES:
+        torch._dynamo.reset()
+        model = net()
+        model.load_state_dict(start)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+        step = example.make_step(mode, model, opt, x, labels, 8.0, compile_fn)
+        before = {k: len(v) for k, v in fake.calls.items()}
+        losses = [float(step()) for _ in range(3)]
+        ran = {k: len(v) - before[k] for k, v in fake.calls.items()}
+        # two layers a step: two forwards and wgrads, one dgrad (the input needs no gradient)
+        assert ran == {"conv2d": 6, "dgrad": 3, "wgrad": 6}, (mode, ran)
+        results[mode] = losses, [p.detach().clone() for p in model.parameters()]
+    want_losses, want_params = results["eager"]
+    moved = [rel_err(p, start[k]) for p, k in zip(want_params, start)]
+    assert min(moved) > 1e-3, f"three SGD steps must move every parameter: {moved}"
+    for mode in example.MODES[1:]:
+        losses, params = results[mode]
+        assert losses == pytest.approx(want_losses, rel=1e-12), mode
+        for (k, p), q in zip(zip(start, params), want_params):
+            assert rel_err(p, q) <= 1e-12, (mode, k)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        example.make_step("max-autotune", net(), opt, x, labels, 8.0, compile_fn)
