@@ -97,7 +97,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                 _add_unique(p, seen, out)
             if len(out) > depthwise.MAX_VARIATIONS:
                 break
-        return out
+        return out + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
@@ -144,7 +144,28 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                     sliced.append(q)
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
-            + _pointwise_tile_candidates(problem, pass_, target, in_dtype))
+            + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
+            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen))
+
+
+def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
+                       seen: set[Plan]) -> list[Plan]:
+    """The default split-K plan with its slices summed in the main kernel (split_reduce "grid":
+    one launch, not two), and the same with half the slices, for GPUs whose registers hold
+    fewer blocks than the plan's shared-memory count assumed (a cooperative launch must fit
+    at once; the runtime refuses one that does not, and tuning skips it).  Last in the list:
+    not yet timed on a GPU, so tuning on first use, which times the first few, leaves them
+    to `convgen tune`."""
+    out: list[Plan] = []
+    if base.split_k == 1:
+        return out
+    for split in sorted({base.split_k, max(2, base.split_k // 2)}, reverse=True):
+        p = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
+            base, split_k=split, split_reduce="grid",
+            reasons=(f"tuning candidate: the default plan, split-K {split} summed in the main kernel",)))
+        if p is not None:
+            _add_unique(p, seen, out)
+    return out
 
 
 def _feasible(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,

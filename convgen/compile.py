@@ -503,6 +503,17 @@ def set_max_dynamic_shared_memory(fn: "cupy.cuda.Function", nbytes: int) -> None
     )
 
 
+def resident_blocks(fn: "cupy.cuda.Function", threads: int, shared_mem: int, device_id: int) -> int:
+    """How many blocks of `fn` (``threads`` a block, ``shared_mem`` dynamic bytes) the whole
+    GPU holds at once, as the driver counts them (registers, shared memory, threads): the
+    most a cooperative launch may have."""
+    cupy = _cupy()
+    from cupy.cuda import driver
+
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, int(threads), int(shared_mem))
+    return int(per_sm) * int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
+
+
 def local_bytes(fn: "cupy.cuda.Function") -> int:
     """Bytes of local memory per thread the loaded kernel uses: register spills (and any
     array the compiler could not keep in registers).  `convgen tune` refuses such plans."""

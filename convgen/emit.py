@@ -53,6 +53,9 @@ class Launch:
     # A persistent kernel's grid is one row of at most this many blocks (those the GPU
     # holds at once), which walk the grid_x * grid_n_tiles tiles themselves; 0: one per tile.
     grid_blocks: int = 0
+    # A cooperative launch (cuLaunchCooperativeKernel): every block resident at once, so the
+    # kernel may wait at a grid-wide barrier (split-K summed in the main kernel).
+    cooperative: bool = False
 
     def grid_x(self, batch: int) -> int:
         rows = batch * self.grid_rows_per_image if self.grid_rows_per_image else self.grid_fixed_rows
@@ -88,7 +91,7 @@ class KernelSource:
 
     def workspace_elems(self, batch: int) -> int:
         """fp32 elements of split-K workspace for ``batch`` (0 without split-K)."""
-        if not self.reduce:
+        if self.spec.plan.split_k == 1:
             return 0
         g = self.spec.geometry.gemm(self.spec.pass_, batch)
         return self.main.grid_z * g.m * g.n
@@ -106,6 +109,7 @@ class KernelSource:
                     "name": l.kernel, "args": list(l.args), "block": list(l.block),
                     "shared_mem": l.shared_mem,
                     "grid": _grid_text(l),
+                    **({"cooperative": True} if l.cooperative else {}),
                 }
                 for l in launches
             ],
@@ -256,7 +260,8 @@ def _elem(mma_dtype: str, be: Arch) -> Elem:
 
 @dataclass(frozen=True)
 class SplitK:
-    """The split-K reduction kernel's layout."""
+    """The split-K reduction's layout: a kernel of its own, or (``in_kernel``, plan
+    split_reduce "grid") the main kernel's last phase, its first ``rows`` warps summing."""
 
     slices: int
     reduce_name: str
@@ -265,6 +270,7 @@ class SplitK:
     vec: int
     db_vec: int
     out_n: int  # a row of the output, and of each slice: every group's columns
+    in_kernel: bool = False
 
 
 # The main-loop kinds (`_kind`), and the MMA flavours they compute with.
@@ -373,9 +379,16 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         )
     split = None
     if plan.split_k > 1:
+        in_kernel = plan.split_reduce == "grid"
+        # In the main kernel the summing warps are its first ones, up to REDUCE_ROWS: a TMA
+        # kernel's consumers (its producer warpgroup holds few registers after setmaxnreg).
+        rows = min(REDUCE_ROWS, plan.warps - plan.loop.producer_warps) if in_kernel else REDUCE_ROWS
+        ways = reduce_ways(plan.split_k)
+        while rows % ways:
+            ways //= 2
         split = SplitK(
-            slices=plan.split_k, reduce_name=spec.name + "_reduce", rows=REDUCE_ROWS,
-            ways=reduce_ways(plan.split_k), vec=reduce_vec(gemm.n), db_vec=reduce_vec(g.k), out_n=gemm.n,
+            slices=plan.split_k, reduce_name=spec.name + "_reduce", rows=rows,
+            ways=ways, vec=reduce_vec(gemm.n), db_vec=reduce_vec(g.k), out_n=gemm.n, in_kernel=in_kernel,
         )
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     return Context(
@@ -439,7 +452,7 @@ def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, .
     workspace = () if tma and p is not Pass.WGRAD else ("workspace",)
     epilogue = (("bias",) if epi.bias_add else ()) + (("residual", "alpha", "beta") if epi.residual else ())
     main = (inputs + epilogue + (out,) + (("db", "db_workspace") if epi.db else ()) + workspace + ("batch",))
-    if ctx.split is None:
+    if ctx.split is None or ctx.split.in_kernel:
         return main, None
     reduce = (
         ("workspace",) + epilogue + (out,)
@@ -510,6 +523,7 @@ def emit(spec: KernelSpec) -> KernelSource:
         grid_z=plan.split_k,
         grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if isinstance(plan.loop, TmaWgmma) and plan.loop.persistent else 0),
+        cooperative=ctx.split is not None and ctx.split.in_kernel,
         **rows,
     )
     reduce = None

@@ -114,7 +114,7 @@ class MainLoop:
                 + (f"x{plan.warps_k}, K sliced {plan.warps_k} ways" if plan.warps_k > 1 else "")
                 + f", warp tile {plan.warp_tile[0]}x{plan.warp_tile[1]}), {plan.stages} stages, vec A/B "
                 f"{plan.vec_a}/{plan.vec_b}, read A/B {plan.read_a}/{plan.read_b}, split-K {plan.split_k}"
-                + self.describe(plan))
+                + (" summed in the kernel" if plan.split_reduce == "grid" else "") + self.describe(plan))
 
 
 @dataclass(frozen=True)
@@ -461,7 +461,8 @@ class Depthwise(MainLoop):
                 f"block, {plan.warps} warps, {self.cols} pixel(s) x {plan.vec_a} channel(s) a thread"
                 + (f", filter rows {self.rows} a thread" if self.rows else "")
                 + (f", {self.tiles} tiles a block in turn" if self.tiles > 1 else "")
-                + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else ""))
+                + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else "")
+                + (" summed in the kernel" if plan.split_reduce == "grid" else ""))
 
 
 KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo, Depthwise)

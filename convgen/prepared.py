@@ -90,16 +90,22 @@ _ARG_SLOT = {
 
 class _Launcher:
     """One kernel's launch through CuPy's Function, with a fixed grid, block and shared
-    memory and its arguments picked from a call's slots by one precomputed itemgetter."""
+    memory and its arguments picked from a call's slots by one precomputed itemgetter.
+    A cooperative one goes through cuLaunchCooperativeKernel (its blocks all resident)."""
 
     def __init__(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
-                 args: tuple[str, ...], pass_: Pass) -> None:
+                 args: tuple[str, ...], pass_: Pass, cooperative: bool = False) -> None:
         self.fn, self.grid, self.block, self.shared_mem = fn, grid, block, shared_mem
+        self.cooperative = cooperative
         slots = [_SLOT[_ARG_SLOT[pass_].get(name, name)] for name in args]
         self.pick = operator.itemgetter(*slots) if len(slots) > 1 else (lambda v, _i=slots[0]: (v[_i],))
 
     def launch(self, objs: list, stream: Any = None) -> None:
-        self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem, stream=stream)
+        if self.cooperative:
+            self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem, stream=stream,
+                    enable_cooperative_groups=True)
+        else:
+            self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem, stream=stream)
 
 
 class _Stream:
@@ -176,11 +182,11 @@ class PreparedConv:
         batch = p.n
         # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one workspace
         self._ws_elems = -(-src.workspace_elems(batch) // 4) * 4
-        self._db_ws_elems = src.main.grid_z * p.k if src.reduce is not None and "db" in src.reduce.args else 0
+        self._db_ws_elems = src.main.grid_z * p.k if splan.split_k > 1 and "db_workspace" in src.main.args else 0
         self._pad_at = -(-(self._ws_elems + self._db_ws_elems) // 4) * 4  # the copies' scratch, 16-byte aligned
         self._arena_views: tuple[Any, Any] = (None, None)
         self._launchers = [_Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,
-                                     src.main.args, pass_)]
+                                     src.main.args, pass_, src.main.cooperative)]
         if src.reduce is not None:
             self._launchers.append(_Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block,
                                              0, src.reduce.args, pass_))

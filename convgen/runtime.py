@@ -187,9 +187,29 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
             main = fns[src.main.kernel]
             if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
                 set_max_dynamic_shared_memory(main, src.main.shared_mem)
+            if src.main.cooperative:
+                _check_cooperative(src, main, problem.n, device_id)
             k = _cache[key] = _Kernel.build(src, main, fns[src.reduce.kernel] if src.reduce else None)
     check_launch(k.source, problem.n)
     return k
+
+
+def _check_cooperative(src: KernelSource, main: Any, batch: int, device_id: int) -> None:
+    """A cooperative launch needs every block resident at once; the driver refuses one that
+    is not (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).  Say so when the kernel is loaded, with
+    the counts and the way out, rather than at its first call.  (Its grid, wgrad's, does not
+    grow with the batch.)"""
+    from .compile import resident_blocks
+
+    gx, gy, gz = src.grid(batch)
+    blocks = gx * gy * gz
+    threads = src.main.block[0] * src.main.block[1] * src.main.block[2]
+    holds = resident_blocks(main, threads, src.main.shared_mem, device_id)
+    if blocks > holds:
+        raise ValueError(
+            f"plan.split_reduce='grid' launches all {blocks} blocks of {src.main.kernel} at once (a cooperative launch, "
+            f"for its grid-wide barrier), but this GPU holds {holds} of them ({threads} threads and "
+            f"{src.main.shared_mem} bytes of shared memory a block); use split_reduce='kernel' or fewer split-K slices")
 
 
 def _tunable(plan: Optional[Plan], scalar: bool, in_dtype: str, mma_dtype: Optional[str]) -> bool:

@@ -26,6 +26,10 @@ def stages_whole_halo(geometry: "ConvGeometry", pass_: "Pass | str") -> bool:
 
 
 _PLAN_INTS = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b", "split_k")
+# Where split-K's slices are summed: "kernel", a second launch (the reduction kernel), or
+# "grid", the main kernel's own last phase after a grid-wide barrier (a cooperative launch,
+# every block resident at once), which saves a launch's host time and the gap between two.
+SPLIT_REDUCES = ("kernel", "grid")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Plan:
     read_b: DType = "float16"
     split_k: int = 1
     loop: MainLoop = Im2col()
+    split_reduce: str = "kernel"
     reasons: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -89,6 +94,10 @@ class Plan:
                 f"plan.stages must be between 2 and 8, got {self.stages}: the pipeline overlaps "
                 "the next tile's loads with this tile's MMAs, which needs at least two buffers"
             )
+        if self.split_reduce not in SPLIT_REDUCES:
+            raise ValueError(f"plan.split_reduce must be one of {SPLIT_REDUCES}, got {self.split_reduce!r}")
+        if self.split_reduce != "kernel" and self.split_k == 1:
+            raise ValueError(f"plan.split_reduce={self.split_reduce!r} sums split-K slices: it needs split_k > 1")
         if not isinstance(self.loop, MainLoop) or type(self.loop) is MainLoop:
             raise TypeError(f"plan.loop must be a main-loop kind ({', '.join(k.__name__ for k in KINDS)}), "
                             f"got {self.loop!r}")
@@ -104,7 +113,7 @@ class Plan:
         unknown = set(d) - set(PLAN_KEYS)
         if unknown:
             raise ValueError(f"plan dict has unknown keys {sorted(unknown)}; known: {', '.join(PLAN_KEYS)}")
-        common = {k: v for k, v in d.items() if k not in Flags._fields}
+        common = {k: v for k, v in d.items() if k not in Flags._fields}  # split_reduce among them
         staged = geometry is not None and pass_ is not None and stages_whole_halo(geometry, pass_)
         loop = from_flags(**{k: v for k, v in d.items() if k in Flags._fields}, staged=staged)
         return cls(**common, loop=loop, reasons=reasons)
@@ -168,6 +177,8 @@ class Plan:
         for name, value in self.loop.flags()._asdict().items():
             if value != Flags._field_defaults[name]:
                 d[name] = value
+        if self.split_reduce != "kernel":  # likewise: plans from before it existed keep their dicts
+            d["split_reduce"] = self.split_reduce
         return d
 
     def layout(self) -> str:
@@ -178,7 +189,8 @@ class Plan:
     def brief(self) -> str:
         """One table cell: tile, warps, stages, split-K, and the halo tile if any."""
         return (f"{self.block_m}x{self.block_n}x{self.block_k} w{self.warps_m}x{self.warps_n}"
-                + (f"x{self.warps_k}" if self.warps_k > 1 else "") + f" s{self.stages} k{self.split_k}" + self.layout())
+                + (f"x{self.warps_k}" if self.warps_k > 1 else "") + f" s{self.stages} k{self.split_k}"
+                + ("g" if self.split_reduce == "grid" else "") + self.layout())
 
     def explain(self) -> str:
         return "\n".join([self.loop.headline(self), *(f"  - {r}" for r in self.reasons)])
@@ -186,7 +198,7 @@ class Plan:
 
 # A plan dict's keys, in as_dict's order: the shared fields, then the kind's flags.
 PLAN_KEYS: tuple[str, ...] = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b",
-                              "read_a", "read_b", "split_k", *Flags._fields)
+                              "read_a", "read_b", "split_k", *Flags._fields, "split_reduce")
 
 
 SPEC_FORMAT = 1  # bump when the meaning of a spec's fields changes

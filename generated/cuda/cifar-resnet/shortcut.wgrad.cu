@@ -418,21 +418,23 @@ constexpr int RED_V = 4;  // outputs per thread: 4 (one 16-byte load per slice) 
 constexpr int RED_DB_V = 4;
 static_assert(RED_ROWS % RED_WAYS == 0 && OUT_N % RED_V == 0, "reduction layout");
 
-// Row `way`'s share of sum_z part[z * stride .. + V).
-template <int V>
+// Row `way`'s share of sum_z part[z * stride .. + V).  COHERENT: the slices were written by
+// this same kernel (the in-kernel reduction), so they are read through L2, never through
+// the read-only path a kernel may use for data it never writes.
+template <int V, bool COHERENT = false>
 __device__ __forceinline__ Sum<V> slice_sum(const float* __restrict__ part, long long stride, int way) {
   Sum<V> a0{}, a1{}, a2{}, a3{};
   int z = way;
 #pragma unroll 2
   for (; z + 3 * RED_WAYS < SLICES; z += RED_ACCS * RED_WAYS) {
-    add_slice(a0, part + z * stride);
-    add_slice(a1, part + (z + RED_WAYS) * stride);
-    add_slice(a2, part + (z + 2 * RED_WAYS) * stride);
-    add_slice(a3, part + (z + 3 * RED_WAYS) * stride);
+    add_slice<V, COHERENT>(a0, part + z * stride);
+    add_slice<V, COHERENT>(a1, part + (z + RED_WAYS) * stride);
+    add_slice<V, COHERENT>(a2, part + (z + 2 * RED_WAYS) * stride);
+    add_slice<V, COHERENT>(a3, part + (z + 3 * RED_WAYS) * stride);
   }
-  if (z < SLICES) add_slice(a0, part + z * stride);
-  if (z + RED_WAYS < SLICES) add_slice(a1, part + (z + RED_WAYS) * stride);
-  if (z + 2 * RED_WAYS < SLICES) add_slice(a2, part + (z + 2 * RED_WAYS) * stride);
+  if (z < SLICES) add_slice<V, COHERENT>(a0, part + z * stride);
+  if (z + RED_WAYS < SLICES) add_slice<V, COHERENT>(a1, part + (z + RED_WAYS) * stride);
+  if (z + 2 * RED_WAYS < SLICES) add_slice<V, COHERENT>(a2, part + (z + 2 * RED_WAYS) * stride);
   add_sum(a0, a1);
   add_sum(a2, a3);
   add_sum(a0, a2);
@@ -440,31 +442,33 @@ __device__ __forceinline__ Sum<V> slice_sum(const float* __restrict__ part, long
 }
 
 // Sums the `total` outputs of `part` (total % V == 0) over the slices, handing each run
-// of V sums to `finish(idx, sum)`.
-template <int V, class Finish>
+// of V sums to `finish(idx, sum)`.  The caller's thread is lane `lane` of row `row` of its
+// block, block `block` of `blocks`; `sync` is a barrier of the block's RED_ROWS rows.
+template <int V, bool COHERENT = false, class Sync, class Finish>
 __device__ __forceinline__ void reduce_slices(const float* __restrict__ part, long long total,
-                                              float (&rows)[RED_ROWS][32 * 4], Finish finish) {
-  const int way = static_cast<int>(threadIdx.y) % RED_WAYS;
-  const int group = static_cast<int>(threadIdx.y) / RED_WAYS;
+                                              float (&rows)[RED_ROWS][32 * 4], unsigned lane, unsigned row, unsigned block,
+                                              unsigned blocks, Sync sync, Finish finish) {
+  const int way = static_cast<int>(row) % RED_WAYS;
+  const int group = static_cast<int>(row) / RED_WAYS;
   constexpr long long PER_BLOCK = 32LL * V * (RED_ROWS / RED_WAYS);
-  float* mine = &rows[threadIdx.y][threadIdx.x * V];
-  for (long long base = static_cast<long long>(blockIdx.x) * PER_BLOCK; base < total; base += static_cast<long long>(gridDim.x) * PER_BLOCK) {
-    const long long idx = base + static_cast<long long>(group * 32 + static_cast<int>(threadIdx.x)) * V;
+  float* mine = &rows[row][lane * V];
+  for (long long base = static_cast<long long>(block) * PER_BLOCK; base < total; base += static_cast<long long>(blocks) * PER_BLOCK) {
+    const long long idx = base + static_cast<long long>(group * 32 + static_cast<int>(lane)) * V;
     const bool in = idx < total;  // a run of V is wholly in or out
-    Sum<V> s = in ? slice_sum<V>(part + idx, total, way) : Sum<V>{};
+    Sum<V> s = in ? slice_sum<V, COHERENT>(part + idx, total, way) : Sum<V>{};
     if constexpr (RED_WAYS > 1) {
 #pragma unroll
       for (int e = 0; e < V; ++e) mine[e] = s.v[e];
-      __syncthreads();
+      sync();
       if (way == 0) {
 #pragma unroll
         for (int j = 1; j < RED_WAYS; ++j) {
-          const float* theirs = &rows[threadIdx.y + j][threadIdx.x * V];
+          const float* theirs = &rows[row + j][lane * V];
 #pragma unroll
           for (int e = 0; e < V; ++e) s.v[e] += theirs[e];
         }
       }
-      __syncthreads();
+      sync();
     }
     if (way == 0 && in) finish(idx, s);
   }
@@ -474,8 +478,10 @@ extern "C" __global__ void __launch_bounds__(32 * RED_ROWS) convgen_wgrad_im2col
     const float* __restrict__ workspace, half_t* __restrict__ out,
 const float* __restrict__ db_workspace, half_t* __restrict__ db, long long m_rows) {
   alignas(16) __shared__ float rows[RED_ROWS][32 * 4];  // 16-byte aligned: read back as float4 runs
-  reduce_slices<RED_V>(workspace, m_rows * OUT_N, rows, [&](long long idx, Sum<RED_V>& s) {
+  const auto sync = [] { __syncthreads(); };
+  reduce_slices<RED_V>(workspace, m_rows * OUT_N, rows, threadIdx.x, threadIdx.y, blockIdx.x, gridDim.x, sync, [&](long long idx, Sum<RED_V>& s) {
     store_vec(out + idx, s.v);  // idx is a multiple of RED_V: aligned
   });
-  reduce_slices<RED_DB_V>(db_workspace, K_PIX, rows, [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
+  reduce_slices<RED_DB_V>(db_workspace, K_PIX, rows, threadIdx.x, threadIdx.y, blockIdx.x, gridDim.x, sync,
+                          [&](long long idx, Sum<RED_DB_V>& s) { store_vec(db + idx, s.v); });
 }

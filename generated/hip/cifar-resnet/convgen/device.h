@@ -225,10 +225,26 @@ __device__ __forceinline__ void load_run(const T* __restrict__ p, float (&v)[N])
 // ---- the split-K reduction's sums ----
 template <int V> struct Sum { float v[V]; };
 
-template <int V> __device__ __forceinline__ void add_slice(Sum<V>& s, const float* __restrict__ p) {
-  if constexpr (V == 4) {  // the launcher keeps every slice 16-byte aligned (N % 4 == 0)
+// A load through L2 (ld.global.cg), for slices other blocks of the same kernel wrote (the
+// split-K sums of plan split_reduce "grid", CUDA only: the planner never gives HIP one).
+template <class T> __device__ __forceinline__ T load_l2(const T* p) {
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__)
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+template <int V, bool COHERENT = false> __device__ __forceinline__ void add_slice(Sum<V>& s, const float* __restrict__ p) {
+  if constexpr (V == 4 && COHERENT) {
+    const float4 f = load_l2(reinterpret_cast<const float4*>(p));
+    s.v[0] += f.x; s.v[1] += f.y; s.v[2] += f.z; s.v[3] += f.w;
+  } else if constexpr (V == 4) {  // the launcher keeps every slice 16-byte aligned (N % 4 == 0)
     const float4 f = *reinterpret_cast<const float4*>(p);
     s.v[0] += f.x; s.v[1] += f.y; s.v[2] += f.z; s.v[3] += f.w;
+  } else if constexpr (COHERENT) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) s.v[e] += load_l2(p + e);
   } else {
 #pragma unroll
     for (int e = 0; e < V; ++e) s.v[e] += p[e];

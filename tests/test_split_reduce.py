@@ -1,0 +1,163 @@
+"""plan.split_reduce: where split-K's slices are summed, without a GPU.
+
+"kernel" (every plan so far) launches the reduction kernel after the main one; "grid" sums
+the slices in the main kernel after a grid-wide barrier, in one cooperative launch.  Here:
+which plans may say "grid" and the errors that name why not, the plan dict (old plans keep
+their keys), what the emitter writes (one kernel, cooperative, the same workspace), the
+tuning candidates, the runtime's residency check, and NVRTC compiling the kernels of the
+three kinds that split wgrad.  tests/test_split_reduce_gpu.py runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import convgen.runtime as rt
+from convgen.candidates import candidates
+from convgen.autotune import CANDIDATES
+from convgen.emit import emit
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
+from convgen.planner import check_plan, make_spec, plan as plan_for
+from convgen.spec import Plan
+
+SM90 = Target("sm_90")
+DENSE = ConvProblem(32, 32, 16, 16, 3, 3, 1, 1, 1, n=256)  # CIFAR res1: 132 slices on the im2col loop
+TMA = ConvProblem(56, 56, 64, 64, 3, 3, 1, 1, 1, n=128)  # ResNet's l1 3x3: the TMA loop, 24 slices
+DEPTHWISE = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, 1, groups=144, n=128)  # MobileNetV2's stencil
+
+
+def grid(problem: ConvProblem, target: Target = SM90) -> Plan:
+    p = plan_for(problem, Pass.WGRAD, target)
+    assert p.split_k > 1, p.brief()
+    return dataclasses.replace(p, split_reduce="grid")
+
+
+# --------------------------------------------------------------------------- which plans
+
+
+def test_split_reduce_values_are_checked_by_name():
+    base = plan_for(DENSE, Pass.WGRAD, SM90)
+    with pytest.raises(ValueError, match=r"plan.split_reduce must be one of \('kernel', 'grid'\), got 'tree'"):
+        dataclasses.replace(base, split_reduce="tree")
+    with pytest.raises(ValueError, match=r"split_reduce='grid' sums split-K slices: it needs split_k > 1"):
+        dataclasses.replace(base, split_k=1, split_reduce="grid")
+
+
+@pytest.mark.parametrize("problem", [DENSE, TMA, DEPTHWISE], ids=["im2col", "tma", "depthwise"])
+def test_wgrad_of_the_three_splitting_kinds_may_sum_in_the_kernel(problem):
+    check_plan(grid(problem), problem, Pass.WGRAD, SM90, "float16")
+
+
+def test_where_the_grid_reduction_is_refused():
+    fprop = Plan(128, 64, 32, 2, 2, 3, 8, 8, split_k=2, split_reduce="grid")  # an im2col fprop may split K
+    with pytest.raises(ValueError, match=r"wgrad's split-K only"):
+        check_plan(fprop, DENSE, Pass.FPROP, SM90, "float16")
+    hip = Target("gfx942")
+    with pytest.raises(ValueError, match=r"a CUDA target \(a cooperative launch\), not gfx942"):
+        check_plan(grid(DENSE, hip), DENSE, Pass.WGRAD, hip, "float16")
+    grouped = ConvProblem(28, 28, 128, 128, 3, 3, 1, 1, 1, groups=32, n=32)
+    p = dataclasses.replace(plan_for(grouped, Pass.WGRAD, SM90), split_k=4, split_reduce="grid")
+    with pytest.raises(ValueError, match=r"dense or depthwise layers, not groups=32"):
+        check_plan(p, grouped, Pass.WGRAD, SM90, "float16")
+
+
+def test_plan_dicts_name_the_grid_reduction_only_where_it_is_taken():
+    """A plan summing in the kernel says so in its dict (the tuning database's format, and the
+    spec key), and reads back the same; every other plan's dict keeps the keys it had."""
+    g = grid(DENSE)
+    d = g.as_dict()
+    assert d["split_reduce"] == "grid" and Plan.from_dict(json.loads(json.dumps(d))) == g
+    k = plan_for(DENSE, Pass.WGRAD, SM90)
+    assert "split_reduce" not in k.as_dict() and Plan.from_dict(k.as_dict()) == k
+    assert make_spec(DENSE, "wgrad", target=SM90, plan_=g).key != make_spec(DENSE, "wgrad", target=SM90, plan_=k).key
+    assert g.brief() == k.brief().replace(f"k{k.split_k}", f"k{k.split_k}g")
+
+
+# --------------------------------------------------------------------------- what is emitted
+
+
+@pytest.mark.parametrize("db", [False, True], ids=["dw", "dw+db"])
+@pytest.mark.parametrize("problem", [DENSE, TMA, DEPTHWISE], ids=["im2col", "tma", "depthwise"])
+def test_one_cooperative_kernel_sums_its_own_slices(problem, db):
+    g = grid(problem)
+    k = dataclasses.replace(g, split_reduce="kernel")
+    src = emit(make_spec(problem, "wgrad", target=SM90, epilogue=Epilogue(bias=db), plan_=g))
+    two = emit(make_spec(problem, "wgrad", target=SM90, epilogue=Epilogue(bias=db), plan_=k))
+    assert src.reduce is None and src.kernel_names == (src.main.kernel,)
+    assert src.main.cooperative and not two.main.cooperative and two.reduce is not None
+    assert src.main.args == two.main.args  # the same pointers: the outputs, and the workspace for the slices
+    assert src.workspace_elems(problem.n) == two.workspace_elems(problem.n) > 0
+    assert src.grid(problem.n) == two.grid(problem.n)
+    body = src.source
+    assert body.count("cooperative_groups::this_grid().sync();") == 1 and "_reduce(" not in body
+    assert ("reduce_slices<RED_DB_V, true>(db_workspace" in body) == db
+    assert "cooperative_groups" not in two.source
+    entry = src.manifest_entry()["kernels"]
+    assert len(entry) == 1 and entry[0]["cooperative"] is True
+    assert "cooperative" not in two.manifest_entry()["kernels"][0]
+    again = emit(make_spec(problem, "wgrad", target=SM90, epilogue=Epilogue(bias=db), plan_=g))
+    assert again.source == body  # deterministic
+
+
+def test_the_summing_warps_fit_the_block():
+    """The reduction's rows are whole warps of the block, at most 8, and a TMA kernel's
+    consumers only (its producer warpgroup gave its registers away)."""
+    for problem in (DENSE, TMA, DEPTHWISE):
+        g = grid(problem)
+        src = emit(make_spec(problem, "wgrad", target=SM90, plan_=g))
+        rows = int(src.source.split("constexpr int RED_ROWS = ")[1].split(",")[0])
+        ways = int(src.source.split("RED_WAYS = ")[1].split(",")[0])
+        summing = g.warps - g.loop.producer_warps
+        assert 1 <= rows <= min(8, summing) and rows % ways == 0, (g.brief(), rows, ways)
+        assert src.main.shared_mem >= rows * 32 * 4 * 4  # the rows' staging reuses the kernel's shared memory
+
+
+# --------------------------------------------------------------------------- tuning and the runtime
+
+
+@pytest.mark.parametrize("problem", [DENSE, TMA, DEPTHWISE], ids=["im2col", "tma", "depthwise"])
+def test_tuning_offers_the_grid_reduction_last(problem):
+    """The default plan summing its slices in the kernel (and with half the slices) is offered,
+    after every other candidate, so tuning on first use (the first few) leaves it to
+    `convgen tune` until a GPU has timed it; never on HIP."""
+    plans = candidates(problem, Pass.WGRAD, SM90)
+    grids = [i for i, p in enumerate(plans) if p.split_reduce == "grid"]
+    base = plans[0]
+    assert [plans[i].split_k for i in grids] == [base.split_k, base.split_k // 2]
+    assert grids == [len(plans) - 2, len(plans) - 1] and min(grids) >= CANDIDATES
+    assert all(dataclasses.replace(plans[i], split_reduce="kernel", split_k=base.split_k, reasons=())
+               == dataclasses.replace(base, reasons=()) for i in grids)
+    assert not any(p.split_reduce == "grid" for p in candidates(problem, Pass.WGRAD, Target("gfx942")))
+
+
+def test_the_runtime_refuses_a_grid_that_is_not_resident_at_once(monkeypatch):
+    """A cooperative launch larger than the GPU holds would fail at the driver; the runtime
+    says so when it loads the kernel, with the counts."""
+    import convgen.compile as cc
+
+    src = emit(make_spec(DENSE, "wgrad", target=SM90, plan_=grid(DENSE)))
+    blocks = src.grid(DENSE.n)[0] * src.grid(DENSE.n)[1] * src.grid(DENSE.n)[2]
+    seen = []
+    monkeypatch.setattr(cc, "resident_blocks", lambda fn, threads, smem, dev: seen.append((threads, smem)) or blocks - 1)
+    with pytest.raises(ValueError, match=rf"launches all {blocks} blocks .* this GPU holds {blocks - 1} of them"):
+        rt._check_cooperative(src, object(), DENSE.n, 0)
+    assert seen == [(src.main.block[0], src.main.shared_mem)]
+    monkeypatch.setattr(cc, "resident_blocks", lambda fn, threads, smem, dev: blocks)
+    rt._check_cooperative(src, object(), DENSE.n, 0)  # exactly resident: fine
+
+
+# --------------------------------------------------------------------------- NVRTC
+
+
+@pytest.mark.parametrize("db", [False, True], ids=["dw", "dw+db"])
+@pytest.mark.parametrize("problem", [DENSE, TMA, DEPTHWISE], ids=["im2col", "tma", "depthwise"])
+def test_nvrtc_compiles_the_grid_reduction(problem, db):
+    pytest.importorskip("cupy", reason="NVRTC comes with CuPy")
+    from convgen.compile import compile_binary
+
+    src = emit(make_spec(problem, "wgrad", target=SM90, epilogue=Epilogue(bias=db), plan_=grid(problem)))
+    binary = compile_binary(src.source, arch=src.compile_arch)
+    assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
