@@ -148,18 +148,36 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen))
 
 
+# Registers a thread of a split-K wgrad kernel is assumed to hold when sizing a grid that must
+# be resident at once: NVRTC gave 40-128 on sm_90 (twenty-ninth and thirtieth sessions'
+# `convgen sass` counts), and the runtime checks the real count when it loads a kernel.
+GRID_REDUCE_REGS = 128
+
+
 def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
                        seen: set[Plan]) -> list[Plan]:
     """The default split-K plan with its slices summed in the main kernel (split_reduce "grid":
-    one launch, not two), and the same with half the slices, for GPUs whose registers hold
-    fewer blocks than the plan's shared-memory count assumed (a cooperative launch must fit
-    at once; the runtime refuses one that does not, and tuning skips it).  Last in the list:
-    not yet timed on a GPU, so tuning on first use, which times the first few, leaves them
-    to `convgen tune`."""
+    one launch, not two): with the default's slices, half of them, and as many as the GPU
+    holds at once if each thread keeps GRID_REDUCE_REGS registers (the default's count comes
+    from shared memory and threads, and a cooperative launch must fit: the runtime refuses one
+    that does not, and tuning skips it).  Last in the list: not yet timed on a GPU, so tuning on
+    first use, which times the first few, leaves them to `convgen tune`."""
+    from .emit import emit
+    from .footprint import smem_bytes
+    from .planner import make_spec
+
     out: list[Plan] = []
-    if base.split_k == 1:
+    if base.split_k == 1 or _feasible(problem, pass_, target, in_dtype,
+                                      lambda: dataclasses.replace(base, split_reduce="grid")) is None:
         return out
-    for split in sorted({base.split_k, max(2, base.split_k // 2)}, reverse=True):
+    gx, gy, _ = emit(make_spec(problem, pass_, target=target, in_dtype=in_dtype, plan_=base)).grid(problem.n)
+    threads = base.warps * target.warp_size
+    per_sm = max(1, min(target.info.smem_limit // (smem_bytes(base, pass_, target.warp_size, problem) + 1024),
+                        65536 // (threads * GRID_REDUCE_REGS)))  # the SM reserves 1 KB a block
+    fit = target.sm_count * per_sm // (gx * gy)
+    for split in sorted({base.split_k, base.split_k // 2, min(fit, base.split_k)}, reverse=True):
+        if split < 2:
+            continue
         p = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
             base, split_k=split, split_reduce="grid",
             reasons=(f"tuning candidate: the default plan, split-K {split} summed in the main kernel",)))

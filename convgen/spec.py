@@ -44,6 +44,9 @@ class Plan:
     its own parameters: im2col from global memory (optionally with sliced K), wgmma, or one
     of the halo tiles.
 
+    ``split_reduce`` says where split-K's slices are summed: "kernel" (a second launch) or
+    "grid" (the main kernel itself, after a grid-wide barrier; wgrad on CUDA).
+
     ``dataclasses.replace(plan, loop=HaloTile(32))`` changes the kind.  A plan's dict
     (:meth:`as_dict`, the tuning database's format and part of every spec key) writes the
     kind in the flag fields plans had before kinds were types; :meth:`from_dict` reads them.
@@ -196,7 +199,8 @@ class Plan:
         return "\n".join([self.loop.headline(self), *(f"  - {r}" for r in self.reasons)])
 
 
-# A plan dict's keys, in as_dict's order: the shared fields, then the kind's flags.
+# A plan dict's keys, in as_dict's order: the shared fields, the kind's flags, then where
+# split-K is summed (written only when not by the reduction kernel).
 PLAN_KEYS: tuple[str, ...] = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "stages", "vec_a", "vec_b",
                               "read_a", "read_b", "split_k", *Flags._fields, "split_reduce")
 

@@ -120,17 +120,33 @@ def test_the_summing_warps_fit_the_block():
 
 @pytest.mark.parametrize("problem", [DENSE, TMA, DEPTHWISE], ids=["im2col", "tma", "depthwise"])
 def test_tuning_offers_the_grid_reduction_last(problem):
-    """The default plan summing its slices in the kernel (and with half the slices) is offered,
-    after every other candidate, so tuning on first use (the first few) leaves it to
-    `convgen tune` until a GPU has timed it; never on HIP."""
+    """The default plan summing its slices in the kernel (with its slices, half of them, and as
+    many as fit at 128 registers a thread) is offered after every other candidate, so tuning
+    on first use (the first few) leaves it to `convgen tune` until a GPU has timed it; never
+    on HIP."""
     plans = candidates(problem, Pass.WGRAD, SM90)
     grids = [i for i, p in enumerate(plans) if p.split_reduce == "grid"]
     base = plans[0]
-    assert [plans[i].split_k for i in grids] == [base.split_k, base.split_k // 2]
-    assert grids == [len(plans) - 2, len(plans) - 1] and min(grids) >= CANDIDATES
+    splits = [plans[i].split_k for i in grids]
+    assert splits[:2] == [base.split_k, base.split_k // 2] and splits == sorted(splits, reverse=True)
+    assert grids == list(range(len(plans) - len(grids), len(plans))) and min(grids) >= CANDIDATES
     assert all(dataclasses.replace(plans[i], split_reduce="kernel", split_k=base.split_k, reasons=())
                == dataclasses.replace(base, reasons=()) for i in grids)
     assert not any(p.split_reduce == "grid" for p in candidates(problem, Pass.WGRAD, Target("gfx942")))
+
+
+def test_one_twin_fits_the_gpu_at_128_registers_a_thread():
+    """MobileNetV2's first depthwise layer splits into 1056 slices of 256-thread blocks, which
+    need 8 blocks an SM resident: its registers hold 2 or 3 (80-94 a thread on sm_90).  The
+    smallest twin's grid fits 128 registers a thread."""
+    from convgen.candidates import GRID_REDUCE_REGS
+
+    problem = ConvProblem(112, 112, 32, 32, 3, 3, 1, 1, 1, groups=32, n=128)
+    plans = [p for p in candidates(problem, Pass.WGRAD, SM90) if p.split_reduce == "grid"]
+    smallest = plans[-1]
+    gx, gy, gz = emit(make_spec(problem, "wgrad", target=SM90, plan_=smallest)).grid(problem.n)
+    per_sm = 65536 // (smallest.warps * 32 * GRID_REDUCE_REGS)
+    assert len(plans) == 3 and gx * gy * gz <= SM90.sm_count * per_sm < gx * gy * plans[0].split_k
 
 
 def test_the_runtime_refuses_a_grid_that_is_not_resident_at_once(monkeypatch):

@@ -849,6 +849,7 @@ def _train_step_example():
     return module
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")  # torch's own, under torch.compile
 def test_train_step_example_modes_take_the_same_steps(fake, monkeypatch):
     """examples/train_step.py times three modes; each must be the same training step.  From
     the same weights on the same data, three SGD steps eagerly, with the model compiled, and
