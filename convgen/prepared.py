@@ -102,10 +102,9 @@ class _Launcher:
 
     def launch(self, objs: list, stream: Any = None) -> None:
         if self.cooperative:
-            self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem, stream=stream,
-                    enable_cooperative_groups=True)
-        else:
-            self.fn(self.grid, self.block, self.pick(objs), shared_mem=self.shared_mem, stream=stream)
+            self.fn(self.grid, self.block, self.pick(objs), self.shared_mem, stream, True)
+        else:  # positional: CuPy's keyword parsing costs a call a few hundred nanoseconds
+            self.fn(self.grid, self.block, self.pick(objs), self.shared_mem, stream)
 
 
 class _Stream:
@@ -120,6 +119,18 @@ class _Stream:
 
 _STREAMS: dict[int, _Stream] = {}
 _U64 = np.uint64
+# Device pointers as the kernels' 64-bit arguments, made once per address: a framework's buffers
+# come back call after call, and building a NumPy scalar costs a launch 175 ns (the CPU box).
+_PTRS: dict[int, Any] = {}
+
+
+def _ptr(p: int) -> Any:
+    v = _PTRS.get(p)
+    if v is None:
+        if len(_PTRS) >= 4096:  # addresses seen once, by the thousand: start over
+            _PTRS.clear()
+        v = _PTRS[p] = _U64(p)
+    return v
 
 
 class PreparedConv:
@@ -191,6 +202,10 @@ class PreparedConv:
             self._launchers.append(_Launcher(self._kernel.reduce, (src.reduce.grid_x(batch), 1, 1), src.reduce.block,
                                              0, src.reduce.args, pass_))
         self._scalars = (np.int32(batch), np.int64(self._kernel.gemm_m(batch)), np.float32(alpha), np.float32(beta))
+        # what launch() checks a call's pointers against, without a property or a lookup
+        self._aligns = (self._expect[0][4], self._expect[1][4])
+        self._residual_on = self.epilogue.residual
+        self._ws_needed = self.workspace_elems > 0
         self._maps = None
         if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
@@ -320,6 +335,32 @@ class PreparedConv:
         Only the pointers are checked (present, aligned for the kernel's vector accesses):
         the caller vouches for the rest, which is what lets this path skip building CuPy
         arrays (a few microseconds each).  Anything unsure belongs in ``__call__``."""
+        # One expression of cheap tests on the common path; the messages only on a failure.
+        try:
+            align_a, align_b = self._aligns
+            bad = (not a or a % align_a or not b or b % align_b or len(out) != self._n_out
+                   or not out[0] or out[0] % 16 or (self._n_out == 2 and (not out[1] or out[1] % 16))
+                   or bool(bias) != self._bias or bias % 16 or bool(residual) != self._residual_on or residual % 16
+                   or (self._ws_needed and (not workspace or workspace % 16)))
+        except AttributeError:  # an empty batch's op has no kernel, and so none of these
+            bad = True
+        if bad:
+            self._refuse(a, b, out, bias, residual, workspace)
+        ws = dbws = None
+        if self._ws_elems:
+            ws = _ptr(workspace)
+            dbws = _ptr(workspace + 4 * self._ws_elems) if self._db_ws_elems else None
+        handle = _STREAMS.get(stream)
+        if handle is None:
+            if len(_STREAMS) >= 256:  # a program that makes streams by the thousand: start over
+                _STREAMS.clear()
+            handle = _STREAMS.setdefault(stream, _Stream(stream))
+        objs = [_ptr(a), _ptr(b), _ptr(bias) if bias else None, _ptr(out[0]),
+                _ptr(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _ptr(residual) if residual else None]
+        self._run(objs, a, b, out[0], workspace + 4 * self._pad_at if self._copies is not None else 0, handle)
+
+    def _refuse(self, a: int, b: int, out: tuple[int, ...], bias: int, residual: int, workspace: int) -> None:
+        """launch()'s checks one by one, raising for the first that fails, naming the argument."""
         if self._kernel is None:
             raise ValueError("launch: this op's batch is empty, there is nothing to launch (its __call__ "
                              "zero-fills the outputs)")
@@ -339,21 +380,8 @@ class PreparedConv:
                              + " a residual")
         if residual % 16:
             raise ValueError(f"residual must be aligned to 16 bytes, got {residual:#x}")
-        ws = dbws = None
-        if self.workspace_elems and (not workspace or workspace % 16):
-            raise ValueError(f"workspace: this op needs {self.workspace_elems} fp32 elements of workspace "
-                             f"(split-K slices, padded channels), 16-byte aligned; got {workspace:#x}")
-        if self._ws_elems:
-            ws = _U64(workspace)
-            dbws = _U64(workspace + 4 * self._ws_elems) if self._db_ws_elems else None
-        handle = _STREAMS.get(stream)
-        if handle is None:
-            if len(_STREAMS) >= 256:  # a program that makes streams by the thousand: start over
-                _STREAMS.clear()
-            handle = _STREAMS.setdefault(stream, _Stream(stream))
-        objs = [_U64(a), _U64(b), _U64(bias) if bias else None, _U64(out[0]),
-                _U64(out[1]) if self._n_out == 2 else None, ws, dbws, *self._scalars, _U64(residual) if residual else None]
-        self._run(objs, a, b, out[0], workspace + 4 * self._pad_at if self._copies is not None else 0, handle)
+        raise ValueError(f"workspace: this op needs {self.workspace_elems} fp32 elements of workspace "
+                         f"(split-K slices, padded channels), 16-byte aligned; got {workspace:#x}")
 
     def _run(self, objs: list, a: int, b: int, out0: int, scratch: int, stream: Any) -> None:
         """The launches both calls make, on ``objs`` (the kernel's arguments, by slot): the
@@ -364,9 +392,9 @@ class PreparedConv:
         dwp = 0
         if self._copies is not None:
             a, b, dwp = self._copies.pad(a, b, scratch, stream)
-            objs[0], objs[1] = _U64(a), _U64(b)
+            objs[0], objs[1] = _ptr(a), _ptr(b)
             if dwp:
-                objs[3] = _U64(dwp)
+                objs[3] = _ptr(dwp)
         if self._maps is not None:
             objs += (self._maps.a(a), self._maps.b(b))
         for launcher in self._launchers:

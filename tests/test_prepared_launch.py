@@ -1,0 +1,150 @@
+"""PreparedConv.launch, the pointer path convgen.torch takes, without a GPU.
+
+The op is built on an emitted kernel whose CuPy Function is a recorder, so what a call
+launches (grid, block, the arguments by value, shared memory, stream, cooperative or not) is
+read back and compared with what the emitter says, and every refusal is checked by name.
+launch() tests the common path in one expression and builds its messages only on a
+failure: each case here breaks one condition, so a condition dropped from that expression
+lets a bad pointer through and fails here.  tests/test_prepared_gpu.py runs the real thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import convgen.prepared as pr
+import convgen.runtime as rt
+from convgen.emit import emit
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
+from convgen.planner import make_spec, plan as plan_for
+
+SM90 = Target("sm_90")
+FPROP = ConvProblem(16, 16, 24, 40, 3, 3, 1, 1, 1, n=8)  # im2col or halo: no tensor maps
+WGRAD = ConvProblem(32, 32, 16, 16, 3, 3, 1, 1, 1, n=256)  # split-K: two launches, or one cooperative
+
+
+class Recorder:
+    """A kernel Function that notes each launch instead of running it."""
+
+    ptr = 0
+
+    def __init__(self, name: str, log: list) -> None:
+        self.name, self.log = name, log
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None, enable_cooperative_groups=False):
+        self.log.append(dict(kernel=self.name, grid=grid, block=block, args=args, shared_mem=shared_mem,
+                             stream=stream.ptr, cooperative=enable_cooperative_groups))
+
+
+class _Runtime:
+    @staticmethod
+    def getDevice() -> int:
+        return 0
+
+
+class _Cuda:
+    runtime = _Runtime
+
+
+class _Cupy:
+    cuda = _Cuda
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    log: list[dict] = []
+
+    def kernel(problem, pass_, epilogue, in_dtype, device, plan, scalar, mma_dtype):
+        src = emit(make_spec(problem, pass_, target=SM90, epilogue=epilogue, plan_=plan))
+        return rt._Kernel.build(src, Recorder(src.main.kernel, log),
+                                Recorder(src.reduce.kernel, log) if src.reduce else None)
+
+    monkeypatch.setattr(rt, "_kernel", kernel)
+    monkeypatch.setattr(rt, "_cupy", lambda: _Cupy)
+    return log
+
+
+def op(pass_: str, problem: ConvProblem, plan=None, **epi) -> pr.PreparedConv:
+    return pr.PreparedConv(Pass.parse(pass_), problem, Epilogue(**epi), "float16", 0, plan)
+
+
+def test_a_launch_passes_the_pointers_by_value_in_the_kernels_order(launches):
+    fprop = op("fprop", FPROP)
+    src = fprop._kernel.source
+    fprop.launch(0x10000, 0x20000, (0x30000,), stream=0x77)
+    (call,) = launches
+    assert call["kernel"] == src.main.kernel and call["grid"] == src.grid(FPROP.n) and not call["cooperative"]
+    assert call["block"] == src.main.block and call["shared_mem"] == src.main.shared_mem and call["stream"] == 0x77
+    by_name = dict(zip(src.main.args, call["args"]))
+    assert (by_name["x"], by_name["w"], by_name["y"]) == (0x10000, 0x20000, 0x30000)
+    assert all(type(v) is np.uint64 for v in (by_name["x"], by_name["w"], by_name["y"]))
+    assert by_name["batch"] == FPROP.n and type(by_name["batch"]) is np.int32
+    fprop.launch(0x10000, 0x40000, (0x30000,), stream=0x77)  # a new pointer after cached ones
+    assert dict(zip(src.main.args, launches[-1]["args"]))["w"] == 0x40000
+
+
+@pytest.mark.parametrize("reduce", ["kernel", "grid"])
+def test_split_k_wgrad_launches_with_its_workspace(launches, reduce):
+    """The reduction kernel as a second launch, or the main kernel alone, cooperatively; the
+    slices at the caller's workspace, db's after them."""
+    base = plan_for(WGRAD, Pass.WGRAD, SM90)
+    wgrad = op("wgrad", WGRAD, dataclasses.replace(base, split_reduce=reduce), bias=True)
+    src = wgrad._kernel.source
+    ws = 0x800000
+    wgrad.launch(0x10000, 0x20000, (0x30000, 0x40000), workspace=ws)
+    assert [c["kernel"] for c in launches] == [src.main.kernel] + ([src.reduce.kernel] if reduce == "kernel" else [])
+    assert launches[0]["cooperative"] == (reduce == "grid")
+    main = dict(zip(src.main.args, launches[0]["args"]))
+    assert main["workspace"] == ws and main["db_workspace"] == ws + 4 * wgrad._ws_elems
+    assert (main["x"], main["dy"], main["dw"], main["db"]) == (0x10000, 0x20000, 0x30000, 0x40000)
+    assert wgrad.workspace_elems >= wgrad._ws_elems + WGRAD.k * base.split_k
+
+
+def test_every_refusal_names_its_argument(launches):
+    fprop = op("fprop", FPROP)
+    align_x = fprop._aligns[0]
+    good = dict(a=0x10000, b=0x20000, out=(0x30000,))
+    cases = [
+        (dict(a=0), r"x must be a nonzero device pointer aligned to \d+ bytes, got 0x0"),
+        (dict(a=0x10000 + align_x // 2), r"x must be a nonzero device pointer aligned"),
+        (dict(b=0), r"w must be a nonzero device pointer"),
+        (dict(b=0x20002), r"w must be a nonzero device pointer"),
+        (dict(out=(0,)), r"out must be a nonzero device pointer aligned to 16 bytes"),
+        (dict(out=(0x30008,)), r"out must be a nonzero device pointer aligned to 16 bytes"),
+        (dict(out=(0x30000, 0x50000)), r"out must hold 1 pointer\(s\) for this fprop, got 2"),
+        (dict(bias=0x60000), r"bias: this prepared op was built without a bias"),
+        (dict(residual=0x60000), r"residual: this prepared op was built without a residual"),
+    ]
+    for change, match in cases:
+        with pytest.raises(ValueError, match=match):
+            fprop.launch(**{**good, **change})
+    biased = op("fprop", FPROP, bias=True)
+    with pytest.raises(ValueError, match=r"bias: this prepared op was built with a bias"):
+        biased.launch(**good)
+    with pytest.raises(ValueError, match=r"bias must be aligned to 16 bytes, got 0x60008"):
+        biased.launch(**good, bias=0x60008)
+    res = op("fprop", FPROP, residual=True)
+    with pytest.raises(ValueError, match=r"residual must be aligned to 16 bytes, got 0x60004"):
+        res.launch(**good, residual=0x60004)
+    wgrad = op("wgrad", WGRAD)
+    for ws in (0, 0x800004):
+        with pytest.raises(ValueError, match=r"workspace: this op needs \d+ fp32 elements of workspace"):
+            wgrad.launch(0x10000, 0x20000, (0x30000,), workspace=ws)
+    two = op("wgrad", WGRAD, bias=True)
+    with pytest.raises(ValueError, match=r"out\[1\] must be a nonzero device pointer"):
+        two.launch(0x10000, 0x20000, (0x30000, 0x40008), workspace=0x800000)
+    assert not launches, "a refused call launched something"
+    empty = op("fprop", dataclasses.replace(FPROP, n=0))
+    with pytest.raises(ValueError, match=r"launch: this op's batch is empty"):
+        empty.launch(**good)
+
+
+def test_the_pointer_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(pr, "_PTRS", {})
+    for p in range(1, 5000):
+        assert pr._ptr(p * 16) == p * 16
+    assert 0 < len(pr._PTRS) <= 4096
+    assert pr._ptr(16) is pr._ptr(16)  # a repeat address: the same scalar, not a new one
