@@ -19,7 +19,7 @@ from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
 from .footprint import halo_images
-from .tma_rules import PERSISTENT_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
+from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -145,7 +145,43 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
             + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
+            + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
             + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen))
+
+
+# TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has
+# N = 576 in wgrad, which 192 columns cover with no padding where 128 pads 64 and 256 pads 192
+# (one tile in 10 or 3 in 12 multiplying nothing).  Not in TMA_TILES, which holds measured rates:
+# their split-K comes from the rate between their neighbours', and they are offered last, so
+# tuning on first use leaves them to `convgen tune` until a GPU has timed them.
+EXACT_TMA_BN = 192
+EXACT_TMA_STAGES = {64: 6, 128: 5}  # the deepest rings that fit (32 and 40 KB a stage)
+
+
+def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
+                          seen: set[Plan]) -> list[Plan]:
+    if (tma_eligible(problem.geometry, pass_, target, in_dtype) is not None  # type: ignore[arg-type]
+            or tma_tail_fill(problem, pass_) is not None):
+        return []
+    gemm = problem.gemm(pass_)
+    padded = lambda bn: math.ceil(gemm.n / bn) * bn  # noqa: E731
+    if padded(EXACT_TMA_BN) >= min(padded(128), padded(256)):
+        return []
+    out: list[Plan] = []
+    rates = {(m, n): r for m, n, _, r in TMA_TILES}
+    for bm, stages in EXACT_TMA_STAGES.items():
+        if bm > max(fit_tile(gemm.m), 64):
+            continue
+        rate = (rates[(bm, 128)] + rates[(bm, 256)]) / 2
+        split = tma_split(problem, pass_, target, bm, EXACT_TMA_BN, rate)[0]
+        p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+            bm, EXACT_TMA_BN, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split,
+            loop=TmaWgmma(), reasons=(f"tuning candidate {bm}x{EXACT_TMA_BN}x{TMA_BLOCK_K}, TMA + wgmma, exactly "
+                                      f"{gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}, {stages} stages, "
+                                      f"split-K {split}",)))
+        if p is not None:
+            _add_unique(p, seen, out)
+    return out
 
 
 # Registers a thread of a split-K wgrad kernel is assumed to hold when sizing a grid that must

@@ -54,6 +54,7 @@ TMA_PLANS = [
     Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma()),
     Plan(64, 128, 64, 4, 1, 6, 8, 8, loop=TmaWgmma()),
     Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma()),
+    Plan(64, 192, 64, 4, 1, 6, 8, 8, loop=TmaWgmma()),  # three 64-column boxes: a tile as wide as N = 576
 ]
 
 
@@ -218,6 +219,7 @@ WGRAD_PLANS = [
     Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma()),
     Plan(64, 128, 64, 4, 1, 6, 8, 8, split_k=7, loop=TmaWgmma()),   # 7 slices of few steps: some empty
     Plan(64, 64, 64, 4, 1, 3, 8, 8, split_k=2, loop=TmaWgmma()),
+    Plan(128, 192, 64, 8, 1, 5, 8, 8, split_k=3, loop=TmaWgmma()),  # three boxes of x a stage
 ]
 
 
