@@ -12,25 +12,25 @@ modules can be built, loaded and saved on a machine without it.
 Layouts.  The PyTorch API is PyTorch's: ``x`` has nn.Conv2d's logical shape
 (N, C, H, W) and ``w`` is (K, C/groups, R, S).  convgen's kernels read NHWC activations
 and KRSC weights, which is exactly the memory of a ``channels_last`` tensor: for
-a channels_last float16 ``x``, ``x.permute(0, 2, 3, 1)`` is a contiguous NHWC
+a channels_last float16 (or bfloat16) ``x``, ``x.permute(0, 2, 3, 1)`` is a contiguous NHWC
 view and goes to the kernel with no copy.  Any other layout or dtype (a
 contiguous NCHW tensor, float32) is converted first, in one pass, never misread.
 The weight is small and is permuted to KRSC (a copy unless it is already
 channels_last float16).  Outputs come back in channels_last memory with the
 logical shape PyTorch expects: y is (N, K, P, Q), dx is x's shape, dw is w's.
 
-Precision.  The kernels multiply float16 operands and accumulate in float32.
-``x`` decides the output dtype: float16 in, float16 out; float32 (or float64)
-in, float32 (float64) out, but computed from float16-rounded operands with a
-float32 accumulator, i.e. the precision of autocast, not of an FP32 cuDNN
-convolution.  Gradients come back in the dtype of the tensor they belong to,
-and the incoming gradient dy is rounded to float16 before dgrad and wgrad, as
-an autocast backward would do (values under 6e-8 flush to zero: scale the loss,
-as one does for any float16 training).  bfloat16 tensors are refused, naming the
-CuPy route: the kernels exist (convgen.conv2d takes ml_dtypes.bfloat16 arrays), this
-bridge does not run them yet.  Under ``torch.autocast("cuda")`` the inputs are cast to float16
-first, like nn.Conv2d's under a float16 autocast, so the output is float16 (also
-under a bfloat16 autocast, where nn.Conv2d's would be bfloat16).
+Precision.  The kernels multiply 16-bit operands and accumulate in float32: bfloat16 where x
+or w is bfloat16 (a bfloat16 model), float16 otherwise.  ``x`` decides the output dtype:
+float16 in, float16 out; bfloat16 in, bfloat16 out; float32 (or float64) in, float32
+(float64) out, but computed from operands rounded to the 16-bit type with a float32
+accumulator, i.e. the precision of autocast, not of an FP32 cuDNN convolution.  Gradients
+come back in the dtype of the tensor they belong to, and the incoming gradient dy is
+rounded to the 16-bit type before dgrad and wgrad, as an autocast backward would do (in
+float16, values under 6e-8 flush to zero: scale the loss, as one does for any float16
+training).  A float16 operand beside a bfloat16 one is refused (F.conv2d refuses it too).
+Under ``torch.autocast("cuda")`` the inputs are cast to float16 first, like nn.Conv2d's
+under a float16 autocast, so the output is float16 (also under a bfloat16 autocast, where
+nn.Conv2d's would be bfloat16: pass bfloat16 tensors for bfloat16 kernels).
 
 Streams and graphs.  Every launch goes on PyTorch's current stream of the tensors'
 device, with no synchronisation and no host copies, so the layer can be captured by
@@ -51,7 +51,7 @@ operand: the kernels get the tensors' device pointers through a prepared op's
 :meth:`~convgen.prepared.PreparedConv.launch`, so a call builds no CuPy array, enters no
 CuPy context and allocates nothing outside PyTorch (the host cost this saves is measured
 in benchmarks/NOTES.md, thirteenth session).  An eager call whose operands the kernels read
-as they are (channels_last float16) goes through a ``convgen.torch_launch.FastConv``, built
+as they are (channels_last float16 or bfloat16) goes through a ``convgen.torch_launch.FastConv``, built
 on its signature's first call once the checks passed, which fixes the geometry and the ops:
 an eager training loop is host-bound, so a repeat call does no more than allocate and launch
 (fourteenth session).
@@ -69,13 +69,13 @@ from torch.autograd.function import once_differentiable
 import convgen
 from convgen import torch_launch as _tl
 from convgen.ir import as_pair
-from convgen.torch_launch import (_bias_key, _device_index, _dgrad_impl, _fprop_impl, _geo, _out_dtype, _output_hw,
+from convgen.torch_launch import (_bias_key, _device_index, _dgrad_impl, _elem, _fprop_impl, _geo, _out_dtype, _output_hw,
                                   _wgrad_impl)
 
 __all__ = ["conv2d", "Conv2d", "precompile"]
 
 _PairArg = Union[int, Sequence[int]]
-_SUPPORTED_DTYPES = (torch.float16, torch.float32, torch.float64)
+_SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 # --------------------------------------------------------------------------- argument handling
@@ -116,12 +116,12 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tenso
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in _SUPPORTED_DTYPES:
-            hint = (" (convgen has bfloat16 kernels, but convgen.torch does not run them yet: its fast path "
-                    "and autocast rule are float16's; use convgen.conv2d with ml_dtypes.bfloat16 CuPy arrays, "
-                    "or convert to float16 or float32)") if t.dtype == torch.bfloat16 else ""
-            raise TypeError(f"{name} must be float16, float32 or float64, got {t.dtype}{hint}")
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
         if t.device != x.device:
             raise RuntimeError(f"{name} is on {t.device} but x is on {x.device}; all operands must be on one device")
+    if {x.dtype, w.dtype} == {torch.float16, torch.bfloat16}:
+        raise TypeError(f"x is {x.dtype} and w is {w.dtype}: the kernels multiply one 16-bit type; convert one "
+                        "of them (a bfloat16 model's weights and inputs are both bfloat16)")
     if x.dim() != 4:
         raise ValueError(f"x must be 4-D (N, C, H, W) or 3-D (C, H, W), got shape {tuple(x.shape)}")
     if w.dim() != 4:
@@ -223,9 +223,10 @@ def _grads(ctx: Any, gy: torch.Tensor, dgrad: Any, wgrad: Any):
         dw, db_ = wgrad(gy, x, list(ctx.w_meta[0]), ctx.w_meta[1], ctx.b_dtype if need_db else None, *ctx.geo)
         db = db_ if need_db else None
     elif need_db:
-        # Only the bias trains: db is a plain reduction of dy (rounded to float16, as the
-        # kernels see it), not worth a wgrad launch.
-        db = gy.to(torch.float16).sum(dim=(0, 2, 3), dtype=torch.float32).to(ctx.b_dtype)
+        # Only the bias trains: db is a plain reduction of dy (rounded to the 16-bit type, as
+        # the kernels see it), not worth a wgrad launch.
+        elem = _tl._TORCH[_elem(ctx.x_meta[1], ctx.w_meta[1])]
+        db = gy.to(elem).sum(dim=(0, 2, 3), dtype=torch.float32).to(ctx.b_dtype)
     return dx, dw, db, None, None, None, None
 
 
@@ -258,12 +259,14 @@ def _record(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     shapes = ((n, h, wd, c), (k, r, s, cw))
     index = _device_index(x)
     need_dx, need_dw, need_db = needs
-    _recording.append(("fprop", *shapes, geo, _bias_key(bias), _out_dtype(x.dtype), index, groups))
+    elem = _elem(x.dtype, w.dtype)
+    _recording.append(("fprop", *shapes, geo, _bias_key(bias, elem), _out_dtype(elem, x.dtype), index, groups, elem))
     if need_dx:
-        _recording.append(("dgrad", *shapes, geo, False, _out_dtype(x.dtype), index, groups))
+        _recording.append(("dgrad", *shapes, geo, False, _out_dtype(elem, x.dtype), index, groups, elem))
     if need_dw:
         b_dtype = bias.dtype if need_db and bias is not None else None
-        _recording.append(("wgrad", *shapes, geo, b_dtype is not None, _out_dtype(w.dtype, b_dtype), index, groups))
+        _recording.append(("wgrad", *shapes, geo, b_dtype is not None, _out_dtype(elem, w.dtype, b_dtype), index,
+                           groups, elem))
     return torch.empty((n, k, p, q), dtype=x.dtype, device=x.device, memory_format=torch.channels_last).zero_()
 
 
@@ -346,7 +349,7 @@ class _FastEagerConv2d(torch.autograd.Function):
         fast = ctx.fast
         grads = fast.grads(gy, x, w, ctx.needs_input_grad[:3])
         if grads is None:  # a gradient of another layout or dtype: the implementations convert it
-            ctx.x_meta, ctx.w_meta = (fast.x_shape, torch.float16), (fast.w_shape, torch.float16)
+            ctx.x_meta, ctx.w_meta = (fast.x_shape, fast.dtype), (fast.w_shape, fast.dtype)
             ctx.b_dtype, ctx.geo = fast.b_dtype, fast.geo_lists
             return _grads(ctx, gy, _dgrad_impl, _wgrad_impl)[:3] + (None,)
         return (*grads, None)
@@ -449,7 +452,7 @@ class Conv2d(nn.Conv2d):
     in_channels and out_channels (the weight is then (K, C/groups, R, S); groups =
     in_channels is depthwise), and padding_mode='zeros' (anything else raises ValueError here
     rather than computing something else later).  Inputs must be CUDA tensors; channels_last
-    float16 activations take the zero-copy path.
+    float16 (or bfloat16) activations take the zero-copy path.
     """
 
     def __init__(

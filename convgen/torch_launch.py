@@ -2,11 +2,12 @@
 
 convgen.torch (the front end: arguments, operators, autograd, modules) hands this module
 tensors it has checked; this module turns them into what the kernels read (dense NHWC /
-KRSC float16, a copy only when the tensor is not that already), allocates the outputs as
+KRSC of the call's 16-bit type, float16 or bfloat16: a copy only when the tensor is not that
+already), allocates the outputs as
 channels_last PyTorch tensors and launches the layer's prepared op on PyTorch's current
 stream.  Two paths: the implementations (``_fprop_impl``, ``_dgrad_impl``, ``_wgrad_impl``),
 which take any layout and dtype convgen.torch accepts, and :class:`FastConv`, one object per
-call signature that the kernels read as it is (channels_last float16 operands), which
+call signature that the kernels read as it is (channels_last float16 or bfloat16 operands), which
 skips everything a repeat call of that signature would only re-derive: an eager training
 loop is host-bound, and PyTorch's own conv dispatch is the bar (benchmarks/probes/host_cost.py).
 """
@@ -20,31 +21,42 @@ import torch
 import convgen
 from convgen.ir import ConvGeometry
 
-_KERNEL_DTYPES = (torch.float16, torch.float32)  # what the kernels read (fp16) and write
-
-def _out_dtype(*dtypes: Optional[torch.dtype]) -> str:
-    """The kernels' output dtype: float16 only when everything it is for is float16 (wider
-    dtypes get float32 out of the kernel, the exact accumulator, then widen if float64)."""
-    return "float16" if all(d in (None, torch.float16) for d in dtypes) else "float32"
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the kernels read (16-bit) and write
+_TORCH = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def _dense_half(view: torch.Tensor) -> torch.Tensor:
-    """``view`` (already in the kernel's logical order: NHWC or KRSC) as a dense float16 tensor.
+def _elem(*dtypes: Optional[torch.dtype]) -> str:
+    """A call's 16-bit type, what its kernels' MMAs read: bfloat16 where x or w is bfloat16,
+    else float16 (float32 and float64 operands are rounded to it, as autocast would)."""
+    return "bfloat16" if torch.bfloat16 in dtypes else "float16"
+
+
+def _out_dtype(elem: str, *dtypes: Optional[torch.dtype]) -> str:
+    """The kernels' output dtype: the call's 16-bit type only when everything it is for has
+    that type (wider dtypes get float32 out of the kernel, the exact accumulator, then widen
+    if float64)."""
+    return elem if all(d in (None, _TORCH[elem]) for d in dtypes) else "float32"
+
+
+def _dense_half(view: torch.Tensor, elem: str) -> torch.Tensor:
+    """``view`` (already in the kernel's logical order: NHWC or KRSC) as a dense tensor of the
+    call's 16-bit type ``elem``.
 
     No copy when it already is one: that is the zero-copy path of a channels_last
-    float16 tensor.  Otherwise one fused cast-and-relayout copy.  Alignment is
+    16-bit tensor.  Otherwise one fused cast-and-relayout copy.  Alignment is
     the runtime's job (it copies an operand whose pointer a vector load cannot use).
     """
-    if view.dtype == torch.float16 and view.is_contiguous():
+    dtype = _TORCH[elem]
+    if view.dtype == dtype and view.is_contiguous():
         return view
-    out = torch.empty(view.shape, dtype=torch.float16, device=view.device)
+    out = torch.empty(view.shape, dtype=dtype, device=view.device)
     out.copy_(view)
     return out
 
 
-def _nhwc_half(t: torch.Tensor) -> torch.Tensor:
-    """(N, C, H, W) logical -> dense float16 (N, H, W, C); a view of ``t`` if it is channels_last float16."""
-    return _dense_half(t.permute(0, 2, 3, 1))
+def _nhwc_half(t: torch.Tensor, elem: str) -> torch.Tensor:
+    """(N, C, H, W) logical -> dense (N, H, W, C) of ``elem``; a view of ``t`` if it is channels_last ``elem``."""
+    return _dense_half(t.permute(0, 2, 3, 1), elem)
 
 
 # --------------------------------------------------------------------------- the launch bridge
@@ -59,7 +71,7 @@ def _ptr(t: torch.Tensor) -> int:
     caller's word for shape and dtype, so this guard keeps the word honest."""
     if not t.is_contiguous() or t.dtype not in _KERNEL_DTYPES:
         raise RuntimeError(f"convgen.torch: internal error, a {t.dtype} tensor of strides {t.stride()} "
-                           "reached the kernels (they read dense float16 and write dense float16/float32)")
+                           "reached the kernels (they read dense float16 or bfloat16 and write those or float32)")
     return t.data_ptr()
 
 
@@ -103,8 +115,8 @@ _prepared: dict[tuple, Any] = {}
 
 
 def _op(*key: Any) -> Any:
-    """The op of (pass, NHWC x_shape, KRSC w_shape, geometry, bias, out_dtype, device, groups);
-    KRSC is (K, R, S, C/groups)."""
+    """The op of (pass, NHWC x_shape, KRSC w_shape, geometry, bias, out_dtype, device, groups,
+    the 16-bit type); KRSC is (K, R, S, C/groups)."""
     op = _prepared.get(key)
     if op is None:
         op = _prepared[key] = convgen.prepare(**_prepare_args(key))
@@ -112,23 +124,23 @@ def _op(*key: Any) -> Any:
 
 
 def _prepare_args(key: tuple) -> dict:  # convgen.prepare's arguments for an op's key
-    pass_, x_shape, w_shape, (stride, padding, dilation), bias, out_dtype, device, groups = key
+    pass_, x_shape, w_shape, (stride, padding, dilation), bias, out_dtype, device, groups, elem = key
     return dict(pass_=pass_, x_shape=x_shape, w_shape=w_shape, stride=stride, padding=padding, dilation=dilation,
                 bias=bool(bias), bias_dtype=bias if isinstance(bias, str) else "float32", out_dtype=out_dtype,
-                device=device, groups=groups)
+                device=device, groups=groups, in_dtype=elem)
 
 
-def _bias_key(bias: Optional[torch.Tensor]) -> Any:
-    """fprop's bias in an op's key: False, or the dtype the epilogue reads it as (a float16
-    bias as it is, any other as float32)."""
+def _bias_key(bias: Optional[torch.Tensor], elem: str) -> Any:
+    """fprop's bias in an op's key: False, or the dtype the epilogue reads it as (a bias of
+    the call's 16-bit type as it is, any other as float32)."""
     if bias is None:
         return False
-    return "float16" if bias.dtype == torch.float16 else "float32"
+    return elem if bias.dtype == _TORCH[elem] else "float32"
 
 
-def _kernel_bias(bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The bias as the epilogue reads it (see _bias_key): float16 as it is, else float32."""
-    if bias is None or bias.dtype in _KERNEL_DTYPES:
+def _kernel_bias(bias: Optional[torch.Tensor], elem: str) -> Optional[torch.Tensor]:
+    """The bias as the epilogue reads it (see _bias_key): ``elem`` or float32 as it is, else float32."""
+    if bias is None or bias.dtype in (_TORCH[elem], torch.float32):
         return bias
     return bias.to(torch.float32)
 
@@ -141,8 +153,7 @@ def _workspace(op: Any, device: torch.device) -> Optional[torch.Tensor]:
 def _nchw_empty(shape: tuple, kernel_dtype: str, device: torch.device) -> torch.Tensor:
     """A (N, C, H, W)-logical output in channels_last memory: its NHWC permutation is the
     dense array the kernel writes."""
-    dtype = torch.float16 if kernel_dtype == "float16" else torch.float32
-    return torch.empty(shape, dtype=dtype, device=device, memory_format=torch.channels_last)
+    return torch.empty(shape, dtype=_TORCH[kernel_dtype], device=device, memory_format=torch.channels_last)
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -175,15 +186,16 @@ def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     k, cw, r, s = w.shape  # cw = C/groups
     geo = _geo(stride, padding, dilation)
     p, q = _output_hw(h, wd, c, k, r, s, geo)
-    out_dtype = _out_dtype(x.dtype)
+    elem = _elem(x.dtype, w.dtype)
+    out_dtype = _out_dtype(elem, x.dtype)
     y = _nchw_empty((n, k, p, q), out_dtype, x.device)
     if n == 0:  # nothing to launch
         return y if y.dtype == x.dtype else y.to(x.dtype)
     index = _device_index(x)
-    op = _op("fprop", (n, h, wd, c), (k, r, s, cw), geo, _bias_key(bias), out_dtype, index, groups)
-    x16 = _aligned(_nhwc_half(x))
-    w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))  # KRSC
-    b = _kernel_bias(bias)
+    op = _op("fprop", (n, h, wd, c), (k, r, s, cw), geo, _bias_key(bias, elem), out_dtype, index, groups, elem)
+    x16 = _aligned(_nhwc_half(x, elem))
+    w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1), elem))  # KRSC
+    b = _kernel_bias(bias, elem)
     b = None if b is None else _aligned(b.contiguous())
     _launch(op, index, x16, w16, (y.permute(0, 2, 3, 1),), b, _workspace(op, x.device))
     return y if y.dtype == x.dtype else y.to(x.dtype)
@@ -195,13 +207,14 @@ def _dgrad_impl(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dty
     n, c, h, wd = x_shape
     k, cw, r, s = w.shape
     geo = _geo(stride, padding, dilation)
-    out_dtype = _out_dtype(x_dtype)
+    elem = _elem(x_dtype, w.dtype)
+    out_dtype = _out_dtype(elem, x_dtype)
     dx = _nchw_empty((n, c, h, wd), out_dtype, gy.device)
     if n:
         index = _device_index(gy)
-        op = _op("dgrad", (n, h, wd, c), (k, r, s, cw), geo, False, out_dtype, index, groups)
-        gy16 = _aligned(_nhwc_half(gy))  # dense NHWC float16 dy (a view when gy is channels_last fp16)
-        w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1)))
+        op = _op("dgrad", (n, h, wd, c), (k, r, s, cw), geo, False, out_dtype, index, groups, elem)
+        gy16 = _aligned(_nhwc_half(gy, elem))  # dense NHWC 16-bit dy (a view when gy is channels_last of it)
+        w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1), elem))
         _launch(op, index, gy16, w16, (dx.permute(0, 2, 3, 1),), None, _workspace(op, gy.device))
     return dx if dx.dtype == x_dtype else dx.to(x_dtype)
 
@@ -212,7 +225,8 @@ def _wgrad_impl(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dty
     n, c, h, wd = x.shape
     k, cw, r, s = w_shape  # cw = C/groups
     geo = _geo(stride, padding, dilation)
-    out_dtype = _out_dtype(w_dtype, b_dtype)
+    elem = _elem(x.dtype, w_dtype)
+    out_dtype = _out_dtype(elem, w_dtype, b_dtype)
     dw = _nchw_empty((k, cw, r, s), out_dtype, x.device)  # KRSC memory, (K, C/groups, R, S) logical
     db = torch.empty((k,) if b_dtype is not None else (0,), dtype=dw.dtype, device=x.device)
     if n == 0:  # an empty batch contributes nothing: the gradients are exactly zero
@@ -220,9 +234,9 @@ def _wgrad_impl(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dty
         db.zero_()
     else:
         index = _device_index(x)
-        op = _op("wgrad", (n, h, wd, c), (k, r, s, cw), geo, b_dtype is not None, out_dtype, index, groups)
-        gy16 = _aligned(_nhwc_half(gy))
-        x16 = _aligned(_nhwc_half(x))
+        op = _op("wgrad", (n, h, wd, c), (k, r, s, cw), geo, b_dtype is not None, out_dtype, index, groups, elem)
+        gy16 = _aligned(_nhwc_half(gy, elem))
+        x16 = _aligned(_nhwc_half(x, elem))
         _launch(op, index, x16, gy16, (dw.permute(0, 2, 3, 1),) + ((db,) if b_dtype is not None else ()), None,
                 _workspace(op, x.device))
     return (dw if dw.dtype == w_dtype else dw.to(w_dtype),
@@ -263,7 +277,8 @@ def signature(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], *g
 
 class FastConv:
     """The three passes of one call signature whose operands the kernels read as they are:
-    x and w channels_last float16, bias absent or a dense float16/float32 vector, a
+    x and w channels_last float16 (or both bfloat16), bias absent or a dense vector of that
+    type or float32, a
     non-empty batch and symmetric padding.  Everything a call would re-derive (checks,
     geometry, the ops, output shapes and strides) is fixed here once; a call allocates its
     output, takes the pointers and launches.  Anything off that path (another device
@@ -281,27 +296,30 @@ class FastConv:
         self.x_shape, self.w_shape, self.y_shape = (n, c, h, wd), (k, cw, r, s), (n, k, p, q)
         self._gy_strides = {_cl_strides(self.y_shape)}  # strides of gradients met that are dense channels_last
         self.b_dtype = None if bias is None else bias.dtype
+        self.dtype = x.dtype  # the call's 16-bit type: its operands', outputs' and gradients'
+        self.elem = _elem(x.dtype)
         self._shapes = ((n, h, wd, c), (k, r, s, cw))
-        self.fprop = _op("fprop", *self._shapes, self.geo, _bias_key(bias), "float16", self.index, groups)
+        self.fprop = _op("fprop", *self._shapes, self.geo, _bias_key(bias, self.elem), self.elem, self.index, groups,
+                         self.elem)
         self._backward_ops: dict[tuple, Any] = {}
 
     @staticmethod
     def fits(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
         """Whether the kernels read these operands as they are (so a FastConv serves them)."""
-        return (x.dtype == torch.float16 and w.dtype == torch.float16 and x.shape[0] > 0
+        return (x.dtype in (torch.float16, torch.bfloat16) and w.dtype == x.dtype and x.shape[0] > 0
                 and _is_cl(x.shape, x.stride()) and _is_cl(w.shape, w.stride())
-                and (bias is None or (bias.dtype in _KERNEL_DTYPES and bias.is_contiguous())))
+                and (bias is None or (bias.dtype in (x.dtype, torch.float32) and bias.is_contiguous())))
 
     def _here(self) -> bool:
         return _current_device() == self.index
 
     def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """y = conv(x, w) [+ bias], (N, K, P, Q) in channels_last float16."""
+        """y = conv(x, w) [+ bias], (N, K, P, Q) in channels_last memory of x's 16-bit type."""
         xp, wp = _cl_ptr(x), _cl_ptr(w)
-        bp = 0 if bias is None else _ptr(bias)  # float16 or float32 (fits()): the epilogue reads it as it is
+        bp = 0 if bias is None else _ptr(bias)  # x's type or float32 (fits()): the epilogue reads it as it is
         if (xp | wp | bp) & 15 or not self._here():
             return _fprop_impl(x, w, bias, *self.geo_lists)
-        y = torch.empty(self.y_shape, dtype=torch.float16, device=self.device, memory_format=torch.channels_last)
+        y = torch.empty(self.y_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
         op = self.fprop
         ws = _workspace(op, self.device)
         op.launch(xp, wp, (_cl_ptr(y),), bias=bp, workspace=0 if ws is None else _ptr(ws),
@@ -311,8 +329,8 @@ class FastConv:
     def _backward_op(self, pass_: str, bias: bool) -> Any:
         op = self._backward_ops.get((pass_, bias))
         if op is None:
-            op = self._backward_ops[(pass_, bias)] = _op(pass_, *self._shapes, self.geo, bias, "float16", self.index,
-                                                         self.groups)
+            op = self._backward_ops[(pass_, bias)] = _op(pass_, *self._shapes, self.geo, bias, self.elem, self.index,
+                                                         self.groups, self.elem)
         return op
 
     def grads(self, gy: torch.Tensor, x: Optional[torch.Tensor], w: Optional[torch.Tensor],
@@ -320,8 +338,8 @@ class FastConv:
         """(dx, dw, db) as autograd asks for them (None where not asked), or None when gy is
         not what the kernels read as it is (the caller then takes the implementations)."""
         need_dx, need_dw, need_db = needs
-        if (gy.dtype != torch.float16 or gy.shape != self.y_shape
-                or (need_dw and need_db and self.b_dtype != torch.float16) or not self._here()):
+        if (gy.dtype != self.dtype or gy.shape != self.y_shape
+                or (need_dw and need_db and self.b_dtype != self.dtype) or not self._here()):
             return None
         if gy.stride() not in self._gy_strides:
             if not _is_cl(gy.shape, gy.stride()):
@@ -336,15 +354,15 @@ class FastConv:
         dx = dw = db = None
         if need_dx:
             op = self._backward_op("dgrad", False)
-            dx = torch.empty(self.x_shape, dtype=torch.float16, device=self.device, memory_format=torch.channels_last)
+            dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
             ws = _workspace(op, self.device)
             op.launch(gyp, wp, (_cl_ptr(dx),), workspace=0 if ws is None else _ptr(ws), stream=stream)
         if need_dw:
             op = self._backward_op("wgrad", need_db)
-            dw = torch.empty(self.w_shape, dtype=torch.float16, device=self.device, memory_format=torch.channels_last)
+            dw = torch.empty(self.w_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
             outs: tuple = (_cl_ptr(dw),)
             if need_db:
-                db = torch.empty((self.w_shape[0],), dtype=torch.float16, device=self.device)
+                db = torch.empty((self.w_shape[0],), dtype=self.dtype, device=self.device)
                 outs += (_ptr(db),)
             ws = _workspace(op, self.device)
             op.launch(xp, gyp, outs, workspace=0 if ws is None else _ptr(ws), stream=stream)

@@ -29,6 +29,28 @@ import convgen.torch_launch as ctl  # noqa: E402
 from convgen import reference  # noqa: E402
 
 CL = torch.channels_last
+
+
+def _np_dtype(name: str) -> np.dtype:
+    """A dtype name as NumPy's: bfloat16 is ml_dtypes' (NumPy has none of its own)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _f64(a: np.ndarray) -> np.ndarray:
+    """An operand as the reference takes it (it refuses ml_dtypes' bfloat16, no NumPy float)."""
+    return a.astype(np.float64)
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a NumPy array (a bfloat16 one through ml_dtypes: NumPy cannot
+    take PyTorch's bfloat16 directly), sharing its memory, so the fake kernels write through."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_np_dtype("bfloat16"))
+    return t.numpy()
 # F.conv2d's own note that an even-kernel 'same' reference pads a copy of its input.
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
 
@@ -48,12 +70,13 @@ class FakeKernels:
         self.prepared: list[tuple] = []  # every op built: (pass, x_shape, w_shape, bias)
         self.groups: list[int] = []  # the groups of every op built, in the same order
         self.batches: list[int] = []  # the sizes of convgen.prepare_many's calls
+        self.in_dtypes: list[str] = []  # the 16-bit type of every op built, in the same order
 
     @staticmethod
-    def _operand(name: str, a, shape=None) -> None:
+    def _operand(name: str, a, shape=None, dtype: str = "float16") -> None:
         assert isinstance(a, np.ndarray), f"{name}: expected an array, got {type(a).__name__}"
         assert a.ndim == 4, f"{name}: expected 4-D, got {a.shape}"
-        assert a.dtype == np.float16, f"{name}: convgen.torch must pass float16 operands, got {a.dtype}"
+        assert a.dtype == _np_dtype(dtype), f"{name}: convgen.torch must pass {dtype} operands here, got {a.dtype}"
         assert a.flags.c_contiguous, f"{name}: convgen.torch must pass dense NHWC/KRSC operands (strides {a.strides})"
         if shape is not None:
             assert a.shape == tuple(shape), f"{name}: shape {a.shape}, expected {tuple(shape)}"
@@ -61,7 +84,7 @@ class FakeKernels:
     @staticmethod
     def _output(name: str, a, shape, dtype) -> None:
         assert isinstance(a, np.ndarray) and a.flags.c_contiguous, f"{name}: outputs must be dense arrays"
-        assert a.shape == tuple(shape) and a.dtype == np.dtype(dtype), (name, a.shape, a.dtype, shape, dtype)
+        assert a.shape == tuple(shape) and a.dtype == _np_dtype(dtype), (name, a.shape, a.dtype, shape, dtype)
 
     @staticmethod
     def _geometry(stride, padding, dilation) -> None:
@@ -71,14 +94,17 @@ class FakeKernels:
             )
 
     def prepare(self, pass_, x_shape, w_shape, *, stride, padding, dilation, bias=False, bias_dtype="float32",
-                out_dtype="float16", device=None, groups=1, **kw):
+                out_dtype="float16", device=None, groups=1, in_dtype="float16", **kw):
         self._geometry(stride, padding, dilation)
         assert not kw, kw
         n, h, wd, c = x_shape
         k, r, s, cw = w_shape
         # convgen.prepare's contract: KRSC weights of C/groups channels, groups dividing C and K
         assert type(groups) is int and cw * groups == c and k % groups == 0, (groups, x_shape, w_shape)
+        assert in_dtype in ("float16", "bfloat16"), in_dtype  # convgen.torch hands the kernels 16-bit operands
+        assert out_dtype in (in_dtype, "float32") and bias_dtype in (in_dtype, "float32"), (in_dtype, out_dtype, bias_dtype)
         self.prepared.append((pass_, tuple(x_shape), tuple(w_shape), bias))
+        self.in_dtypes.append(in_dtype)
         self.groups.append(groups)
         fake = self
         geo = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -98,30 +124,30 @@ class FakeKernels:
 
             def __call__(self, a, b, bias_arr=None, *, out, workspace=None):
                 if pass_ == "fprop":
-                    fake._operand("x", a, x_shape)
-                    fake._operand("w", b, w_shape)
+                    fake._operand("x", a, x_shape, in_dtype)
+                    fake._operand("w", b, w_shape, in_dtype)
                     if bias:
-                        assert bias_arr.dtype == np.dtype(bias_dtype) and bias_arr.shape == (k,), (
+                        assert bias_arr.dtype == _np_dtype(bias_dtype) and bias_arr.shape == (k,), (
                             bias_arr.dtype, bias_dtype, bias_arr.shape)
                     else:
                         assert bias_arr is None
                     fake._output("y", out, (n, p, q, k), out_dtype)
                     fake.calls["conv2d"].append(dict(x_ptr=a.ctypes.data, w_ptr=b.ctypes.data, out_dtype=out_dtype,
-                                                     bias_dtype=bias_dtype if bias else None))
-                    out[...] = reference.fprop(a, b, bias_arr, **geo)
+                                                     bias_dtype=bias_dtype if bias else None, in_dtype=in_dtype))
+                    out[...] = reference.fprop(_f64(a), _f64(b), None if bias_arr is None else _f64(bias_arr), **geo)
                 elif pass_ == "dgrad":
-                    fake._operand("dy", a, (n, p, q, k))
-                    fake._operand("w", b, w_shape)
+                    fake._operand("dy", a, (n, p, q, k), in_dtype)
+                    fake._operand("w", b, w_shape, in_dtype)
                     fake._output("dx", out, x_shape, out_dtype)
                     fake.calls["dgrad"].append(dict(out_dtype=out_dtype))
-                    out[...] = reference.dgrad(a, b, x_shape, **geo)
+                    out[...] = reference.dgrad(_f64(a), _f64(b), x_shape, **geo)
                 else:
-                    fake._operand("x", a, x_shape)
-                    fake._operand("dy", b, (n, p, q, k))
+                    fake._operand("x", a, x_shape, in_dtype)
+                    fake._operand("dy", b, (n, p, q, k), in_dtype)
                     assert len(out) == (2 if bias else 1)
                     fake._output("dw", out[0], w_shape, out_dtype)
                     fake.calls["wgrad"].append(dict(bias=bias, out_dtype=out_dtype))
-                    dw, db = reference.wgrad(a, b, w_shape, **geo)
+                    dw, db = reference.wgrad(_f64(a), _f64(b), w_shape, **geo)
                     out[0][...] = dw
                     if bias:
                         fake._output("db", out[1], (k,), out_dtype)
@@ -138,13 +164,13 @@ def fake(monkeypatch):
 
     def ptr(t):
         p = real_ptr(t)  # the real guard: dense tensors of the kernels' dtypes only
-        k.arrays[p] = t.detach().numpy()
+        k.arrays[p] = _array(t.detach())
         return p
 
     def cl_ptr(t):  # a channels_last (N, C, H, W) tensor: the kernels see its NHWC array
         assert t.dim() == 4 and t.permute(0, 2, 3, 1).is_contiguous(), f"not channels_last: {t.stride()}"
         p = t.data_ptr()
-        k.arrays[p] = t.detach().permute(0, 2, 3, 1).numpy()
+        k.arrays[p] = _array(t.detach().permute(0, 2, 3, 1))
         return p
 
     monkeypatch.setattr(ctl, "_ptr", ptr)
@@ -174,8 +200,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def tol(dtype: torch.dtype) -> float:
-    # The fake kernels are exact in float64; only the output rounding is left.
-    return 2e-3 if dtype == torch.float16 else 1e-6
+    # The fake kernels are exact in float64; only the output rounding is left (bfloat16's
+    # 8-bit mantissa: 8x float16's).
+    return {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}.get(dtype, 1e-6)
 
 
 def make(shape, dtype, channels_last, seed, requires_grad=True):
@@ -187,12 +214,14 @@ def make(shape, dtype, channels_last, seed, requires_grad=True):
 
 
 def reference_grads(x, w, b, gy, stride, padding, dilation, groups=1):
-    """F.conv2d in float64 on the values the kernels see: x, w and dy rounded to float16, the bias to float32."""
-    xr = x.detach().half().double().requires_grad_()
-    wr = w.detach().half().double().requires_grad_()
+    """F.conv2d in float64 on the values the kernels see: x, w and dy rounded to the call's
+    16-bit type (bfloat16 where x or w is), the bias to float32 (or its own 16-bit type)."""
+    elem = torch.bfloat16 if torch.bfloat16 in (x.dtype, w.dtype) else torch.float16
+    xr = x.detach().to(elem).double().requires_grad_()
+    wr = w.detach().to(elem).double().requires_grad_()
     br = None if b is None else b.detach().float().double().requires_grad_()
     yr = F.conv2d(xr, wr, br, stride, padding, dilation, groups)
-    yr.backward(gy.detach().half().double())
+    yr.backward(gy.detach().to(elem).double())
     return yr, xr.grad, wr.grad, None if br is None else br.grad
 
 
@@ -211,7 +240,7 @@ GEOMETRIES = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("channels_last", [True, False], ids=["cl", "nchw"])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 @pytest.mark.parametrize("geo", GEOMETRIES, ids=lambda g: f"{g[0]}-{g[1]}-s{g[2]}-p{g[3]}-d{g[4]}")
@@ -237,7 +266,9 @@ def test_values_layouts_and_dtypes(fake, geo, dtype, channels_last, bias):
         assert t.grad.dtype == t.dtype and t.grad.shape == t.shape, (name, t.grad.dtype, t.grad.shape)
         assert rel_err(t.grad, ref) <= tol(t.dtype), f"d{name}: {rel_err(t.grad, ref):.3g}"
     assert len(fake.calls["conv2d"]) == 1 and len(fake.calls["dgrad"]) == 1 and len(fake.calls["wgrad"]) == 1
-    want = "float16" if dtype == torch.float16 else "float32"
+    elem = "bfloat16" if dtype == torch.bfloat16 else "float16"  # float32 and float64 are rounded to float16
+    want = elem if dtype in (torch.float16, torch.bfloat16) else "float32"
+    assert fake.in_dtypes == [elem] * 3, "every pass's kernels multiply the call's 16-bit type"
     assert fake.calls["conv2d"][0]["out_dtype"] == want
     assert fake.calls["dgrad"][0]["out_dtype"] == want
     assert fake.calls["wgrad"][0] == dict(bias=bias, out_dtype=want)
@@ -369,8 +400,10 @@ def test_unsupported_module_options_raise(kwargs, match):
 def test_bad_operands_raise(fake):
     x = make((1, 4, 6, 6), torch.float16, True, 1)
     w = make((3, 4, 3, 3), torch.float16, False, 2)
-    with pytest.raises(TypeError, match="bfloat16"):
+    with pytest.raises(TypeError, match="^x is torch.bfloat16 and w is torch.float16: the kernels multiply one 16-bit"):
         cgt._conv2d(x.bfloat16(), w, None, 1, 0, 1)
+    with pytest.raises(TypeError, match="^w must be float16, bfloat16, float32 or float64, got torch.int32"):
+        cgt._conv2d(x, w.to(torch.int32), None, 1, 0, 1)
     with pytest.raises(ValueError, match="input channels"):
         cgt._conv2d(x, make((3, 2, 3, 3), torch.float16, False, 2), None, 1, 0, 1)
     with pytest.raises(ValueError, match="bias must have shape"):
@@ -427,18 +460,20 @@ def test_import_convgen_does_not_import_torch():
 # --------------------------------------------------------------------------- operators and torch.compile
 
 
-def test_operators_pass_torch_library_opcheck(fake):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_operators_pass_torch_library_opcheck(fake, dtype):
     """Schema, fake implementations (shapes, dtypes, strides) and autograd registration, as
     torch.library.opcheck checks them, on each of the three operators."""
-    x = make((2, 4, 7, 7), torch.float16, True, 1)
-    w = make((6, 4, 3, 3), torch.float16, False, 2)
+    x = make((2, 4, 7, 7), dtype, True, 1)
+    w = make((6, 4, 3, 3), dtype, False, 2)
     b = make((6,), torch.float32, False, 3)
-    gy = make((2, 6, 4, 4), torch.float16, True, 4, requires_grad=False)
+    gy = make((2, 6, 4, 4), dtype, True, 4, requires_grad=False)
     geo = ([2, 2], [1, 1], [1, 1], 1)  # stride, padding, dilation, groups
     torch.library.opcheck(torch.ops.convgen.conv2d.default, (x, w, b, *geo))
-    torch.library.opcheck(torch.ops.convgen.conv2d_dgrad.default, (gy, w.detach(), [2, 4, 7, 7], torch.float16, *geo))
+    torch.library.opcheck(torch.ops.convgen.conv2d_dgrad.default, (gy, w.detach(), [2, 4, 7, 7], dtype, *geo))
     torch.library.opcheck(torch.ops.convgen.conv2d_wgrad.default,
-                          (gy, x.detach(), [6, 4, 3, 3], torch.float16, torch.float32, *geo))
+                          (gy, x.detach(), [6, 4, 3, 3], dtype, torch.float32, *geo))
+    assert set(fake.in_dtypes) == {str(dtype).replace("torch.", "")}
 
 
 def test_torch_compile_fullgraph_traces_forward_and_backward(fake):
@@ -529,22 +564,24 @@ def _listed(v):
     return [v, v] if isinstance(v, int) else list(v)
 
 
-@pytest.mark.parametrize("b_dtype", [None, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("dtype, b_dtype", [(torch.float16, None), (torch.float16, torch.float16),
+                                            (torch.float16, torch.float32), (torch.bfloat16, None),
+                                            (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)], ids=str)
 @pytest.mark.parametrize("geo", FAST, ids=lambda g: f"{g[0]}-{g[1]}-s{g[2]}-p{g[3]}-d{g[4]}")
-def test_repeat_calls_of_a_channels_last_half_signature_take_the_fast_path(fake, monkeypatch, geo, b_dtype):
+def test_repeat_calls_of_a_channels_last_half_signature_take_the_fast_path(fake, monkeypatch, geo, dtype, b_dtype):
     """From its first call on, a signature whose operands the kernels read as they are
-    (channels_last float16) runs through its FastConv: a repeat call checks nothing,
+    (channels_last float16, or bfloat16) runs through its FastConv: a repeat call checks nothing,
     converts nothing and builds no op, and forward and backward give what the general path
     (list arguments never make a signature) gives, bit for bit, which is the reference.
-    A float32 bias's backward is the exception: db float32 beside dw float16 is not one
+    A float32 bias's backward is the exception: db float32 beside a 16-bit dw is not one
     kernel's output, so it takes the general path (and still launches once per pass)."""
     (n, c, h, wd), (k, r, s), stride, padding, dilation = geo
-    x = make((n, c, h, wd), torch.float16, True, 1)
-    w = make((k, c, r, s), torch.float16, True, 2)
+    x = make((n, c, h, wd), dtype, True, 1)
+    w = make((k, c, r, s), dtype, True, 2)
     b = None if b_dtype is None else make((k,), b_dtype, False, 3)
     p = (h + 2 * _listed(padding)[0] - _listed(dilation)[0] * (r - 1) - 1) // _listed(stride)[0] + 1
     q = (wd + 2 * _listed(padding)[1] - _listed(dilation)[1] * (s - 1) - 1) // _listed(stride)[1] + 1
-    gy = make((n, k, p, q), torch.float16, True, 4, requires_grad=False)
+    gy = make((n, k, p, q), dtype, True, 4, requires_grad=False)
 
     def run(*geometry):
         xx, ww = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
@@ -554,7 +591,7 @@ def test_repeat_calls_of_a_channels_last_half_signature_take_the_fast_path(fake,
         return [y.detach(), xx.grad, ww.grad] + ([] if bb is None else [bb.grad])
 
     first = run(stride, padding, dilation)
-    assert len(ctl.fast_calls) == 1, "a channels_last float16 call must leave its FastConv"
+    assert len(ctl.fast_calls) == 1, "a channels_last 16-bit call must leave its FastConv"
     built, launched = len(fake.prepared), {name: len(v) for name, v in fake.calls.items()}
     with monkeypatch.context() as m:
         m.setattr(cgt, "_check_operands", lambda *a: pytest.fail("a repeat call ran the checks"))
@@ -571,7 +608,8 @@ def test_repeat_calls_of_a_channels_last_half_signature_take_the_fast_path(fake,
     for i, (a, e, f) in enumerate(zip(first, repeat, general)):
         assert a.dtype == f.dtype and a.stride() == f.stride(), (i, a.dtype, f.dtype, a.stride(), f.stride())
         assert torch.equal(a, e) and torch.equal(a, f), f"output {i} differs between the paths"
-        assert rel_err(a, ref[i]) <= tol(torch.float16), f"output {i} against the reference"
+        assert rel_err(a, ref[i]) <= tol(dtype), f"output {i} against the reference"
+    assert set(fake.in_dtypes) == {str(dtype).replace("torch.", "")}
 
 
 def test_the_fast_path_hands_off_what_it_cannot_read_as_it_is(fake):
@@ -898,3 +936,38 @@ def test_train_step_example_modes_take_the_same_steps(fake, monkeypatch):
             assert rel_err(p, q) <= 1e-12, (mode, k)
     with pytest.raises(ValueError, match="mode must be one of"):
         example.make_step("max-autotune", net(), opt, x, labels, 8.0, compile_fn)
+
+
+def test_bfloat16_model_tensors_reach_the_kernels_as_they_are(fake):
+    """A channels_last bfloat16 x and weight go to bfloat16 kernels with no copy; a float32
+    weight beside a bfloat16 x is rounded to bfloat16 (x decides the output: bfloat16), and
+    its gradient comes back float32."""
+    x = make((2, 8, 6, 6), torch.bfloat16, True, 1, requires_grad=False)
+    w = make((4, 8, 3, 3), torch.bfloat16, False, 2, requires_grad=False).contiguous(memory_format=CL)
+    y = cgt._conv2d(x, w, None, 1, 1, 1)
+    call = fake.calls["conv2d"][0]
+    assert (call["x_ptr"], call["w_ptr"], call["in_dtype"]) == (x.data_ptr(), w.data_ptr(), "bfloat16")
+    assert y.dtype == torch.bfloat16 and call["out_dtype"] == "bfloat16"
+    xr = make((2, 8, 6, 6), torch.bfloat16, True, 3)
+    w32 = make((4, 8, 3, 3), torch.float32, False, 4)
+    y = cgt._conv2d(xr, w32, None, 1, 1, 1)
+    assert y.dtype == torch.bfloat16 and fake.calls["conv2d"][-1]["in_dtype"] == "bfloat16"
+    ref = F.conv2d(xr.detach().double(), w32.detach().bfloat16().double(), None, 1, 1)
+    assert rel_err(y, ref) <= tol(torch.bfloat16)
+    y.float().sum().backward()
+    assert (xr.grad.dtype, w32.grad.dtype) == (torch.bfloat16, torch.float32)
+    assert fake.calls["wgrad"][-1]["out_dtype"] == "float32"
+
+
+def test_bfloat16_precompile_prepares_the_ops_a_step_launches(fake, monkeypatch):
+    """precompile() of a bfloat16 model keys its ops with their 16-bit type, so the step after
+    it builds none."""
+    monkeypatch.setattr(cgt.Conv2d, "_conv_forward", lambda self, i, w, b: cgt._conv2d(
+        i, w, b, self.stride, self.padding, self.dilation, self.groups))
+    model = nn.Sequential(cgt.Conv2d(4, 8, 3, padding=1), nn.ReLU(), cgt.Conv2d(8, 8, 1)).to(torch.bfloat16)
+    x = make((2, 4, 8, 8), torch.bfloat16, True, 1, requires_grad=False)
+    assert cgt.precompile(model, x) == 5
+    assert set(fake.in_dtypes) == {"bfloat16"}
+    built = len(fake.prepared)
+    model(x).float().sum().backward()
+    assert len(fake.prepared) == built, "the step after precompile must find every op it launches"

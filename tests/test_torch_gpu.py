@@ -71,16 +71,18 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def tol(reduction: int, dtype: torch.dtype) -> float:
-    return tolerance(reduction, "float16" if dtype == torch.float16 else "float32")
+    return tolerance(reduction, {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32"))
 
 
 def reference(x, w, b, gy, stride, padding, dilation, groups=1):
-    """(y, dx, dw, db) of F.conv2d in float64 on the kernels' view of the operands."""
-    xr = x.detach().half().double().requires_grad_()
-    wr = w.detach().half().double().requires_grad_()
+    """(y, dx, dw, db) of F.conv2d in float64 on the kernels' view of the operands: rounded
+    to the call's 16-bit type (bfloat16 where x or w is), the bias to float32."""
+    elem = torch.bfloat16 if torch.bfloat16 in (x.dtype, w.dtype) else torch.float16
+    xr = x.detach().to(elem).double().requires_grad_()
+    wr = w.detach().to(elem).double().requires_grad_()
     br = None if b is None else b.detach().float().double().requires_grad_()
     yr = F.conv2d(xr, wr, br, stride, padding, dilation, groups)
-    yr.backward(gy.detach().half().double())
+    yr.backward(gy.detach().to(elem).double())
     return yr.detach(), xr.grad, wr.grad, None if br is None else br.grad
 
 
@@ -397,6 +399,47 @@ def test_drop_in_for_nn_conv2d(args, kwargs):
         assert rel_err(ours.bias.grad, dbr) <= tol(n * p * q, torch.float16)
     # Unbatched input, as nn.Conv2d takes it.
     assert ours(x[0].detach()).shape == ref(x_ref[0].detach()).shape
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((16, 32, 3), dict(padding=1)),
+    ((24, 40, (3, 5)), dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), bias=False)),
+    ((64, 64, 1), dict()),
+    ((32, 32, 3), dict(padding=1, groups=32)),  # depthwise
+], ids=lambda v: str(v))
+def test_bfloat16_model(args, kwargs):
+    """A bfloat16 model: channels_last bfloat16 activations and weights reach bfloat16 kernels
+    (the fast path from the second call on), and forward and every gradient match float64 on
+    the bfloat16 values within bfloat16's tolerance, and nn.Conv2d (cuDNN, bfloat16) within
+    twice that, call after call."""
+    torch.manual_seed(0)
+    ours = cgt.Conv2d(*args, **kwargs, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    ref = nn.Conv2d(*args, **kwargs, device=DEV, dtype=torch.bfloat16).to(memory_format=CL)
+    ref.load_state_dict(ours.state_dict())
+    for call in range(2):
+        g = gen("bf16", args, kwargs, call)
+        x = tensor((4, args[0], 15, 14), torch.bfloat16, g, requires_grad=True)
+        x_ref = x.detach().clone().requires_grad_()
+        for m in (ours, ref):
+            m.zero_grad(set_to_none=True)
+        y, y_ref = ours(x), ref(x_ref)
+        assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=CL)
+        gy = tensor(y.shape, torch.bfloat16, g)
+        y.backward(gy)
+        y_ref.backward(gy)
+        want, dxr, dwr, dbr = reference(x, ours.weight, ours.bias, gy, ours.stride, ours.padding, ours.dilation,
+                                        ours.groups)
+        c, r, s = ours.weight.shape[1:]
+        n, k, p, q = y.shape
+        checks = [("y", y, y_ref, want, c * r * s), ("dx", x.grad, x_ref.grad, dxr, k * r * s // ours.groups),
+                  ("dw", ours.weight.grad, ref.weight.grad, dwr, n * p * q)]
+        if ours.bias is not None:
+            checks.append(("db", ours.bias.grad, ref.bias.grad, dbr, n * p * q))
+        for name, a, a_ref, r64, red in checks:
+            assert a.dtype == torch.bfloat16, f"call {call}, {name}: {a.dtype}"
+            t = tol(red, torch.bfloat16)
+            assert rel_err(a, r64) <= t, f"call {call}, {name} vs float64: {rel_err(a, r64):.3g} > {t:.3g}"
+            assert rel_err(a, a_ref) <= 2 * t, f"call {call}, {name} vs nn.Conv2d: {rel_err(a, a_ref):.3g}"
 
 
 def test_drop_in_refuses_what_it_cannot_compute():
