@@ -28,9 +28,8 @@ come back in the dtype of the tensor they belong to, and the incoming gradient d
 rounded to the 16-bit type before dgrad and wgrad, as an autocast backward would do (in
 float16, values under 6e-8 flush to zero: scale the loss, as one does for any float16
 training).  A float16 operand beside a bfloat16 one is refused (F.conv2d refuses it too).
-Under ``torch.autocast("cuda")`` the inputs are cast to float16 first, like nn.Conv2d's
-under a float16 autocast, so the output is float16 (also under a bfloat16 autocast, where
-nn.Conv2d's would be bfloat16: pass bfloat16 tensors for bfloat16 kernels).
+Under ``torch.autocast("cuda")`` the operands are cast to the autocast type first (float16
+or bfloat16), as nn.Conv2d's are, so the output has that type and the kernels multiply it.
 
 Streams and graphs.  Every launch goes on PyTorch's current stream of the tensors'
 device, with no synchronisation and no host copies, so the layer can be captured by
@@ -237,8 +236,9 @@ def _backward(ctx: Any, gy: torch.Tensor):
 
 
 _fprop_op.register_autograd(_backward, setup_context=_setup_context)
-# Under autocast the inputs are cast to float16 first, like nn.Conv2d's under a float16
-# autocast (also under a bfloat16 one, where nn.Conv2d's output would be bfloat16).
+# The operator called directly under autocast casts its inputs to float16 (register_autocast
+# takes one type).  convgen.torch's own calls cast to the autocast type first and call it
+# with autocast off (_conv2d), so a bfloat16 autocast gets bfloat16 kernels.
 torch.library.register_autocast("convgen::conv2d", "cuda", torch.float16)
 
 
@@ -370,6 +370,20 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     """Everything of :func:`conv2d` except the CUDA check (the CPU tests drive this with a NumPy bridge)."""
     if isinstance(x, torch.Tensor) and x.dim() == 3:  # unbatched (C, H, W), as nn.Conv2d allows
         return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
+    if _autocasting():
+        # nn.Conv2d's autocast rule: its floating operands in the autocast type, float16 or
+        # bfloat16 (float64 left as it is), then the convolution with autocast off, so the
+        # kernels, the fast path and the operator all see the type the user asked for.
+        dt = _autocast_dtype()
+        x, w, bias = (_autocast_cast(t, dt) for t in (x, w, bias))
+        with _autocast_off():
+            return _conv2d_as_is(x, w, bias, stride, padding, dilation, groups)
+    return _conv2d_as_is(x, w, bias, stride, padding, dilation, groups)
+
+
+def _conv2d_as_is(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: _PairArg,
+                  padding: Union[_PairArg, str], dilation: _PairArg, groups: int) -> torch.Tensor:
+    """:func:`_conv2d` on operands of the dtypes they have, with autocast off."""
     compiling = torch.compiler.is_compiling()
     sig = None
     if not compiling and _recording is None:
@@ -380,7 +394,7 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
             fast = _tl.fast_calls.get(sig)
         except (AttributeError, TypeError):  # not tensors (the checks say so), or list arguments
             sig = fast = None
-        if fast is not None and not _autocasting():
+        if fast is not None:
             return _run_fast(fast, x, w, bias)
     _check_operands(x, w, bias, groups)
     key = (stride, padding, dilation, w.shape[2], w.shape[3])
@@ -402,7 +416,7 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     args = (x, w, bias, list(stride_), list(pad), list(dilation_), groups)
     if compiling:
         return _fprop_op(*args)
-    if _recording is None and not _autocasting():
+    if _recording is None:
         if sig is not None and extra == (0, 0) and _tl.FastConv.fits(x, w, bias):
             fast = _tl.fast_calls[sig] = _tl.FastConv(*args)
             return _run_fast(fast, x, w, bias)
@@ -412,11 +426,34 @@ def _conv2d(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
 
 
 def _autocasting() -> bool:
-    """Whether CUDA autocast is on (then the Function's custom_fwd casts the inputs)."""
+    """Whether CUDA autocast is on (then :func:`_conv2d` casts the operands itself)."""
     try:
         return torch.is_autocast_enabled("cuda")
     except TypeError:  # PyTorch before 2.4: no device argument, and it means CUDA
         return torch.is_autocast_enabled()
+
+
+def _autocast_dtype() -> torch.dtype:
+    """The type CUDA autocast asks for, as the kernels take it: float16 or bfloat16 (float16
+    for any other)."""
+    try:
+        dt = torch.get_autocast_dtype("cuda")
+    except (AttributeError, TypeError):  # PyTorch before 2.4
+        dt = torch.get_autocast_gpu_dtype()
+    return dt if dt in (torch.float16, torch.bfloat16) else torch.float16
+
+
+def _autocast_cast(t: Any, dt: torch.dtype) -> Any:
+    """An operand as autocast hands it to nn.Conv2d: a float16, bfloat16 or float32 tensor in
+    ``dt`` (a cast autograd sees through); float64, non-floating and non-tensors as they are
+    (the checks name what is wrong with those)."""
+    if not isinstance(t, torch.Tensor) or t.dtype in (dt, torch.float64) or not t.is_floating_point():
+        return t
+    return t.to(dt)
+
+
+def _autocast_off() -> Any:
+    return torch.autocast("cuda", enabled=False)
 
 
 # conv2d's arguments as the kernels take them, per (stride, padding, dilation, R, S) as

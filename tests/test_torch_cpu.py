@@ -971,3 +971,51 @@ def test_bfloat16_precompile_prepares_the_ops_a_step_launches(fake, monkeypatch)
     built = len(fake.prepared)
     model(x).float().sum().backward()
     assert len(fake.prepared) == built, "the step after precompile must find every op it launches"
+
+
+# --------------------------------------------------------------------------- autocast
+
+
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=str)
+def test_autocast_runs_the_kernels_in_the_autocast_type(fake, monkeypatch, dt):
+    """Under CUDA autocast (simulated: the CPU build has none) the operands go to the kernels
+    in the autocast type, float16 or bfloat16, as nn.Conv2d's would: the output has it, the
+    gradients come back in each parameter's own dtype, and the convolution itself runs with
+    autocast off.  A float64 operand is left as it is, as autocast leaves it."""
+    state = {"on": True, "inside": []}
+    monkeypatch.setattr(cgt, "_autocasting", lambda: state["on"])
+    monkeypatch.setattr(cgt, "_autocast_dtype", lambda: dt)
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def off():
+        state["on"] = False
+        try:
+            yield
+        finally:
+            state["on"] = True
+
+    real_as_is = cgt._conv2d_as_is
+
+    def as_is(*args):
+        state["inside"].append(state["on"])
+        return real_as_is(*args)
+
+    monkeypatch.setattr(cgt, "_autocast_off", off)
+    monkeypatch.setattr(cgt, "_conv2d_as_is", as_is)
+    x = make((2, 8, 6, 6), torch.float32, True, 1)
+    w = make((4, 8, 3, 3), torch.float32, False, 2)
+    b = make((4,), torch.float32, False, 3)
+    y = cgt._conv2d(x, w, b, 1, 1, 1)
+    assert y.dtype == dt and state["inside"] == [False], "the convolution must run in dt with autocast off"
+    gy = make(tuple(y.shape), dt, True, 4, requires_grad=False)
+    y.backward(gy)
+    assert (x.grad.dtype, w.grad.dtype, b.grad.dtype) == (torch.float32,) * 3
+    name = str(dt).replace("torch.", "")
+    assert fake.in_dtypes == [name] * 3 and fake.calls["conv2d"][0]["bias_dtype"] == name
+    yr, dxr, dwr, dbr = reference_grads(x.detach().to(dt), w.detach().to(dt), b.detach().to(dt), gy, 1, 1, 1)
+    assert rel_err(y, yr) <= tol(dt) and rel_err(x.grad, dxr) <= tol(dt) and rel_err(w.grad, dwr) <= tol(dt)
+    x64 = make((2, 8, 6, 6), torch.float64, True, 5, requires_grad=False)
+    assert cgt._conv2d(x64, w.detach(), None, 1, 1, 1).dtype == torch.float64  # float64 is not autocast
+    assert fake.in_dtypes[-1] == name  # w was, so the kernels multiply dt

@@ -335,24 +335,32 @@ def test_empty_batch():
     assert x.grad.shape == x.shape and not w.grad.any() and not b.grad.any()
 
 
-def test_autocast_casts_like_nn_conv2d():
-    g = gen("autocast")
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16], ids=str)
+def test_autocast_casts_like_nn_conv2d(dt, compiled):
+    """Under autocast of either 16-bit type, eagerly and under torch.compile(fullgraph=True),
+    the output has the autocast type (nn.Conv2d's), the parameters' gradients their own
+    float32, and the values are the convolution of the operands rounded to that type."""
+    torch._dynamo.reset()
+    g = gen("autocast", dt, compiled)
     x = tensor((2, 16, 12, 12), torch.float32, g, requires_grad=True)
     ours = cgt.Conv2d(16, 32, 3, padding=1, device=DEV)
     ref = nn.Conv2d(16, 32, 3, padding=1, device=DEV)
     ref.load_state_dict(ours.state_dict())
-    with torch.autocast("cuda", dtype=torch.float16):
-        y = ours(x)
+    run = torch.compile(ours, fullgraph=True) if compiled else ours
+    with torch.autocast("cuda", dtype=dt):
+        y = run(x)
         y_ref = ref(x)
-    assert y.dtype == y_ref.dtype == torch.float16
-    gy = torch.randn(y.shape, device=DEV, dtype=torch.float16)
+    assert y.dtype == y_ref.dtype == dt
+    gy = torch.randn(y.shape, device=DEV, dtype=dt)
     y.backward(gy)
     assert ours.weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
-    _, dxr, dwr, dbr = reference(x, ours.weight, ours.bias.half(), gy, 1, 1, 1)  # autocast rounds the bias too
-    yr = F.conv2d(x.half().double(), ours.weight.half().double(), ours.bias.half().double(), padding=1)
-    assert rel_err(y, yr) <= tol(16 * 9, torch.float16)
-    assert rel_err(ours.weight.grad, dwr) <= tol(2 * 144, torch.float16)
-    assert rel_err(x.grad, dxr) <= tol(32 * 9, torch.float16)
+    # autocast rounds x, the weight and the bias to dt
+    _, dxr, dwr, dbr = reference(x.to(dt), ours.weight.to(dt), ours.bias.to(dt), gy, 1, 1, 1)
+    yr = F.conv2d(x.to(dt).double(), ours.weight.to(dt).double(), ours.bias.to(dt).double(), padding=1)
+    assert rel_err(y, yr) <= tol(16 * 9, dt)
+    assert rel_err(ours.weight.grad, dwr) <= tol(2 * 144, dt)
+    assert rel_err(x.grad, dxr) <= tol(32 * 9, dt)
 
 
 # --------------------------------------------------------------------------- the nn.Conv2d drop-in
