@@ -72,6 +72,16 @@ def poison_outputs():
     convgen.runtime.POISON_OUTPUTS = old
 
 
+@pytest.fixture
+def fake(monkeypatch):
+    """convgen.torch on the NumPy bridge (tests/torch_fake.py): its launches run the float64
+    reference on the tensors' memory, behind checks of the run-time contract.  PyTorch is
+    imported here, by the tests that ask for it, not by every test run."""
+    from torch_fake import install
+
+    return install(monkeypatch)
+
+
 def _is_hypothesis(item) -> bool:
     return getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
 
