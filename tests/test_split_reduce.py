@@ -177,3 +177,40 @@ def test_nvrtc_compiles_the_grid_reduction(problem, db):
     src = emit(make_spec(problem, "wgrad", target=SM90, epilogue=Epilogue(bias=db), plan_=grid(problem)))
     binary = compile_binary(src.source, arch=src.compile_arch)
     assert binary[:4] == b"\x7fELF" and src.main.kernel.encode() in binary
+
+
+# --------------------------------------------------------------------------- any layer
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+from test_planner import problems  # noqa: E402
+
+
+@given(problem=problems(), groups=st.sampled_from([1, "depthwise"]), db=st.booleans())
+def test_any_split_wgrad_sums_in_the_kernel_with_the_same_workspace_and_grid(problem, groups, db):
+    """Any layer whose planned wgrad splits K, dense or depthwise: its plan summing in the kernel
+    passes the checker and emits one cooperative kernel that calls the grid-wide barrier once,
+    with the reduction kernel variant's grid, workspace and arguments, its summing rows whole
+    warps of the block (a TMA kernel's consumers only)."""
+    import dataclasses as dc
+
+    if groups == "depthwise":
+        problem = dc.replace(problem, k=problem.c * (1 + problem.k % 3), groups=problem.c)
+    try:
+        base = plan_for(problem, Pass.WGRAD, SM90)
+    except ValueError:  # a layer no wgrad plan runs (refused by name): nothing to sum
+        return
+    if base.split_k == 1:
+        return
+    g = dataclasses.replace(base, split_reduce="grid")
+    check_plan(g, problem, Pass.WGRAD, SM90, "float16")
+    epi = Epilogue(bias=db)
+    one = emit(make_spec(problem, "wgrad", target=SM90, epilogue=epi, plan_=g))
+    two = emit(make_spec(problem, "wgrad", target=SM90, epilogue=epi, plan_=base))
+    assert one.reduce is None and one.main.cooperative and two.reduce is not None
+    assert one.main.args == two.main.args and one.grid(problem.n) == two.grid(problem.n)
+    assert one.workspace_elems(problem.n) == two.workspace_elems(problem.n)
+    assert one.source.count("cooperative_groups::this_grid().sync();") == 1
+    rows = int(one.source.split("constexpr int RED_ROWS = ")[1].split(",")[0])
+    assert 1 <= rows <= min(8, g.warps - g.loop.producer_warps)
