@@ -258,7 +258,7 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     pass_ = Pass.parse(pass_)
     elem = mma_dtype_for(in_dtype, mma_dtype, target)
     if plan.split_reduce == "grid":
-        _check_grid_reduce(geometry, pass_, target)
+        _check_grid_reduce(pass_, target)
     if geometry.depthwise or isinstance(plan.loop, Depthwise):
         if not isinstance(plan.loop, Depthwise):
             raise ValueError(f"groups={geometry.groups}: a depthwise layer runs the Depthwise kind, not "
@@ -322,14 +322,12 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         raise ValueError(f"plan.split_k={plan.split_k} exceeds the grid's z limit (65535)")
 
 
-def _check_grid_reduce(geometry: ConvGeometry, pass_: Pass, target: Target) -> None:
+def _check_grid_reduce(pass_: Pass, target: Target) -> None:
     """Where split-K's slices may be summed in the main kernel (plan.split_reduce="grid"):
     wgrad (the one pass whose plans split K) on CUDA (a cooperative launch and a grid-wide
-    barrier through cooperative_groups), dense or depthwise layers (a grouped im2col or TMA
-    kernel moves its output pointers to its group's, and the reduction covers every group's)."""
+    barrier through cooperative_groups)."""
     why = ("wgrad's split-K only (fprop and dgrad plans reduce K in one block)" if pass_ is not Pass.WGRAD
            else f"a CUDA target (a cooperative launch), not {target.arch}" if target.backend != "cuda"
-           else f"dense or depthwise layers, not groups={geometry.groups}" if geometry.groups > 1 and not geometry.depthwise
            else None)
     if why:
         raise ValueError(f"plan.split_reduce='grid' sums the slices after a grid-wide barrier: {why}")

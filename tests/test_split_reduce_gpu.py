@@ -1,7 +1,8 @@
 """Split-K summed in the main kernel (plan.split_reduce="grid": a cooperative launch and a
 grid-wide barrier, then every block sums a share of the slices) on the GPU.
 
-Each kind that splits wgrad's K (the im2col loop, the TMA loop, the depthwise stencil) runs
+Each kind that splits wgrad's K (the im2col loop, the TMA loop, the depthwise stencil), dense and
+grouped, runs
 its planner's plan with the slices summed in the kernel: the exact tier (small integers, so
 every sum is exact and any slice summed twice or not at all shows), with and without db;
 then normal data twice in a row and once replayed from a CUDA graph, which must agree bit
@@ -34,6 +35,8 @@ CASES = [
     ConvProblem(14, 14, 64, 128, 3, 3, 1, 1, 1, n=32),  # the TMA loop's (C a multiple of 64)
     ConvProblem(28, 28, 64, 64, 3, 3, 1, 1, 1, groups=64, n=16),  # depthwise
     ConvProblem(14, 14, 32, 64, 5, 5, 2, 2, 1, groups=32, n=8),  # depthwise, multiplier 2, strided
+    ConvProblem(14, 14, 64, 96, 3, 3, 1, 1, 1, groups=8, n=16),  # grouped: G GEMMs side by side (im2col)
+    ConvProblem(14, 14, 256, 256, 3, 3, 1, 1, 1, groups=4, n=16),  # grouped, 64 channels a group: the TMA loop
 ]
 
 
