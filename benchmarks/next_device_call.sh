@@ -7,7 +7,7 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh train
 #
-# `check` installs convgen and runs the GPU tests of the new work, then the row-offset probe;
+# `check` installs convgen and runs the GPU tests of the new work, then the two halo probes;
 # `ab` runs the A/B probes (each suite and variant in its own kernel cache); `train` the
 # training-step example in its three modes.  `ab` and `train` install convgen too.
 # Everything lands under $OUT (logs, and bench folders as tar.gz).  Nothing here is run by CI.
@@ -26,6 +26,7 @@ check() {
         tests/test_torch_gpu.py tests/test_prepared_gpu.py tests/test_depthwise_gpu.py tests/test_groups_gpu.py \
         tests/test_autotune_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -8
     timeout 60 python3 benchmarks/probes/wgmma_row_offset_probe.py 2>&1 | tee "$OUT/row-offset-probe.log"
+    timeout 60 python3 benchmarks/probes/tma_halo_probe.py 2>&1 | tee "$OUT/tma-halo-probe.log"
 }
 
 install() {
