@@ -28,17 +28,16 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+from wgmma_common import REGS, STORE_D, compile_only, wgmma_m64n64k16  # noqa: E402
 
 P, TH, C, K, R, S = 32, 2, 64, 64, 3, 3  # pitch, tile rows, channels, filters, filter
 H, W = 4, P - 2  # two tiles of rows, one of columns (TW = W = 30)
 HALO_ROWS = (TH + R - 1) * P  # the box's pixels: 128 rows of 128 bytes
 SLACK = 8  # rows past the box a tile's last positions (never stored) may read
-REGS = 64 * K // 128
 
 
 def source() -> str:
-    d_regs = ", ".join(f"%{i}" for i in range(REGS))
-    d_ops = ", ".join(f'"+f"(d[{i}])' for i in range(REGS))
     return r"""
 #include <cuda_fp16.h>
 #include "convgen/hopper.h"
@@ -63,7 +62,7 @@ __device__ __forceinline__ unsigned long long desc_at(const unsigned char* p, in
 
 // One 64-position tile (blockIdx.x: its first output row p0 = TH * blockIdx.x) of 64 filters.
 extern "C" __global__ void __launch_bounds__(128) probe(const __grid_constant__ TmaMap x_map,
-                                                        const __grid_constant__ TmaMap w_map, float* D, int mode) {
+                                                        const __grid_constant__ TmaMap w_map, float* out, int mode) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + (1024 - smem_u32(smem_raw) % 1024) % 1024;  // the swizzle's 1024-byte pattern
   unsigned long long* bar = reinterpret_cast<unsigned long long*>(smem);
@@ -88,43 +87,17 @@ extern "C" __global__ void __launch_bounds__(128) probe(const __grid_constant__ 
     const unsigned char* a = halo + ((tap / S) * P + tap % S) * 128;  // position m's tap (r, s): halo row m + r*P + s
     for (int kk = 0; kk < 4; ++kk) {
       const unsigned long long da = desc_at(a + kk * 32, mode), db = sw128_desc(weights + tap * W_BYTES, kk * 32);
-      asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %""" + str(REGS + 2) + r""", 0;\n"
-                   "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {""" + d_regs + r"""}, %""" + str(REGS) + r""", %""" + str(REGS + 1) + r""", p, 1, 1, 0, 0;\n}\n"
-                   : """ + d_ops + r"""
-                   : "l"(da), "l"(db), "r"(1));
+      """ + wgmma_m64n64k16("da", "db") + r"""
     }
   }
   wgmma_commit();
   wgmma_wait<0>();
-  const int t = threadIdx.x, w = t / 32, l = t % 32;
-  float* out = D + blockIdx.x * 64 * 64;
-  for (int j = 0; j < 64 / 8; ++j) {
-    const int row = 16 * w + l / 4, col = 8 * j + 2 * (l % 4);
-    out[row * 64 + col] = d[j * 4 + 0];
-    out[row * 64 + col + 1] = d[j * 4 + 1];
-    out[(row + 8) * 64 + col] = d[j * 4 + 2];
-    out[(row + 8) * 64 + col + 1] = d[j * 4 + 3];
-  }
-}
+  float* D = out + blockIdx.x * 64 * 64;
+""" + STORE_D + r"""}
 """
 
 
 SMEM = 1024 + 1024 + R * S * 64 * 128 + (HALO_ROWS + SLACK) * 128  # the alignment's slack, the barrier's kilobyte
-
-
-def compile_only() -> int:
-    from convgen.compile import cached_binary
-    from convgen.tools.sass import find_cuobjdump, read_cubin
-
-    cubin = cached_binary(source(), arch="sm_90a")
-    tool = find_cuobjdump()
-    if tool is None:
-        print("compiled for sm_90a; no cuobjdump to read the SASS (install the dev extra)")
-        return 0
-    k = read_cubin(cubin, tool)["probe"]
-    print(f"sm_90a cubin, probe: {k.registers} registers, {k.stack} B stack, HGMMA x{k.count('HGMMA')}, "
-          f"UTMALDG x{k.count('UTMALDG')}; {SMEM} bytes of shared memory a block")
-    return 0 if k.count("HGMMA") > 0 and k.count("UTMALDG") > 0 else 1
 
 
 def reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -175,4 +148,5 @@ def run() -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile", action="store_true", help="compile and check the SASS only (no GPU needed)")
-    sys.exit(compile_only() if ap.parse_args().compile else run())
+    sys.exit(compile_only(source(), ("probe",), ("HGMMA", "UTMALDG"), f"; {SMEM} bytes of shared memory a block")
+             if ap.parse_args().compile else run())

@@ -21,7 +21,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import os
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from wgmma_common import STORE_D, compile_only  # noqa: E402
 
 M, N, K = 64, 64, 16
 REGS = M * N // 128  # fp32 accumulators per thread of the warpgroup
@@ -66,16 +71,7 @@ extern "C" __global__ void __launch_bounds__(128) """ + name + r"""(const __half
                : "l"(da), "l"(db), "r"(1));
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  // Accumulator j*4 + {0,1,2,3} of lane l in warp w: rows 16w + l/4 (+8), columns 8j + 2(l%4) (+1).
-  const int w = t / 32, l = t % 32;
-  for (int j = 0; j < 64 / 8; ++j) {
-    const int row = 16 * w + l / 4, col = 8 * j + 2 * (l % 4);
-    D[row * 64 + col] = d[j * 4 + 0];
-    D[row * 64 + col + 1] = d[j * 4 + 1];
-    D[(row + 8) * 64 + col] = d[j * 4 + 2];
-    D[(row + 8) * 64 + col + 1] = d[j * 4 + 3];
-  }
-}
+""" + STORE_D + r"""}
 """
 
 
@@ -102,22 +98,6 @@ __device__ __forceinline__ unsigned long long desc(const void* smem, int lbo, in
          (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32);  // base offset 0, no swizzle (bits 62-63 = 0)
 }
 """ + _kernel("probe", False) + _kernel("probe_mn", True)
-
-
-def compile_only() -> int:
-    from convgen.compile import cached_binary
-    from convgen.tools.sass import find_cuobjdump, read_cubin
-
-    cubin = cached_binary(source(), arch="sm_90a")
-    tool = find_cuobjdump()
-    if tool is None:
-        print("compiled for sm_90a; no cuobjdump to read the SASS (install the dev extra)")
-        return 0
-    kernels = read_cubin(cubin, tool)
-    for name in ("probe", "probe_mn"):
-        k = kernels[name]
-        print(f"sm_90a cubin, {name}: {k.registers} registers, {k.stack} B stack, HGMMA x{k.count('HGMMA')}")
-    return 0 if all(kernels[n].count("HGMMA") > 0 for n in ("probe", "probe_mn")) else 1
 
 
 def run() -> int:
@@ -164,4 +144,4 @@ def run() -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile", action="store_true", help="compile and check the SASS only (no GPU needed)")
-    sys.exit(compile_only() if ap.parse_args().compile else run())
+    sys.exit(compile_only(source(), ("probe", "probe_mn")) if ap.parse_args().compile else run())

@@ -22,18 +22,19 @@ row0 = 0..15 and each k16 step of the row.  Compare with NumPy:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(__file__))
+from wgmma_common import REGS, STORE_D, compile_only, wgmma_m64n64k16  # noqa: E402
+
 M, N, K = 64, 64, 16
 ROWS = 96  # the halo buffer's rows: room for 64 rows at any start 0..31
-REGS = M * N // 128
 
 
 def source() -> str:
-    d_regs = ", ".join(f"%{i}" for i in range(REGS))
-    d_ops = ", ".join(f'"+f"(d[{i}])' for i in range(REGS))
     return r"""
 #include <cuda_fp16.h>
 constexpr int ROWS = """ + str(ROWS) + r""";
@@ -66,36 +67,11 @@ extern "C" __global__ void __launch_bounds__(128) probe(const __half* halo, cons
   float d[""" + str(REGS) + r"""];
   for (int i = 0; i < """ + str(REGS) + r"""; ++i) d[i] = 0.0f;
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %""" + str(REGS + 2) + r""", 0;\n"
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {""" + d_regs + r"""}, %""" + str(REGS) + r""", %""" + str(REGS + 1) + r""", p, 1, 1, 0, 0;\n}\n"
-               : """ + d_ops + r"""
-               : "l"(da), "l"(db), "r"(1));
+  """ + wgmma_m64n64k16("da", "db") + r"""
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  const int w = t / 32, l = t % 32;
-  for (int j = 0; j < 64 / 8; ++j) {
-    const int row = 16 * w + l / 4, col = 8 * j + 2 * (l % 4);
-    D[row * 64 + col] = d[j * 4 + 0];
-    D[row * 64 + col + 1] = d[j * 4 + 1];
-    D[(row + 8) * 64 + col] = d[j * 4 + 2];
-    D[(row + 8) * 64 + col + 1] = d[j * 4 + 3];
-  }
-}
+""" + STORE_D + r"""}
 """
-
-
-def compile_only() -> int:
-    from convgen.compile import cached_binary
-    from convgen.tools.sass import find_cuobjdump, read_cubin
-
-    cubin = cached_binary(source(), arch="sm_90a")
-    tool = find_cuobjdump()
-    if tool is None:
-        print("compiled for sm_90a; no cuobjdump to read the SASS (install the dev extra)")
-        return 0
-    k = read_cubin(cubin, tool)["probe"]
-    print(f"sm_90a cubin, probe: {k.registers} registers, {k.stack} B stack, HGMMA x{k.count('HGMMA')}")
-    return 0 if k.count("HGMMA") > 0 else 1
 
 
 def run() -> int:
@@ -130,4 +106,4 @@ def run() -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile", action="store_true", help="compile and check the SASS only (no GPU needed)")
-    sys.exit(compile_only() if ap.parse_args().compile else run())
+    sys.exit(compile_only(source(), ("probe",)) if ap.parse_args().compile else run())
