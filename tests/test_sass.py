@@ -275,20 +275,25 @@ def test_cli_without_cuobjdump_says_what_to_install(monkeypatch, capsys, tmp_pat
 
 
 @needs_cuobjdump
-def test_wgmma_probe_compiles_to_hgmma():
-    """benchmarks/probes/wgmma_probe.py (run on the GPU before wgmma enters the templates)
-    still compiles for sm_90a, and its MMA is a warpgroup HGMMA, not HMMA."""
+@pytest.mark.parametrize("probe, want", [
+    ("wgmma_probe.py", "HGMMA x1"),
+    ("wgmma_row_offset_probe.py", "HGMMA x1"),
+    ("tma_halo_probe.py", "HGMMA x36, UTMALDG x10"),  # 9 taps x 4 k16 steps; 9 weight boxes and the halo
+])
+def test_wgmma_probes_compile_to_hgmma(probe, want):
+    """The wgmma probes (run on the GPU before a new wgmma use enters the templates) still
+    compile for sm_90a, and their MMAs are warpgroup HGMMAs, not HMMAs."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    probe = root / "benchmarks" / "probes" / "wgmma_probe.py"
+    path = root / "benchmarks" / "probes" / probe
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, str(probe), "--compile"], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run([sys.executable, str(path), "--compile"], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "HGMMA x1" in out.stdout
+    assert want in out.stdout, out.stdout
 
 
 @needs_cuobjdump
