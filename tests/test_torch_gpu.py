@@ -28,6 +28,7 @@ import convgen  # noqa: E402
 import convgen.runtime  # noqa: E402
 import convgen.torch as cgt  # noqa: E402
 import convgen.torch_launch as ctl  # noqa: E402
+from torch_fake import reference_grads as reference  # noqa: E402  (F.conv2d in float64 on the kernels' view)
 from convgen.suites import SUITES  # noqa: E402
 
 from gpu_helpers import tolerance  # noqa: E402
@@ -72,18 +73,6 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def tol(reduction: int, dtype: torch.dtype) -> float:
     return tolerance(reduction, {torch.float16: "float16", torch.bfloat16: "bfloat16"}.get(dtype, "float32"))
-
-
-def reference(x, w, b, gy, stride, padding, dilation, groups=1):
-    """(y, dx, dw, db) of F.conv2d in float64 on the kernels' view of the operands: rounded
-    to the call's 16-bit type (bfloat16 where x or w is), the bias to float32."""
-    elem = torch.bfloat16 if torch.bfloat16 in (x.dtype, w.dtype) else torch.float16
-    xr = x.detach().to(elem).double().requires_grad_()
-    wr = w.detach().to(elem).double().requires_grad_()
-    br = None if b is None else b.detach().float().double().requires_grad_()
-    yr = F.conv2d(xr, wr, br, stride, padding, dilation, groups)
-    yr.backward(gy.detach().to(elem).double())
-    return yr.detach(), xr.grad, wr.grad, None if br is None else br.grad
 
 
 def check_conv(x, w, b, stride, padding, dilation, what: str, seed=0):

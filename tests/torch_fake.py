@@ -201,13 +201,14 @@ def make(shape, dtype, channels_last, seed, requires_grad=True):
 
 
 def reference_grads(x, w, b, gy, stride, padding, dilation, groups=1):
-    """F.conv2d in float64 on the values the kernels see: x, w and dy rounded to the call's
-    16-bit type (bfloat16 where x or w is), the bias to float32 (or its own 16-bit type)."""
+    """(y, dx, dw, db) of F.conv2d in float64 on the values the kernels see: x, w and dy
+    rounded to the call's 16-bit type (bfloat16 where x or w is), the bias to float32.  Any
+    device: the GPU tests use it too."""
     elem = torch.bfloat16 if torch.bfloat16 in (x.dtype, w.dtype) else torch.float16
     xr = x.detach().to(elem).double().requires_grad_()
     wr = w.detach().to(elem).double().requires_grad_()
     br = None if b is None else b.detach().float().double().requires_grad_()
     yr = F.conv2d(xr, wr, br, stride, padding, dilation, groups)
     yr.backward(gy.detach().to(elem).double())
-    return yr, xr.grad, wr.grad, None if br is None else br.grad
+    return yr.detach(), xr.grad, wr.grad, None if br is None else br.grad
 
