@@ -12,8 +12,8 @@ modules can be built, loaded and saved on a machine without it.
 Layouts.  The PyTorch API is PyTorch's: ``x`` has nn.Conv2d's logical shape
 (N, C, H, W) and ``w`` is (K, C/groups, R, S).  convgen's kernels read NHWC activations
 and KRSC weights, which is exactly the memory of a ``channels_last`` tensor: for
-a channels_last float16 (or bfloat16) ``x``, ``x.permute(0, 2, 3, 1)`` is a contiguous NHWC
-view and goes to the kernel with no copy.  Any other layout or dtype (a
+a channels_last float16 (or bfloat16) ``x``, ``x.permute(0, 2, 3, 1)`` is a contiguous
+NHWC view and goes to the kernel with no copy.  Any other layout or dtype (a
 contiguous NCHW tensor, float32) is converted first, in one pass, never misread.
 The weight is small and is permuted to KRSC (a copy unless it is already
 channels_last float16).  Outputs come back in channels_last memory with the
@@ -50,8 +50,9 @@ operand: the kernels get the tensors' device pointers through a prepared op's
 :meth:`~convgen.prepared.PreparedConv.launch`, so a call builds no CuPy array, enters no
 CuPy context and allocates nothing outside PyTorch (the host cost this saves is measured
 in benchmarks/NOTES.md, thirteenth session).  An eager call whose operands the kernels read
-as they are (channels_last float16 or bfloat16) goes through a ``convgen.torch_launch.FastConv``, built
-on its signature's first call once the checks passed, which fixes the geometry and the ops:
+as they are (channels_last float16 or bfloat16) goes through a
+``convgen.torch_launch.FastConv``, built on its signature's first call once the checks
+passed, which fixes the geometry and the ops:
 an eager training loop is host-bound, so a repeat call does no more than allocate and launch
 (fourteenth session).
 """

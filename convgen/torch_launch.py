@@ -1,15 +1,15 @@
 """The kernel side of convgen.torch: PyTorch tensors in, a prepared op's launch out.
 
 convgen.torch (the front end: arguments, operators, autograd, modules) hands this module
-tensors it has checked; this module turns them into what the kernels read (dense NHWC /
-KRSC of the call's 16-bit type, float16 or bfloat16: a copy only when the tensor is not that
-already), allocates the outputs as
-channels_last PyTorch tensors and launches the layer's prepared op on PyTorch's current
-stream.  Two paths: the implementations (``_fprop_impl``, ``_dgrad_impl``, ``_wgrad_impl``),
-which take any layout and dtype convgen.torch accepts, and :class:`FastConv`, one object per
-call signature that the kernels read as it is (channels_last float16 or bfloat16 operands), which
-skips everything a repeat call of that signature would only re-derive: an eager training
-loop is host-bound, and PyTorch's own conv dispatch is the bar (benchmarks/probes/host_cost.py).
+tensors it has checked; this module turns them into what the kernels read (dense NHWC / KRSC
+of the call's 16-bit type, float16 or bfloat16: a copy only when the tensor is not that
+already), allocates the outputs as channels_last PyTorch tensors and launches the layer's
+prepared op on PyTorch's current stream.  Two paths: the implementations (``_fprop_impl``,
+``_dgrad_impl``, ``_wgrad_impl``), which take any layout and dtype convgen.torch accepts, and
+:class:`FastConv`, one object per call signature that the kernels read as it is (channels_last
+float16 or bfloat16 operands), which skips everything a repeat call of that signature would
+only re-derive: an eager training loop is host-bound, and PyTorch's own conv dispatch is the
+bar (benchmarks/probes/host_cost.py).
 """
 
 from __future__ import annotations
