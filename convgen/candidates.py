@@ -160,8 +160,7 @@ EXACT_TMA_STAGES = {64: 6, 128: 5}  # the deepest rings that fit (32 and 40 KB a
 
 def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
                           seen: set[Plan]) -> list[Plan]:
-    if (tma_eligible(problem.geometry, pass_, target, in_dtype) is not None  # type: ignore[arg-type]
-            or tma_tail_fill(problem, pass_) is not None):
+    if not _tma_offered(problem, pass_, target, in_dtype):
         return []
     gemm = problem.gemm(pass_)
     padded = lambda bn: math.ceil(gemm.n / bn) * bn  # noqa: E731
@@ -173,12 +172,9 @@ def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_
         if bm > max(fit_tile(gemm.m), 64):
             continue
         rate = (rates[(bm, 128)] + rates[(bm, 256)]) / 2
-        split = tma_split(problem, pass_, target, bm, EXACT_TMA_BN, rate)[0]
-        p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
-            bm, EXACT_TMA_BN, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split,
-            loop=TmaWgmma(), reasons=(f"tuning candidate {bm}x{EXACT_TMA_BN}x{TMA_BLOCK_K}, TMA + wgmma, exactly "
-                                      f"{gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}, {stages} stages, "
-                                      f"split-K {split}",)))
+        p = _feasible(problem, pass_, target, in_dtype, lambda: _tma_tile(
+            problem, pass_, target, in_dtype, bm, EXACT_TMA_BN, stages, rate,
+            f"exactly {gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}"))
         if p is not None:
             _add_unique(p, seen, out)
     return out
@@ -267,20 +263,31 @@ def _wgmma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtyp
     return out[:WGMMA_PER_LAYER]
 
 
+def _tma_offered(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> bool:
+    """Whether TMA candidates are worth timing: the copy engine runs the layer
+    (planner.tma_eligible), and its steps are not half empty."""
+    return (tma_eligible(problem.geometry, pass_, target, in_dtype) is None  # type: ignore[arg-type]
+            and tma_tail_fill(problem, pass_) is None)
+
+
+def _tma_tile(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, bm: int, bn: int, stages: int,
+              rate: float, detail: str) -> Plan:
+    """A one-block-per-tile TMA plan of ``bm`` x ``bn`` at the planner's split for a tile of
+    that ``rate`` (what the planner's default would run it with); ``detail`` names it in its reason."""
+    split = tma_split(problem, pass_, target, bm, bn, rate)[0]
+    return Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=TmaWgmma(),
+                reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {detail}, {stages} stages, "
+                         f"split-K {split}",))
+
+
 def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
     """TMA main-loop plans where the copy engine can run the layer (planner.tma_eligible)."""
-    if (tma_eligible(problem.geometry, pass_, target, in_dtype) is not None  # type: ignore[arg-type]
-            or tma_tail_fill(problem, pass_) is not None):  # half-empty steps: not worth a timing slot
+    if not _tma_offered(problem, pass_, target, in_dtype):
         return []
     out: list[Plan] = []
-    def tile(bm: int, bn: int, stages: int, rate: float) -> Plan:
-        split = tma_split(problem, pass_, target, bm, bn, rate)[0]  # the planner's split for this tile
-        return Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, stages, 8, 8, in_dtype, in_dtype, split_k=split, loop=TmaWgmma(),
-                    reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, TMA + wgmma, {bm // 64} consumer "
-                             f"warpgroup(s), {stages} stages, split-K {split}",))
-
     for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):  # the planner's TMA tiles, every one timed
-        p = _feasible(problem, pass_, target, in_dtype, lambda: tile(bm, bn, stages, rate))
+        p = _feasible(problem, pass_, target, in_dtype, lambda: _tma_tile(
+            problem, pass_, target, in_dtype, bm, bn, stages, rate, f"{bm // 64} consumer warpgroup(s)"))
         if p is not None:
             out.append(p)
     if pass_ is not Pass.WGRAD:  # and each persistent tile no wider than N, whatever its tile count
