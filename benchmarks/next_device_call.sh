@@ -3,13 +3,15 @@
 # every kernel those sessions changed or added, checked first, then timed.  Three parts, each
 # within one call's 10 minutes; run from the repository root on the GPU machine:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh check
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh train
 #
-# `check` installs convgen and runs the GPU tests of the new work, then the two halo probes;
-# `ab` runs the A/B probes (each suite and variant in its own kernel cache); `train` the
-# training-step example in its three modes.  `ab` and `train` install convgen too.
+# `suite` installs convgen and runs the whole GPU suite (the new work's tests among them);
+# `check` only the new work's GPU tests and the two halo probes, for a call with less time;
+# `ab` runs the A/B probes (each suite and variant in its own kernel cache) and the host-cost
+# probe; `train` the two halo probes and the training-step example in its three modes.  Each
+# part installs convgen.
 # Everything lands under $OUT (logs, and bench folders as tar.gz).  Nothing here is run by CI.
 set -uo pipefail
 : "${OUT:?set OUT to the folder whose files come back}" "${COMMIT:?set COMMIT to the commit under test}"
@@ -25,16 +27,27 @@ check() {
     CONVGEN_CACHE_DIR=/tmp/cg-check timeout 420 $PYTEST tests/test_split_reduce_gpu.py tests/test_tma_gpu.py \
         tests/test_torch_gpu.py tests/test_prepared_gpu.py tests/test_depthwise_gpu.py tests/test_groups_gpu.py \
         tests/test_autotune_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -8
-    timeout 60 python3 benchmarks/probes/wgmma_row_offset_probe.py 2>&1 | tee "$OUT/row-offset-probe.log"
-    timeout 60 python3 benchmarks/probes/tma_halo_probe.py 2>&1 | tee "$OUT/tma-halo-probe.log"
+    probes
 }
 
 install() {
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 }
 
+suite() {
+    nvidia-smi --query-gpu=name --format=csv,noheader
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 540 $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -12
+}
+
+probes() {
+    timeout 60 python3 benchmarks/probes/wgmma_row_offset_probe.py 2>&1 | tee "$OUT/row-offset-probe.log"
+    timeout 60 python3 benchmarks/probes/tma_halo_probe.py 2>&1 | tee "$OUT/tma-halo-probe.log"
+}
+
 ab() {
     install
+    timeout 90 python3 benchmarks/probes/host_cost.py --json "$OUT/host-cost.json" 2>&1 | tee "$OUT/host-cost.log"
     mkdir -p "$OUT/ab"
     # split-K summed in the kernel against the reduction kernel: wgrad rows, all three figures
     for s in cifar-resnet mobilenetv2-pw resnet50; do
@@ -56,12 +69,14 @@ ab() {
 
 train() {
     install
+    probes
     cd "$ROOT" && timeout 500 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -14
 }
 
 case "${1:-}" in
+    suite) suite ;;
     check) check ;;
     ab) ab ;;
     train) train ;;
-    *) echo "usage: $0 check|ab|train" >&2; exit 2 ;;
+    *) echo "usage: $0 suite|check|ab|train" >&2; exit 2 ;;
 esac
