@@ -147,7 +147,7 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         cw = torch.randn(p.k, p.c, p.r, p.s, device="cuda", dtype=torch.float16).contiguous(
             memory_format=torch.channels_last)
         cgy = torch.randn_like(F.conv2d(cx, cw, None, p.stride, p.padding, p.dilation))
-        geo_l = ([*p.stride], [*p.padding], [*p.dilation])
+        geo_l = ([*p.stride], [*p.padding], [*p.dilation], 1)  # groups: 1
         add("fprop", "convgen.torch operator convgen::conv2d", lambda: torch.ops.convgen.conv2d(cx, cw, None, *geo_l))
         add("fprop", "torch F.conv2d, channels_last (cuDNN)", lambda: F.conv2d(cx, cw, None, p.stride, p.padding,
                                                                               p.dilation))
