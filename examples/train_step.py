@@ -35,6 +35,7 @@ it cannot run (no GPU, no PyTorch or no CuPy), 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 from pathlib import Path
@@ -246,6 +247,11 @@ def main(argv=None) -> int:
         profiler's summed kernel time over a few more steps)."""
         for _ in range(args.warmup):
             step()
+        # Both sides' windows start with Python's garbage collected: the first full collection
+        # after torch's imports scans every object they made (161 ms on a 2-core CPU box), and
+        # it landed in whichever window came first (H100, 2026-12-05: convgen's eager step at
+        # 6.1-7.3 ms over 50 steps, 2.5 ms over 400, or after 200 warm-up steps).
+        gc.collect()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
