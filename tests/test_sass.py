@@ -279,6 +279,8 @@ def test_cli_without_cuobjdump_says_what_to_install(monkeypatch, capsys, tmp_pat
     ("wgmma_probe.py", "HGMMA x1"),
     ("wgmma_row_offset_probe.py", "HGMMA x1"),
     ("tma_halo_probe.py", "HGMMA x36, UTMALDG x10"),  # 9 taps x 4 k16 steps; 9 weight boxes and the halo
+    # the pipelined halo loop: the same 36 wgmmas a tile, the 9 weight boxes and one halo box a tile
+    ("tma_halo_loop_probe.py", "HGMMA x36, UTMALDG x10"),
 ])
 def test_wgmma_probes_compile_to_hgmma(probe, want):
     """The wgmma probes (run on the GPU before a new wgmma use enters the templates) still
