@@ -1,82 +1,81 @@
 #!/usr/bin/env bash
-# The next device call, as benchmarks/NOTES.md (twenty-ninth and thirtieth sessions) lists it:
-# every kernel those sessions changed or added, checked first, then timed.  Three parts, each
-# within one call's 10 minutes; run from the repository root on the GPU machine:
+# The next device call, as benchmarks/NOTES.md (thirty-first session) lists it.  Each part fits
+# one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh probes
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh train
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
 #
-# `suite` installs convgen and runs the whole GPU suite (the new work's tests among them);
-# `check` only the new work's GPU tests and the two halo probes, for a call with less time;
-# `ab` runs the A/B probes (each suite and variant in its own kernel cache) and the host-cost
-# probe; `train` the two halo probes and the training-step example in its three modes.  Each
-# part installs convgen.
-# Everything lands under $OUT (logs, and bench folders as tar.gz).  Nothing here is run by CI.
+# `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
+# stall with and without Python's collector, the compiled step's cudagraph and recompile hints,
+# host cost (the registered operators' rows too) and the training step's three modes.
+# `ab`: split-K summed in the kernel against the reduction kernel, twice on one machine, on
+# three suites' wgrad rows (a rule needs two runs).  `tune`: `convgen tune` on the wgrad rows
+# whose 192-wide tiles and grid twins are untimed.  `suite`: the whole GPU suite (needed again
+# once kernels or templates change; it passed at 7428884 on the H100).  Each part installs
+# convgen; everything lands under $OUT.  Nothing here is run by CI.
 set -uo pipefail
 : "${OUT:?set OUT to the folder whose files come back}" "${COMMIT:?set COMMIT to the commit under test}"
 export PYTHONUNBUFFERED=1 CONVGEN_BENCH_COMMIT="$COMMIT" CONVGEN_TUNED=0
-ROOT=$(pwd)
 PYTEST="python3 -m pytest -q -m gpu -n 16 --dist worksteal --timeout 200 --timeout-method thread -rfE -p no:cacheprovider"
 BENCH="--reps 30 --warmup 5 --no-compile-time --plot off --no-progress"
 
-check() {
-    nvidia-smi --query-gpu=name --format=csv,noheader
-    install
-    # the thirtieth session's kernels and bridges, then the twenty-ninth's depthwise loop
-    CONVGEN_CACHE_DIR=/tmp/cg-check timeout 420 $PYTEST tests/test_split_reduce_gpu.py tests/test_tma_gpu.py \
-        tests/test_torch_gpu.py tests/test_prepared_gpu.py tests/test_depthwise_gpu.py tests/test_groups_gpu.py \
-        tests/test_autotune_gpu.py 2>&1 | tee "$OUT/gpu-tests.log" | tail -8
-    probes
-}
-
 install() {
+    nvidia-smi --query-gpu=name --format=csv,noheader
     python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 }
 
-suite() {
-    nvidia-smi --query-gpu=name --format=csv,noheader
-    install
-    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 540 $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -12
-}
-
 probes() {
-    timeout 60 python3 benchmarks/probes/wgmma_row_offset_probe.py 2>&1 | tee "$OUT/row-offset-probe.log"
-    timeout 60 python3 benchmarks/probes/tma_halo_probe.py 2>&1 | tee "$OUT/tma-halo-probe.log"
+    install
+    timeout 150 python3 benchmarks/probes/tma_halo_loop_probe.py 2>&1 | tee "$OUT/halo-loop-probe.log"
+    for m in gc nogc gc nogc; do
+        timeout 45 python3 benchmarks/probes/step_hitch.py $m 2>&1 | grep -E "eager +(convgen|cuDNN) |collections" \
+            | tee -a "$OUT/step-hitch.log"
+    done
+    TORCH_LOGS=perf_hints,recompiles,graph_breaks timeout 100 python3 examples/train_step.py --modes compiled-step \
+        --steps 30 --warmup 20 > "$OUT/compiled-step-hints.log" 2>&1
+    grep -iE "skipping|recompil|break|ms/step" "$OUT/compiled-step-hints.log" | head -20
+    timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
+    grep -E "operator|launch\(\)|floor   " "$OUT/host-cost.log"
+    timeout 150 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -12
 }
 
 ab() {
     install
-    timeout 90 python3 benchmarks/probes/host_cost.py --json "$OUT/host-cost.json" 2>&1 | tee "$OUT/host-cost.log"
     mkdir -p "$OUT/ab"
-    # split-K summed in the kernel against the reduction kernel: wgrad rows, all three figures
-    for s in cifar-resnet mobilenetv2-pw resnet50; do
-        for r in kernel grid; do
-            REDUCE=$r CONVGEN_CACHE_DIR=/tmp/cg-red-$r timeout 150 python3 benchmarks/probes/split_reduce_probe.py \
-                bench --suite "$s" --pass wgrad $BENCH --out "$OUT/ab/$s-wgrad-$r" 2>&1 | grep -E "geomean|rror" | head -4
+    for run in 1 2; do
+        for s in cifar-resnet mobilenetv2-pw resnet50; do
+            for r in kernel grid; do
+                REDUCE=$r CONVGEN_CACHE_DIR=/tmp/cg-red-$r timeout 100 python3 benchmarks/probes/split_reduce_probe.py \
+                    bench --suite "$s" --pass wgrad $BENCH --out "$OUT/ab/$s-wgrad-$r-$run" 2>&1 | grep -E "rror" | head -4
+            done
+            python3 scripts/bench_compare.py "$OUT/ab/$s-wgrad-kernel-$run/"*.json "$OUT/ab/$s-wgrad-grid-$run/"*.json \
+                > "$OUT/ab/$s-wgrad-compare-$run.txt" 2>&1
+            tail -1 "$OUT/ab/$s-wgrad-compare-$run.txt"
         done
-        python3 scripts/bench_compare.py "$OUT/ab/$s-wgrad-kernel/"*.json "$OUT/ab/$s-wgrad-grid/"*.json \
-            > "$OUT/ab/$s-wgrad-compare.txt" 2>&1
-    done
-    # the depthwise ring of halos, two against three (twenty-ninth session)
-    for r in 2 3; do
-        RING=$r CONVGEN_CACHE_DIR=/tmp/cg-ring$r timeout 100 python3 benchmarks/probes/halo_ring_probe.py \
-            bench --suite mobilenetv2-dw --pass all $BENCH --host-calls 0 --eager-calls 0 --out "$OUT/ab/ring$r" \
-            2>&1 | grep -E "geomean speedup.*GPU"
     done
     (cd "$OUT" && tar czf ab.tgz ab && rm -rf ab)
 }
 
-train() {
+tune() {
     install
-    probes
-    cd "$ROOT" && timeout 500 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -14
+    for s in resnet50 vgg16 unet; do
+        CONVGEN_CACHE_DIR=/tmp/cg-tune timeout 180 python3 -m convgen.cli tune --suite "$s" --pass wgrad --no-bias --log "$OUT/tune-$s-wgrad.json" \
+            > "$OUT/tune-$s-wgrad.log" 2>&1
+        tail -4 "$OUT/tune-$s-wgrad.log"
+    done
+}
+
+suite() {
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 540 $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -12
 }
 
 case "${1:-}" in
-    suite) suite ;;
-    check) check ;;
+    probes) probes ;;
     ab) ab ;;
-    train) train ;;
-    *) echo "usage: $0 suite|check|ab|train" >&2; exit 2 ;;
+    tune) tune ;;
+    suite) suite ;;
+    *) echo "usage: $0 probes|ab|tune|suite" >&2; exit 2 ;;
 esac
