@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from wgmma_common import REGS, compile_only, wgmma_m64n64k16  # noqa: E402
+from wgmma_common import REGS, TMA_LOAD_4D, compile_only, wgmma_m64n64k16  # noqa: E402
 
 # (suite/layer, N, H, W): every 64 -> 64 3x3 stride-1 layer of the built-in suites
 LAYERS = (("resnet50/l1-3x3", 64, 56, 56), ("resnet18/l1-3x3", 128, 56, 56), ("vgg16/conv1_2", 32, 224, 224),
@@ -79,12 +79,7 @@ constexpr int HALO_BYTES = (TH + R - 1) * P * 128, STAGE_BYTES = HALO_BYTES + 10
 constexpr int TILES_P = (H + TH - 1) / TH, TILES_Q = (W + TW - 1) / TW, TILES = N * TILES_P * TILES_Q;
 static_assert(TH * P == 128, "two consumer warpgroups of 64 positions");
 
-__device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
-      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
+""" + TMA_LOAD_4D + r"""
 
 struct Tile {
   int n, p0, q0;

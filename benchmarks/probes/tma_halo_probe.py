@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from wgmma_common import REGS, STORE_D, compile_only, wgmma_m64n64k16  # noqa: E402
+from wgmma_common import REGS, STORE_D, TMA_LOAD_4D, compile_only, wgmma_m64n64k16  # noqa: E402
 
 P, TH, C, K, R, S = 32, 2, 64, 64, 3, 3  # pitch, tile rows, channels, filters, filter
 H, W = 4, P - 2  # two tiles of rows, one of columns (TW = W = 30)
@@ -45,12 +45,7 @@ def source() -> str:
 constexpr int P = """ + str(P) + r""", TH = """ + str(TH) + r""", R = 3, S = 3, HALO_ROWS = """ + str(HALO_ROWS) + r""";
 constexpr int W_BYTES = 64 * 128, HALO_BYTES = HALO_ROWS * 128;
 
-__device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
-      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
+""" + TMA_LOAD_4D + r"""
 
 __device__ __forceinline__ unsigned long long desc_at(const unsigned char* p, int mode) {
   const unsigned addr = smem_u32(p);
