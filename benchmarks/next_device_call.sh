@@ -5,6 +5,7 @@
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh probes
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
 #
 # `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
@@ -12,9 +13,11 @@
 # host cost (the registered operators' rows too) and the training step's three modes.
 # `ab`: split-K summed in the kernel against the reduction kernel, twice on one machine, on
 # three suites' wgrad rows (a rule needs two runs).  `tune`: `convgen tune` on the wgrad rows
-# whose 192-wide tiles and grid twins are untimed.  `suite`: the whole GPU suite (needed again
-# once kernels or templates change; it passed at 7428884 on the H100).  Each part installs
-# convgen; everything lands under $OUT.  Nothing here is run by CI.
+# whose 192-wide tiles and grid twins are untimed (the pointwise suites' logs decide whether
+# branch grid-reduce-rule, the planner's rule for summing in the kernel, can land); `tune-wide`
+# the same for resnet50, vgg16 and unet (the 192-wide TMA tiles).  `suite`: the whole GPU
+# suite (needed again once kernels or templates change; it passed at 7428884 on the H100).
+# Each part installs convgen; everything lands under $OUT.  Nothing here is run by CI.
 set -uo pipefail
 : "${OUT:?set OUT to the folder whose files come back}" "${COMMIT:?set COMMIT to the commit under test}"
 export PYTHONUNBUFFERED=1 CONVGEN_BENCH_COMMIT="$COMMIT" CONVGEN_TUNED=0
@@ -60,10 +63,23 @@ ab() {
 
 tune() {
     install
-    for s in resnet50 vgg16 unet; do
-        CONVGEN_CACHE_DIR=/tmp/cg-tune timeout 180 python3 -m convgen.cli tune --suite "$s" --pass wgrad --no-bias --log "$OUT/tune-$s-wgrad.json" \
-            > "$OUT/tune-$s-wgrad.log" 2>&1
-        tail -4 "$OUT/tune-$s-wgrad.log"
+    # the pointwise suites first: their logs (named as the guard in tests/test_short_reduction_rules.py
+    # reads them) time the grid twins that branch grid-reduce-rule makes defaults
+    tune_suites 270 mobilenetv2-pw efficientnet-b0-pw
+}
+
+tune_wide() {  # the 64-channel 3x3 wgrads' 192-wide TMA tiles
+    install
+    tune_suites 180 resnet50 vgg16 unet
+}
+
+tune_suites() {
+    local limit=$1
+    shift
+    for s in "$@"; do
+        CONVGEN_CACHE_DIR=/tmp/cg-tune timeout "$limit" python3 -m convgen.cli tune --suite "$s" --pass wgrad --no-bias \
+            --log "$OUT/tune-$s-wgrad.json" > "$OUT/tune-$s-wgrad.log" 2>&1
+        tail -3 "$OUT/tune-$s-wgrad.log"
     done
 }
 
@@ -76,6 +92,7 @@ case "${1:-}" in
     probes) probes ;;
     ab) ab ;;
     tune) tune ;;
+    tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 probes|ab|tune|suite" >&2; exit 2 ;;
+    *) echo "usage: $0 probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
 esac
