@@ -23,7 +23,8 @@ It covers fprop, stride 1, padding 1, C = K = 64, fp16 in and out with fp32 accu
 x and y, KRSC w: the suites' five such layers.  Per layer it checks the kernel against float64
 (norm-relative error, poisoned output, fresh random data) and times it beside cuDNN (PyTorch,
 channels_last fp16) and convgen's planner's kernel, all in this process with the L2 flushed
-before each launch: median of 30 CUDA-event timings.
+before each launch: median of 30 CUDA-event timings.  cuDNN's and convgen's dgrad are timed
+beside it: a stride-1 dgrad is the same kernel on dy with the filter flipped and transposed.
 
     python3 benchmarks/probes/tma_halo_loop_probe.py            # on the GPU
     python3 benchmarks/probes/tma_halo_loop_probe.py --compile  # anywhere: compile + SASS check
@@ -224,6 +225,17 @@ def run(pitches: tuple[int, ...]) -> int:
         convgen.conv2d(x, wt, padding=1)  # compile and load outside the timing
         y_cg = convgen.conv2d(x, wt, padding=1)
         rows.append(("convgen planner", _time(cp, lambda: convgen.conv2d(x, wt, padding=1), flush_buf), rel(y_cg)))
+        # dgrad of a stride-1 layer is this convolution of dy by the filter flipped and transposed
+        # (w'[c, r, s, k] = w[k, R-1-r, S-1-s, c]; C = K here): the same kernel and time, on a
+        # 73 KB copy of the weights.  cuDNN's and convgen's dgrad, for the comparison.
+        dy = x  # (N, H, W, K): the same shape as x when C = K and the padding keeps the size
+        t_cudnn_dx = _time(cp, lambda: torch.ops.aten.convolution_backward(
+            xt, xt, wtt, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, False, False]), flush_buf)
+        convgen.conv2d_dgrad(dy, wt, (n, h, w, C), padding=1)
+        t_cg_dx = _time(cp, lambda: convgen.conv2d_dgrad(dy, wt, (n, h, w, C), padding=1), flush_buf)
+        print(f"{name:<20} {'dgrad: cuDNN':<22} {t_cudnn_dx:8.1f} {flops / t_cudnn_dx / 1e6:8.1f}")
+        print(f"{name:<20} {'dgrad: convgen planner':<22} {t_cg_dx:8.1f} {flops / t_cg_dx / 1e6:8.1f} "
+              f"{t_cudnn_dx / t_cg_dx:7.2f}x  (the halo kernel's fprop time below serves dgrad too)")
         for p in pitches:
             fn = load_kernels(source(n, h, w, p), ["halo_fprop"], arch="sm_90a")["halo_fprop"]
             set_max_dynamic_shared_memory(fn, smem_bytes(p))
