@@ -14,7 +14,7 @@ design, and the H100 run of tma_halo_probe.py that proved its data path):
 - position m reads tap (r, s) from halo row m + r * P + s, so a tap's A operand is the halo
   started that many 128-byte rows in (the wgmma descriptor's base offset stays 0);
 - the weights of all nine taps (64 filters, 72 KB) are copied once per block, which is
-  persistent over tiles, and the halos stream through a ring of STAGES buffers from one
+  persistent over tiles, and the halos stream through a ring of 2-4 buffers from one
   producer thread, handed over by mbarriers;
 - the epilogue stores position m to (p0 + m / P, q0 + m % P) where m % P < TW and both are
   inside the output (the other positions multiplied padding or the next row's pixels).
@@ -47,7 +47,8 @@ from wgmma_common import REGS, TMA_LOAD_4D, compile_only, wgmma_m64n64k16  # noq
 LAYERS = (("resnet50/l1-3x3", 64, 56, 56), ("resnet18/l1-3x3", 128, 56, 56), ("vgg16/conv1_2", 32, 224, 224),
           ("unet/enc2b", 16, 128, 128), ("cifar-resnet/res3", 256, 8, 8))
 PITCHES = (32, 64, 128)  # P: TH = 128 / P output rows a tile
-STAGES = 3
+STAGES = (2, 3, 4)  # halos in the ring, each timed where it fits beside the weights
+SMEM_LIMIT = 227 * 1024  # a block's dynamic shared memory on sm_90
 C = K = 64
 R = S = 3
 W_BYTES = R * S * K * 128  # the nine taps' weights, 64 filters x 64 channels each
@@ -63,11 +64,11 @@ def stage_bytes(p: int) -> int:
     return halo_bytes(p) + 1024
 
 
-def smem_bytes(p: int) -> int:
-    return 1024 + 1024 + W_BYTES + STAGES * stage_bytes(p)  # alignment slack, barriers, weights, ring
+def smem_bytes(p: int, stages: int) -> int:
+    return 1024 + 1024 + W_BYTES + stages * stage_bytes(p)  # alignment slack, barriers, weights, ring
 
 
-def source(n: int, h: int, w: int, p: int) -> str:
+def source(n: int, h: int, w: int, p: int, stages: int) -> str:
     th = 128 // p
     return r"""
 #include <cuda_fp16.h>
@@ -75,7 +76,7 @@ def source(n: int, h: int, w: int, p: int) -> str:
 
 constexpr int N = """ + str(n) + ", H = " + str(h) + ", W = " + str(w) + r""", C = 64, K = 64, R = 3, S = 3;
 constexpr int P = """ + str(p) + ", TH = " + str(th) + r""", TW = P - (S - 1);  // a tile: TH rows x TW columns on pitch P
-constexpr int STAGES = """ + str(STAGES) + r""";
+constexpr int STAGES = """ + str(stages) + r""";
 constexpr int HALO_BYTES = (TH + R - 1) * P * 128, STAGE_BYTES = HALO_BYTES + 1024, TAP_BYTES = K * 128;
 constexpr int TILES_P = (H + TH - 1) / TH, TILES_Q = (W + TW - 1) / TW, TILES = N * TILES_P * TILES_Q;
 static_assert(TH * P == 128, "two consumer warpgroups of 64 positions");
@@ -191,7 +192,7 @@ def _time(cp, fn, flush_buf, reps: int = 30) -> float:
     return statistics.median(times[3:])
 
 
-def run(pitches: tuple[int, ...]) -> int:
+def run(pitches: tuple[int, ...], stage_counts: tuple[int, ...]) -> int:
     import cupy as cp
     import torch
     import torch.nn.functional as F
@@ -236,19 +237,20 @@ def run(pitches: tuple[int, ...]) -> int:
         print(f"{name:<20} {'dgrad: cuDNN':<22} {t_cudnn_dx:8.1f} {flops / t_cudnn_dx / 1e6:8.1f}")
         print(f"{name:<20} {'dgrad: convgen planner':<22} {t_cg_dx:8.1f} {flops / t_cg_dx / 1e6:8.1f} "
               f"{t_cudnn_dx / t_cg_dx:7.2f}x  (the halo kernel's fprop time below serves dgrad too)")
-        for p in pitches:
-            fn = load_kernels(source(n, h, w, p), ["halo_fprop"], arch="sm_90a")["halo_fprop"]
-            set_max_dynamic_shared_memory(fn, smem_bytes(p))
+        for p, stages in ((p, st) for p in pitches for st in stage_counts if smem_bytes(p, st) <= SMEM_LIMIT):
+            smem = smem_bytes(p, stages)
+            fn = load_kernels(source(n, h, w, p, stages), ["halo_fprop"], arch="sm_90a")["halo_fprop"]
+            set_max_dynamic_shared_memory(fn, smem)
             th = 128 // p
             x_map = _tiled(x.data.ptr, (C, w, h, n), (64, p, th + R - 1, 1), "x")
             w_map = _tiled(wt.data.ptr, (R * S * C, K), (64, 64), "w")  # w as [K][R*S*C]: one tap's 64 x 64 a box
             tiles = n * -(-h // th) * -(-w // (p - 2))
             grid = (min(tiles, sms), 1, 1)
             y = cp.full((n, h, w, K), np.float16(np.nan), dtype=cp.float16)  # poisoned: a position never stored shows
-            launch = lambda: fn(grid, (384, 1, 1), (x_map, w_map, y), shared_mem=smem_bytes(p))  # noqa: E731
+            launch = lambda: fn(grid, (384, 1, 1), (x_map, w_map, y), shared_mem=smem)  # noqa: E731
             launch()
             err = rel(y)
-            rows.append((f"halo P={p} TH={th} ({tiles} tiles)", _time(cp, launch, flush_buf), err))
+            rows.append((f"halo P={p} TH={th} ring {stages}", _time(cp, launch, flush_buf), err))
         for label, us, err in rows:
             ok = err <= 2e-3
             failed += not ok
@@ -261,11 +263,13 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--compile", action="store_true", help="compile and check the SASS only (no GPU needed)")
     ap.add_argument("--pitch", type=int, nargs="+", default=list(PITCHES), choices=PITCHES)
+    ap.add_argument("--stages", type=int, nargs="+", default=list(STAGES), choices=STAGES)
     args = ap.parse_args()
     if args.compile:
         rc = 0
         for p in args.pitch:
-            rc |= compile_only(source(64, 56, 56, p), ("halo_fprop",), ("HGMMA", "UTMALDG"),
-                               f"; P={p}: {smem_bytes(p)} bytes of shared memory a block")
+            for st in (st for st in args.stages if smem_bytes(p, st) <= SMEM_LIMIT):
+                rc |= compile_only(source(64, 56, 56, p, st), ("halo_fprop",), ("HGMMA", "UTMALDG"),
+                                   f"; P={p}, ring {st}: {smem_bytes(p, st)} bytes of shared memory a block")
         sys.exit(rc)
-    sys.exit(run(tuple(args.pitch)))
+    sys.exit(run(tuple(args.pitch), tuple(args.stages)))
