@@ -9,7 +9,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
 #
 # `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
-# stall with and without Python's collector, the compiled step's cudagraph and recompile hints,
+# stall with and without Python's collector, the compiled step's cudagraph and recompile hints
+# and its host time per phase,
 # host cost (the registered operators' rows too) and the training step's three modes.
 # `ab`: split-K summed in the kernel against the reduction kernel, twice on one machine, on
 # three suites' wgrad rows (a rule needs two runs).  `tune`: `convgen tune` on the wgrad rows
@@ -39,6 +40,8 @@ probes() {
     TORCH_LOGS=perf_hints,recompiles,graph_breaks timeout 100 python3 examples/train_step.py --modes compiled-step \
         --steps 30 --warmup 20 > "$OUT/compiled-step-hints.log" 2>&1
     grep -iE "skipping|recompil|break|ms/step" "$OUT/compiled-step-hints.log" | head -20
+    timeout 120 python3 benchmarks/probes/compiled_step_profile.py > "$OUT/compiled-step-profile.log" 2>&1
+    grep -E "ms/step" "$OUT/compiled-step-profile.log"
     timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
     grep -E "operator|launch\(\)|floor   " "$OUT/host-cost.log"
     timeout 150 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -12
