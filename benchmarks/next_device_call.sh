@@ -10,8 +10,8 @@
 #
 # `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
 # stall with and without Python's collector, the compiled step's cudagraph and recompile hints
-# and its host time per phase,
-# host cost (the registered operators' rows too) and the training step's three modes.
+# and its host time per phase, host cost (the registered operators' rows too) and the training
+# step's three modes.
 # `ab`: split-K summed in the kernel against the reduction kernel, twice on one machine, on
 # three suites' wgrad rows (a rule needs two runs).  `tune`: `convgen tune` on the wgrad rows
 # whose 192-wide tiles and grid twins are untimed (the pointwise suites' logs decide whether
