@@ -53,7 +53,7 @@ ab() {
     for run in 1 2; do
         for s in cifar-resnet mobilenetv2-pw resnet50; do
             for r in kernel grid; do
-                REDUCE=$r CONVGEN_CACHE_DIR=/tmp/cg-red-$r timeout 100 python3 benchmarks/probes/split_reduce_probe.py \
+                REDUCE=$r CONVGEN_CACHE_DIR=/tmp/cg-red-$r timeout 60 python3 benchmarks/probes/split_reduce_probe.py \
                     bench --suite "$s" --pass wgrad $BENCH --out "$OUT/ab/$s-wgrad-$r-$run" 2>&1 | grep -E "rror" | head -4
             done
             python3 scripts/bench_compare.py "$OUT/ab/$s-wgrad-kernel-$run/"*.json "$OUT/ab/$s-wgrad-grid-$run/"*.json \
@@ -66,8 +66,9 @@ ab() {
 
 tune() {
     install
-    # the pointwise suites first: their logs (named as the guard in tests/test_short_reduction_rules.py
-    # reads them) time the grid twins that branch grid-reduce-rule makes defaults
+    # the pointwise suites first: their logs time the grid twins that branch grid-reduce-rule makes
+    # defaults; commit them as benchmarks/results/tuning/nvidia-h200_DATE_COMMIT-tune-SUITE-wgrad.json,
+    # the names the guard in tests/test_short_reduction_rules.py reads
     tune_suites 270 mobilenetv2-pw efficientnet-b0-pw
 }
 
