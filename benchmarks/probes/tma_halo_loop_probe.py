@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from wgmma_common import REGS, TMA_LOAD_4D, compile_only, wgmma_m64n64k16  # noqa: E402
+from wgmma_common import TMA_LOAD_4D, compile_only, halo_taps  # noqa: E402
 
 # (suite/layer, N, H, W): every 64 -> 64 3x3 stride-1 layer of the built-in suites
 LAYERS = (("resnet50/l1-3x3", 64, 56, 56), ("resnet18/l1-3x3", 128, 56, 56), ("vgg16/conv1_2", 32, 224, 224),
@@ -140,20 +140,7 @@ extern "C" __global__ void __launch_bounds__(384, 1) halo_fprop(const __grid_con
     const int s = it % STAGES;
     mbar_wait(&full[s], (it / STAGES) & 1);
     const unsigned char* halo = ring + s * STAGE_BYTES + group * 64 * 128;
-    float d[""" + str(REGS) + r"""];
-#pragma unroll
-    for (int i = 0; i < """ + str(REGS) + r"""; ++i) d[i] = 0.0f;
-    wgmma_fence();
-#pragma unroll
-    for (int tap = 0; tap < R * S; ++tap) {
-      const unsigned char* a = halo + ((tap / S) * P + tap % S) * 128;  // position m's tap (r, s): halo row m + r*P + s
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const unsigned long long da = sw128_desc(a, kk * 32), db = sw128_desc(weights + tap * TAP_BYTES, kk * 32);
-        """ + wgmma_m64n64k16("da", "db") + r"""
-      }
-    }
-    wgmma_commit();
+""" + halo_taps("sw128_desc(a, kk * 32)", "TAP_BYTES") + r"""    wgmma_commit();
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(&empty[s]);  // the halo is free for the producer's next box
     // Accumulator j*4 + {0,1,2,3}: rows 16*warp + lane/4 (+8), columns 8j + 2*(lane%4) (+1).

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from wgmma_common import REGS, STORE_D, TMA_LOAD_4D, compile_only, wgmma_m64n64k16  # noqa: E402
+from wgmma_common import STORE_D, TMA_LOAD_4D, compile_only, halo_taps  # noqa: E402
 
 P, TH, C, K, R, S = 32, 2, 64, 64, 3, 3  # pitch, tile rows, channels, filters, filter
 H, W = 4, P - 2  # two tiles of rows, one of columns (TW = W = 30)
@@ -75,17 +75,7 @@ extern "C" __global__ void __launch_bounds__(128) probe(const __grid_constant__ 
     tma_load_4d(halo, &x_map, bar, 0, -1, p0 - 1, 0);  // zeros above, below and beside the image
   }
   mbar_wait(bar, 0);
-  float d[""" + str(REGS) + r"""];
-  for (int i = 0; i < """ + str(REGS) + r"""; ++i) d[i] = 0.0f;
-  wgmma_fence();
-  for (int tap = 0; tap < R * S; ++tap) {
-    const unsigned char* a = halo + ((tap / S) * P + tap % S) * 128;  // position m's tap (r, s): halo row m + r*P + s
-    for (int kk = 0; kk < 4; ++kk) {
-      const unsigned long long da = desc_at(a + kk * 32, mode), db = sw128_desc(weights + tap * W_BYTES, kk * 32);
-      """ + wgmma_m64n64k16("da", "db") + r"""
-    }
-  }
-  wgmma_commit();
+""" + halo_taps("desc_at(a + kk * 32, mode)", "W_BYTES") + r"""  wgmma_commit();
   wgmma_wait<0>();
   float* D = out + blockIdx.x * 64 * 64;
 """ + STORE_D + r"""}

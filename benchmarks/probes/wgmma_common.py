@@ -1,6 +1,6 @@
 """What the wgmma probes share (wgmma_probe.py, wgmma_row_offset_probe.py, tma_halo_probe.py,
 tma_halo_loop_probe.py): one m64n64k16 wgmma's operands and accumulators in CUDA source, the
-4-D tiled TMA copy of a halo box, and the compile-only check that runs anywhere (NVRTC needs
+4-D tiled TMA copy of a halo box, the halo loop's taps, and the compile-only check that runs anywhere (NVRTC needs
 no GPU)."""
 
 from __future__ import annotations
@@ -28,6 +28,29 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, unsign
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
       ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
+"""
+
+
+def halo_taps(a_desc: str, tap_bytes: str) -> str:
+    """The halo-reusing loop's multiply, as CUDA statements: ``float d[REGS]`` zeroed, then
+    every tap's four k16 wgmmas, position m reading tap (r, s) from halo row m + r*P + s (the
+    tap's A operand ``a``, started that many 128-byte rows into ``halo``), the tap's weights at
+    ``weights + tap * tap_bytes``.  ``a_desc``: the expression of a's descriptor at k16 step
+    ``kk``.  Needs ``halo``, ``weights``, P, R and S in scope; the caller commits and waits."""
+    return r"""
+    float d[""" + str(REGS) + r"""];
+#pragma unroll
+    for (int i = 0; i < """ + str(REGS) + r"""; ++i) d[i] = 0.0f;
+    wgmma_fence();
+#pragma unroll
+    for (int tap = 0; tap < R * S; ++tap) {
+      const unsigned char* a = halo + ((tap / S) * P + tap % S) * 128;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const unsigned long long da = """ + a_desc + ", db = sw128_desc(weights + tap * " + tap_bytes + r""", kk * 32);
+        """ + wgmma_m64n64k16("da", "db") + r"""
+      }
+    }
 """
 
 
