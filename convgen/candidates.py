@@ -13,7 +13,7 @@ import itertools
 import math
 from typing import Callable
 
-from . import depthwise
+from . import depthwise, tma_halo
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
@@ -101,7 +101,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
-    for p in _tma_candidates(problem, pass_, target, in_dtype) + _halo_candidates(problem, pass_, target, in_dtype):
+    for p in (tma_halo.variations(problem, pass_, target, in_dtype) + _tma_candidates(problem, pass_, target, in_dtype)
+              + _halo_candidates(problem, pass_, target, in_dtype)):
         _add_unique(p, seen, out)
     halo = len(out) - 1
     sliced: list[Plan] = []

@@ -18,14 +18,16 @@ import jinja2
 
 from . import __version__
 from .targets import Arch
-from .ir import Pass
+from . import tma_halo
+from .ir import ConvGeometry, Pass
 from .spec import KernelSpec
 from .footprint import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
-    resident_blocks, ring_stages, smem_bytes, staged_halo_halves,
+    resident_blocks, ring_stages, smem_bytes, staged_halo_halves, TMA_HALO_TAIL_BYTES, TMA_HALO_WEIGHT_BYTES,
+    tma_halo_box_bytes,
 )
 from .depthwise import DwFacts, facts as dw_facts
-from .mainloop import Depthwise, TmaWgmma
+from .mainloop import Depthwise, TmaHalo, TmaWgmma
 from .residues import ResidueClass, residue_classes
 from .resources import templates_dir
 
@@ -224,6 +226,22 @@ class Halo:
 
 
 @dataclass(frozen=True)
+class HaloBox:
+    """The TMA halo kind's tile (convgen/tma_halo.py): TH x TW outputs on a grid of PITCH
+    columns, its halo one TMA box of (TH + 2) rows, and the image's tiles."""
+
+    pitch: int
+    rows: int  # TH: output rows a tile
+    cols: int  # TW = PITCH - 2: output columns a tile
+    box_bytes: int
+    tail_bytes: int  # past each box in the ring (footprint.TMA_HALO_TAIL_BYTES)
+    weight_bytes: int
+    tiles_h: int  # tiles down an image
+    tiles_w: int  # and across it
+    flip: bool  # dgrad: tap (r, s) multiplies the weights of tap (R-1-r, S-1-s), read transposed
+
+
+@dataclass(frozen=True)
 class Epilogue:
     out_t: str
     bias_add: bool  # fprop adds the bias
@@ -274,7 +292,7 @@ class SplitK:
 
 
 # The main-loop kinds (`_kind`), and the MMA flavours they compute with.
-KINDS = ("im2col", "im2col_wgmma", "tma", "halo", "halo_ldsm", "halo_flat", "staged_halo", "depthwise")
+KINDS = ("im2col", "im2col_wgmma", "tma", "tma_halo", "halo", "halo_ldsm", "halo_flat", "staged_halo", "depthwise")
 MMAS = ("wmma", "ldsm", "wgmma", "none")
 
 
@@ -302,11 +320,12 @@ class Context:
     wgmma_regs: int  # wgmma: accumulator registers per m64 step (BN / 2)
     classes: tuple[ResidueClass, ...] = ()  # the TMA dgrad's stride residue classes, in launch order
     dw: DwFacts | None = None  # the depthwise kind's tile and threads (convgen/depthwise.py)
+    box: HaloBox | None = None  # the TMA halo kind's tile and box
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.mma not in MMAS:
             raise ValueError(f"unknown main-loop kind {self.kind!r} or MMA flavour {self.mma!r}")
-        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma", "tma", "depthwise")):
+        if (self.halo is None) != (self.kind in ("im2col", "im2col_wgmma", "tma", "tma_halo", "depthwise")):
             raise ValueError(f"kind {self.kind!r} with halo facts {self.halo!r}")
 
     @property
@@ -318,20 +337,24 @@ class Context:
     @property
     def loop(self) -> str:
         """The kernel body's structure, which picks its template: "im2col" (from global
-        memory), "tma" (Hopper's copy engine and warpgroups), "staged_halo", "depthwise" (a
-        CUDA-core stencil), "halo" (the taps
+        memory), "tma" (Hopper's copy engine and warpgroups), "tma_halo" (the same, one halo
+        box a tile), "staged_halo", "depthwise" (a CUDA-core stencil), "halo" (the taps
         read in place) or "halo_tiles" (several pixel tiles per block)."""
-        if self.kind in ("im2col", "im2col_wgmma", "tma", "staged_halo", "depthwise"):
+        if self.kind in ("im2col", "im2col_wgmma", "tma", "tma_halo", "staged_halo", "depthwise"):
             return self.kind.replace("_wgmma", "")
         return "halo_tiles" if self.halo is not None and self.halo.tiles > 1 else "halo"
 
     @property
     def template(self) -> str:
+        if self.kind == "tma_halo":  # one kernel for both passes: a stride-1 dgrad is the same convolution
+            return "kernels/tma_halo.j2"
         return f"kernels/{self.pass_}_{self.loop}.j2"
 
 
 def _kind(spec: KernelSpec) -> str:
     plan, path = spec.plan, halo_path(spec.plan, spec.geometry, spec.pass_)
+    if isinstance(plan.loop, TmaHalo):
+        return "tma_halo"
     if isinstance(plan.loop, Depthwise):
         return "depthwise"
     if path == "im2col":
@@ -405,7 +428,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         tile=Tile(
             block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
             warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
-            persistent=isinstance(plan.loop, TmaWgmma) and plan.loop.persistent,
+            persistent=isinstance(plan.loop, TmaHalo) or isinstance(plan.loop, TmaWgmma) and plan.loop.persistent,
             pingpong=isinstance(plan.loop, TmaWgmma) and plan.loop.pingpong,
             pad=stage_pad(plan), a_col=a_is_col(p), b_col=b_is_col(p),
         ),
@@ -439,7 +462,15 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         wgmma_regs=plan.block_n // 2,
         classes=residue_classes(g) if p is Pass.DGRAD and kind == "tma" else (),
         dw=dw_facts(plan, g, p, be.warp_size) if kind == "depthwise" else None,
+        box=_halo_box(plan.loop, g, p) if isinstance(plan.loop, TmaHalo) else None,
     )
+
+
+def _halo_box(loop: TmaHalo, g: ConvGeometry, p: Pass) -> HaloBox:
+    th, tw = tma_halo.tile(loop.pitch)
+    return HaloBox(pitch=loop.pitch, rows=th, cols=tw, box_bytes=tma_halo_box_bytes(loop.pitch),
+                   tail_bytes=TMA_HALO_TAIL_BYTES, weight_bytes=TMA_HALO_WEIGHT_BYTES,
+                   tiles_h=math.ceil(g.p / th), tiles_w=math.ceil(g.q / tw), flip=p is Pass.DGRAD)
 
 
 def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
@@ -492,7 +523,9 @@ def emit(spec: KernelSpec) -> KernelSource:
     gemm_n = ctx.gemm_n
     main_args, reduce_args = _args(spec, ctx)
     g = spec.geometry
-    if ctx.dw is not None:  # fprop, dgrad: one block per pixel tile; wgrad: per channel chunk and slice
+    if ctx.box is not None:  # persistent blocks walk every tile of the batch (below)
+        rows = dict(grid_rows_per_image=ctx.box.tiles_h * ctx.box.tiles_w)
+    elif ctx.dw is not None:  # fprop, dgrad: one block per pixel tile; wgrad: per channel chunk and slice
         rows = (dict(grid_fixed_rows=g.c) if spec.pass_ is Pass.WGRAD
                 else dict(grid_rows_per_image=ctx.dw.tiles_h * ctx.dw.tiles_w))
     elif plan.flat:  # one block per block_m positions of the flat grid (times its tiles)
@@ -516,13 +549,13 @@ def emit(spec: KernelSpec) -> KernelSource:
         shared_mem=ctx.smem_bytes,
         # a 2-D halo block computes `tiles` pixel tiles (or stacks of whole images); a flat
         # one `tiles` runs of block_m positions
-        grid_m_tile=(plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
+        grid_m_tile=(1 if ctx.box else plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
                      else (plan.block_n if spec.pass_ is Pass.WGRAD else ctx.dw.tiles_pb) if ctx.dw else plan.block_m),
-        grid_n_tiles=(1 if spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil(g.c / plan.block_n) if ctx.dw
+        grid_n_tiles=(1 if ctx.box or spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil(g.c / plan.block_n) if ctx.dw
                       else ctx.shape.groups * math.ceil(gemm_n / plan.block_n)),  # a grouped GEMM: groups x N tiles
         grid_z=plan.split_k,
         grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
-                     if isinstance(plan.loop, TmaWgmma) and plan.loop.persistent else 0),
+                     if ctx.tile.persistent else 0),
         cooperative=ctx.split is not None and ctx.split.in_kernel,
         **rows,
     )

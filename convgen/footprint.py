@@ -13,7 +13,7 @@ import math
 from . import depthwise
 from .ir import ConvGeometry, Pass, Target
 from .spec import Plan
-from .mainloop import FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
+from .mainloop import FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaHalo, TmaWgmma, Wgmma
 
 # The kinds that stage BK channels of a halo per step and read each tap's fragments in
 # place (the emitter's "taps" path); they alone can compute several tiles per block.
@@ -196,6 +196,19 @@ TMA_ALIGN_SLACK = 1024
 TMA_BARRIER_BYTES = 16
 
 
+# TmaHalo's shared memory: alignment slack and barriers (1024 bytes each), every tap's 64 x 64
+# weights, the ring of halo boxes, each followed by 1024 bytes that a tile's last positions
+# (never stored) read past the box, which also keeps the next box on a swizzle atom, and the
+# consumers' drain strips past the ring (the producer refills it while they drain).
+TMA_HALO_WEIGHT_BYTES = 9 * 64 * 64 * 2
+TMA_HALO_TAIL_BYTES = 1024
+
+
+def tma_halo_box_bytes(pitch: int) -> int:
+    """One TmaHalo halo box: 64 channels x pitch columns x (128 / pitch + 2) rows, 16-bit."""
+    return (128 // pitch + 2) * pitch * 64 * 2
+
+
 def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeometry | None = None) -> int:
     """Dynamic shared memory of one block: the staged pipeline, or the epilogue scratch if larger.
     A halo plan's stages depend on the filter, so it needs the geometry; without one, an
@@ -207,6 +220,10 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
         return depthwise.smem_bytes(plan, geometry, pass_, warp_size)
     if plan.loop.halo and geometry is None:
         raise ValueError("a halo plan's shared memory depends on the filter: pass the geometry")
+    strips = plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4  # the drain's, per warp
+    if isinstance(plan.loop, TmaHalo):
+        ring = plan.stages * (tma_halo_box_bytes(plan.loop.pitch) + TMA_HALO_TAIL_BYTES)
+        return TMA_ALIGN_SLACK + 1024 + TMA_HALO_WEIGHT_BYTES + ring + strips
     if isinstance(plan.loop, IN_PLACE_HALO):
         a, b = halo_stage_halves(plan, geometry, pass_)  # type: ignore[arg-type]
     else:
@@ -217,7 +234,6 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     if isinstance(plan.loop, StagedHalo):
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring, or follow it; then barriers
-        strips = plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4
         pipeline = pipeline + strips if plan.loop.persistent else max(pipeline, strips)
         barriers = ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
         if pass_ is Pass.WGRAD or plan.loop.pingpong:  # and db's reader-done barrier, or ping-pong's two
@@ -238,6 +254,8 @@ def resident_blocks(plan: Plan, pass_: Pass, target: Target, geometry: ConvGeome
     many as its shared memory allows (each block also reserves 1 KB), at most one with two
     consumer warpgroups (384 threads at 168 registers fill the register file) and two with
     one."""
+    if isinstance(plan.loop, TmaHalo):
+        return 1  # 384 threads, and over half the SM's shared memory at any pitch
     per_block = smem_bytes(plan, pass_, target.warp_size, geometry) + 1024
     by_regs = 1 if plan.warps_m > 4 else 2
     return max(1, min(by_regs, (target.info.smem_limit + 1024) // per_block))

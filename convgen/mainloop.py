@@ -16,6 +16,10 @@ The kinds:
 - :class:`TmaWgmma`: Hopper's own loop (sm_90a): the tensor memory accelerator copies both
   operands into a ring of swizzled stages, a producer warp hands each stage to consumer
   warpgroups through mbarriers, and they multiply it with asynchronous wgmma.
+- :class:`TmaHalo`: Hopper's loop for 3x3 stride-1 layers of 64 channels (sm_90a): the copy
+  engine copies a tile's input halo once as one tiled box, and each filter tap's A operand
+  is that halo started a few 128-byte rows in, so a pixel leaves L2 about twice, not nine
+  times; the nine taps' weights stay in shared memory and blocks are persistent.
 - :class:`HaloTile`: a block computes a 2-D tile of one image's output pixels and stages
   the input pixels its taps reach (a halo) once per K-step; each tap's WMMA fragments are
   read in place from it.
@@ -73,6 +77,7 @@ class Flags(NamedTuple):
     pingpong: bool = False
     depthwise: int = 0  # a Depthwise kind's pixels per thread (0: another kind)
     dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
+    halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -236,6 +241,61 @@ class TmaWgmma(MainLoop):
         return (f", TMA + wgmma: a producer warpgroup and {plan.warps_m // 4} consumer warpgroup(s)"
                 + (", persistent" if self.persistent else "")
                 + (", ping-pong (a tile per warpgroup, in turn)" if self.pingpong else ""))
+
+
+# A TmaHalo tile is 128 positions: 128 / pitch rows on a grid of `pitch` columns.  The pitches
+# the probe measured (pitch 32: 4 rows of 30 outputs; 64: 2 of 62; 128: 1 of 126).
+TMA_HALO_PITCHES = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class TmaHalo(MainLoop):
+    """Hopper's halo-reusing loop (sm_90a) for 3x3, stride-1, padding-1 layers of 64 input
+    and 64 output channels (fprop, and dgrad, which is the same convolution of dy by the
+    filter flipped and transposed).  A tile is TH = 128 / pitch output rows of one image
+    laid on a grid of ``pitch`` columns, of which pitch - 2 are outputs; its input halo is
+    one tiled TMA box (64 channels x pitch columns x TH + 2 rows), the copy engine writing
+    zeros outside the image (the padding).  Position m reads tap (r, s) at halo row
+    m + r * pitch + s, so a tap's A operand is the halo started that many 128-byte rows in
+    and no pixel is copied once per tap as the im2col loop copies it.  The nine taps'
+    weights (72 KB) are copied once per block, blocks are persistent, and ``plan.stages``
+    halos stream through a ring from one producer thread to two consumer warpgroups of 64
+    positions each (benchmarks/probes/tma_halo_loop_probe.py measured the loop)."""
+
+    producer_warps: ClassVar[int] = 4
+    pitch: int = 64
+
+    def __post_init__(self) -> None:
+        v = as_int("TmaHalo.pitch", self.pitch)
+        if v not in TMA_HALO_PITCHES:
+            raise ValueError(f"TmaHalo.pitch must be one of {TMA_HALO_PITCHES} (a tile is 128 positions, "
+                             f"128 / pitch rows of it), got {v}")
+        object.__setattr__(self, "pitch", v)
+
+    @property
+    def tag(self) -> str:
+        return f"tmahalo{self.pitch}"
+
+    def check(self, plan: "Plan") -> None:
+        got = (plan.block_m, plan.block_n, plan.block_k, plan.warps_m, plan.warps_n, plan.split_k)
+        if got != (128, 64, TMA_BLOCK_K, 8, 1, 1):
+            raise ValueError(f"TmaHalo computes 128 positions x 64 filters a tile, 64 channels a tap, on two "
+                             f"consumer warpgroups, whole reductions: block 128x64x64, warps 8x1, split_k 1; got "
+                             f"block {plan.block_m}x{plan.block_n}x{plan.block_k}, warps {plan.warps_m}x"
+                             f"{plan.warps_n}, split_k {plan.split_k}")
+        if plan.stages > 4:
+            raise ValueError(f"TmaHalo's stages are its ring of halo boxes, 2 to 4 (every ring measured the same), "
+                             f"got {plan.stages}")
+
+    def flags(self) -> Flags:
+        return Flags(tma=True, halo_pitch=self.pitch)
+
+    def layout(self) -> str:
+        return " " + self.tag
+
+    def describe(self, plan: "Plan") -> str:
+        return (f", TMA halo tile of {128 // self.pitch}x{self.pitch - 2} outputs on pitch {self.pitch}, "
+                f"a ring of {plan.stages} halos, weights resident, persistent")
 
 
 def _tiles_suffix(tiles: int) -> str:
@@ -465,12 +525,12 @@ class Depthwise(MainLoop):
                 + (" summed in the kernel" if plan.split_reduce == "grid" else ""))
 
 
-KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, HaloTile, HaloLdsm, FlatHalo, StagedHalo, Depthwise)
+KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, TmaHalo, HaloTile, HaloLdsm, FlatHalo, StagedHalo, Depthwise)
 
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
                tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
-               dw_rows: Any = 0, *, staged: bool = False) -> MainLoop:
+               dw_rows: Any = 0, halo_pitch: Any = 0, *, staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
@@ -479,6 +539,10 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
+    if as_int("plan.halo_pitch", halo_pitch):
+        if not tma or wgmma or flat or tile_w or persistent or pingpong or warps_k != 1 or tiles != 1 or depthwise:
+            raise ValueError(f"plan.halo_pitch={halo_pitch} names the TMA halo loop: tma=True and no other flag")
+        return TmaHalo(halo_pitch)
     if as_int("plan.dw_rows", dw_rows) and not as_int("plan.depthwise", depthwise):
         raise ValueError(f"plan.dw_rows={dw_rows} splits a depthwise wgrad's filter rows: it needs plan.depthwise > 0")
     if as_int("plan.depthwise", depthwise):

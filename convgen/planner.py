@@ -15,10 +15,11 @@ from .spec import KernelSpec, Plan, stages_whole_halo
 from .dtypes import MMA_DTYPES, mma_dtype_for
 from .limits import check_index_limits
 from . import depthwise
-from .mainloop import FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, StagedHalo, TmaWgmma, Wgmma, fit_tile
+from .mainloop import FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, StagedHalo, TmaHalo, TmaWgmma, Wgmma, fit_tile
 from .short_reduction_rules import exact_n_tile
 from .small_layer_rules import halo_default, split_k
 from .footprint import gathered_channels, reduction_steps, smem_bytes, staged_halo_halves, tiles_per_block
+from . import tma_halo
 from .tma_plan import tma_plan
 from .tma_rules import (MIN_POINTWISE_WGRAD_K, pointwise_wgrad, tma_eligible, tma_group_tile, tma_min_steps,
                         tma_short_persistent, tma_steps, tma_tail_fill)
@@ -98,6 +99,10 @@ def plan(
         reasons.append(f"groups={problem.groups}: one GEMM per group, side by side along the grid's y "
                        "(groups x N tiles)")
 
+    halo_box = None if scalar else tma_halo.plan_tma_halo(problem, pass_, target, in_dtype, reasons)
+    if halo_box is not None:  # 64-channel 3x3 stride-1 layers on sm_90a (convgen/tma_halo.py)
+        check_plan(halo_box, problem, pass_, target, in_dtype, mma_dtype=elem)
+        return halo_box
     if not scalar:
         why = tma_eligible(problem.geometry, pass_, target, in_dtype)
         # a block's K-steps (strided dgrad's heaviest residue class), read only where the loop runs
@@ -290,6 +295,12 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         _check_halo(plan, geometry, pass_, target, in_dtype)
     if isinstance(plan.loop, Wgmma):
         _check_wgmma(plan, pass_, target)
+    if isinstance(plan.loop, TmaHalo):
+        why = tma_halo.eligible(geometry, pass_, target, in_dtype)
+        if why is None and (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, in_dtype, in_dtype):
+            why = "copies 16-bit operands as they are: vec_a = vec_b = 8, read_a = read_b = in_dtype"
+        if why:
+            raise ValueError(f"TmaHalo: the TMA halo loop {why}")
     if isinstance(plan.loop, TmaWgmma):
         why = tma_eligible(geometry, pass_, target, in_dtype)
         if why is None and (plan.vec_a, plan.vec_b, plan.read_a, plan.read_b) != (8, 8, in_dtype, in_dtype):

@@ -160,7 +160,8 @@ class Plan:
 
     @property
     def tma(self) -> bool:
-        """Emitter's view: whether the kind is :class:`~convgen.mainloop.TmaWgmma`."""
+        """Emitter's view: whether the copy engine reads the inputs through tensor maps (the
+        TMA kinds, :class:`~convgen.mainloop.TmaWgmma` and :class:`~convgen.mainloop.TmaHalo`)."""
         return self.loop.flags().tma
 
     @property

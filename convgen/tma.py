@@ -151,14 +151,30 @@ def dgrad_weight_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> 
     return _tiled(ptr, (p.c, p.r * p.s, p.k), (64, 1, TMA_BLOCK_K), "w", dtype)
 
 
+def halo_map(ptr: int, problem: ConvProblem, pass_: Pass, pitch: int, dtype: str = "float16") -> np.void:
+    """The TMA halo kind's activations (fprop's x, dgrad's dy), NHWC as the 4-D tiled tensor
+    (channels, W, H, N): a box is a tile's halo, 64 channels x ``pitch`` columns x
+    (128 / pitch + 2) rows of one image, its corner one pixel up and left of the tile's first
+    output; outside the image it reads zeros (the padding)."""
+    p = problem
+    c, w, h = (p.c, p.w, p.h) if pass_ is Pass.FPROP else (p.k, p.q, p.p)
+    return _tiled(ptr, (c, w, h, p.n), (TMA_BLOCK_K, pitch, 128 // pitch + 2, 1), "x" if pass_ is Pass.FPROP else "dy",
+                  dtype)
+
+
 class TmaMaps:
     """One prepared op's tensor maps of its two inputs, in the op's argument order (fprop:
     x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring).  ``dtype``:
-    the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16."""
+    the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16; ``halo_pitch``: a
+    TmaHalo plan's pitch (0 for the im2col TMA loop)."""
 
-    def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int, dtype: str = "float16") -> None:
+    def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int, dtype: str = "float16",
+                 halo_pitch: int = 0) -> None:
         t = dtype
-        if pass_ is Pass.FPROP:
+        if halo_pitch:  # the TMA halo kind: a tile's halo a box; w as fprop's [K][R*S*C] in both passes
+            self._make_a = lambda ptr: halo_map(ptr, problem, pass_, halo_pitch, t)
+            self._make_b = lambda ptr: weight_map(ptr, problem, block_n, t)
+        elif pass_ is Pass.FPROP:
             self._make_a = lambda ptr: im2col_map(ptr, problem, block_m, t)
             self._make_b = lambda ptr: weight_map(ptr, problem, block_n, t)
         elif pass_ is Pass.DGRAD:

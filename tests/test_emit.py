@@ -25,7 +25,7 @@ from convgen.emit import REDUCE_BLOCK, KernelSource, _context, _environment, emi
 from convgen.resources import templates_dir
 from convgen.ir import ARCHES, ConvProblem, Epilogue, Pass, Target
 from convgen.spec import KernelSpec, Plan
-from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
+from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, TmaHalo, TmaWgmma, Wgmma
 from convgen.planner import make_spec, plan
 from convgen.footprint import smem_bytes
 from convgen.suites import SUITES
@@ -297,7 +297,7 @@ def _check_params(spec: KernelSpec, args: tuple[str, ...], params: list[str], *,
         "batch": "int", "m_rows": "long long", "residual": f"const {out_t}*", "alpha": "float", "beta": "float",
         **{m: "const __grid_constant__ TmaMap" for m in ("x_map", "w_map", "dy_map")},  # by value (tma.py)
     }
-    if spec.pass_ is Pass.DGRAD:  # one map of dy per stride residue class
+    if spec.pass_ is Pass.DGRAD and not isinstance(spec.plan.loop, TmaHalo):  # one map of dy per stride residue class
         expected["dy_map"] = "const __grid_constant__ DyMaps"
     if reduce:
         expected["workspace"] = expected["db_workspace"] = "const float*"
@@ -421,7 +421,8 @@ def test_cuda_with_cp_async_uses_it_for_vector_fp16_gathers(sources):
             continue
         code = code_only(sources[name].source)
         if spec.plan.tma:  # the copy engine moves both operands: no cp.async, no Stager
-            assert "cp_async(" not in code and "Stager" not in code and "tma_load_im2col(" in code, name
+            copy = "tma_load_4d(" if isinstance(spec.plan.loop, TmaHalo) else "tma_load_im2col("  # a halo box, or im2col
+            assert "cp_async(" not in code and "Stager" not in code and copy in code, name
             continue
         vector_fp16 = any(read == "float16" and vec >= 2 for read, vec in
                           ((spec.plan.read_a, spec.plan.vec_a), (spec.plan.read_b, spec.plan.vec_b)))

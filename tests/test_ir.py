@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from convgen.ir import ARCHES, ConvGeometry, ConvProblem, Epilogue, Pass, Target, resolve_padding
 from convgen.spec import KernelSpec, Plan
-from convgen.mainloop import KINDS, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
+from convgen.mainloop import KINDS, Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaHalo, TmaWgmma, Wgmma
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -384,7 +384,7 @@ def test_plan_wgmma_takes_whole_warpgroups_over_m():
 
 def test_plan_loop_must_be_a_kind():
     for bad in (None, "im2col", dict(tile_w=16)):
-        with pytest.raises(TypeError, match=r"plan\.loop must be a main-loop kind \(Im2col, Wgmma, TmaWgmma, HaloTile"):
+        with pytest.raises(TypeError, match=r"plan\.loop must be a main-loop kind \(Im2col, Wgmma, TmaWgmma, TmaHalo, HaloTile"):
             make_plan(loop=bad)
     with pytest.raises(TypeError, match="unexpected keyword argument 'tile_w'"):  # flags are gone
         make_plan(tile_w=16)
@@ -426,11 +426,11 @@ def test_kinds_check_the_plans_shared_fields(loop, changes, msg):
 def test_kind_tags_name_their_configuration():
     tags = [Im2col().tag, Im2col(2).tag, Wgmma().tag, HaloTile(16).tag, HaloTile(32, 4).tag, HaloLdsm(8).tag,
             HaloLdsm(8, 2).tag, FlatHalo().tag, FlatHalo(3).tag, StagedHalo(16).tag, TmaWgmma().tag,
-            Depthwise(16, 4).tag, Depthwise(32, 2, 1).tag, Depthwise(8, 4, 0, 3).tag]
+            Depthwise(16, 4).tag, Depthwise(32, 2, 1).tag, Depthwise(8, 4, 0, 3).tag, TmaHalo(32).tag, TmaHalo(128).tag]
     assert tags == ["im2col", "im2colk2", "wgmma", "halo16", "halo32x4", "ldsm8", "ldsm8x2", "flat", "flatx3",
-                    "staged16", "tma", "dw16c4", "dw32c2r1", "dw8c4x3"]
-    assert {k.__name__ for k in KINDS} == {"Im2col", "Wgmma", "TmaWgmma", "HaloTile", "HaloLdsm", "FlatHalo",
-                                                "StagedHalo", "Depthwise"}
+                    "staged16", "tma", "dw16c4", "dw32c2r1", "dw8c4x3", "tmahalo32", "tmahalo128"]
+    assert {k.__name__ for k in KINDS} == {"Im2col", "Wgmma", "TmaWgmma", "TmaHalo", "HaloTile", "HaloLdsm",
+                                                "FlatHalo", "StagedHalo", "Depthwise"}
 
 
 # Plans in the dicts they have always been written as (the tuning database's format, part of

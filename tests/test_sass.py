@@ -22,6 +22,7 @@ from convgen.emit import emit
 from convgen.ir import Epilogue, Pass, Target
 from convgen.planner import make_spec
 from convgen.footprint import halo_path
+from convgen.mainloop import TmaHalo
 from convgen.tools.sass import find_cuobjdump, kernel_sass, read_cubin, source_sass
 from convgen.suites import SUITES
 
@@ -178,6 +179,21 @@ def test_halo_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pa
         assert k.count("LDGSTS", "128") == k.count("LDGSTS") > 0, k.opcodes
     else:
         assert k.count("HMMA") > 0 and k.count("LDS") > 0, k.opcodes
+    assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
+
+
+TMA_HALO = [pytest.param(layer, pass_, p, id=f"{layer.name}/{pass_.value}/{p.brief()}")
+            for layer in SUITES["resnet50"] if layer.name == "l1-3x3" for pass_ in (Pass.FPROP, Pass.DGRAD)
+            for p in tune.candidates(layer.problem, pass_, Target("sm_90")) if isinstance(p.loop, TmaHalo)]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("layer, pass_, plan", TMA_HALO)
+def test_tma_halo_candidates_copy_each_halo_once_and_multiply_every_tap(layer, pass_, plan):
+    """Every pitch and ring of the TMA halo loop: nine taps x four k16 wgmmas, nine weight
+    boxes and one halo box (the copies in the producer's loop count once), no spills."""
+    k = _main_sass(_candidate_spec(layer, pass_, plan))
+    assert k.count("HGMMA") == 36 and k.count("UTMALDG") == 10 and k.count("LDGSTS") == 0, k.opcodes
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 

@@ -228,12 +228,13 @@ def test_defaults_run_persistent_where_tiles_outnumber_the_sms():
     vgg = default_plan(ConvProblem(112, 112, 64, 128, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
     assert vgg.loop == TmaWgmma(persistent=True, pingpong=True) and vgg.warps_m == 8
     assert (vgg.block_m, vgg.block_n, vgg.stages) == (128, 128, 4) and any("ping-pong" in r for r in vgg.reasons)
-    narrow = default_plan(ConvProblem(224, 224, 64, 64, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
+    # (64 -> 64 3x3 layers run the TMA halo loop: tests/test_tma_halo.py; these take 128 or give 128 channels)
+    narrow = default_plan(ConvProblem(224, 224, 128, 64, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)
     assert narrow.loop.pingpong and (narrow.block_m, narrow.block_n) == (128, 64)
     assert any("in place of the 64x64 tile" in r for r in narrow.reasons)
     wide = default_plan(ConvProblem(28, 28, 512, 512, 3, 3, 1, 1, 1, n=64), Pass.FPROP, SM90)  # VGG-16 conv4_2
     assert wide.loop == TmaWgmma(persistent=True) and (wide.block_m, wide.block_n) == (128, 256)
-    narrow_dgrad = default_plan(ConvProblem(128, 128, 64, 64, 3, 3, 1, 1, 1, n=16), Pass.DGRAD, SM90)  # UNet enc2b
+    narrow_dgrad = default_plan(ConvProblem(128, 128, 64, 128, 3, 3, 1, 1, 1, n=16), Pass.DGRAD, SM90)  # UNet dec-like
     assert narrow_dgrad.loop.pingpong and (narrow_dgrad.block_m, narrow_dgrad.block_n) == (128, 64)
     few = default_plan(ConvProblem(14, 14, 512, 512, 3, 3, 1, 1, 1, n=32), Pass.FPROP, SM90)  # 98 tiles
     assert few.tma and not few.loop.persistent and any("fewer than 2 per SM" in r for r in few.reasons)

@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from wgmma_common import TMA_LOAD_4D, compile_only, halo_taps  # noqa: E402
+from wgmma_common import compile_only, halo_taps  # noqa: E402
 
 # (suite/layer, N, H, W): every 64 -> 64 3x3 stride-1 layer of the built-in suites
 LAYERS = (("resnet50/l1-3x3", 64, 56, 56), ("resnet18/l1-3x3", 128, 56, 56), ("vgg16/conv1_2", 32, 224, 224),
@@ -81,7 +81,7 @@ constexpr int HALO_BYTES = (TH + R - 1) * P * 128, STAGE_BYTES = HALO_BYTES + 10
 constexpr int TILES_P = (H + TH - 1) / TH, TILES_Q = (W + TW - 1) / TW, TILES = N * TILES_P * TILES_Q;
 static_assert(TH * P == 128, "two consumer warpgroups of 64 positions");
 
-""" + TMA_LOAD_4D + r"""
+
 
 struct Tile {
   int n, p0, q0;

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.dirname(__file__))
-from wgmma_common import STORE_D, TMA_LOAD_4D, compile_only, halo_taps  # noqa: E402
+from wgmma_common import STORE_D, compile_only, halo_taps  # noqa: E402
 
 P, TH, C, K, R, S = 32, 2, 64, 64, 3, 3  # pitch, tile rows, channels, filters, filter
 H, W = 4, P - 2  # two tiles of rows, one of columns (TW = W = 30)
@@ -45,7 +45,7 @@ def source() -> str:
 constexpr int P = """ + str(P) + r""", TH = """ + str(TH) + r""", R = 3, S = 3, HALO_ROWS = """ + str(HALO_ROWS) + r""";
 constexpr int W_BYTES = 64 * 128, HALO_BYTES = HALO_ROWS * 128;
 
-""" + TMA_LOAD_4D + r"""
+
 
 __device__ __forceinline__ unsigned long long desc_at(const unsigned char* p, int mode) {
   const unsigned addr = smem_u32(p);

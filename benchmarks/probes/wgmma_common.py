@@ -1,7 +1,7 @@
 """What the wgmma probes share (wgmma_probe.py, wgmma_row_offset_probe.py, tma_halo_probe.py,
 tma_halo_loop_probe.py): one m64n64k16 wgmma's operands and accumulators in CUDA source, the
-4-D tiled TMA copy of a halo box, the halo loop's taps, and the compile-only check that runs anywhere (NVRTC needs
-no GPU)."""
+halo loop's taps, and the compile-only check that runs anywhere (NVRTC needs no GPU).  The
+4-D tiled TMA copy of a halo box is convgen/hopper.h's tma_load_4d."""
 
 from __future__ import annotations
 
@@ -19,16 +19,6 @@ def wgmma_m64n64k16(da: str, db: str, trans_b: int = 0) -> str:
             + f' : {d_ops} : "l"({da}), "l"({db}), "r"(1));')
 
 
-# A 4-D tiled box (x as [N][H][W][C]: channels, columns, rows, image) into shared memory,
-# completing on `bar`; coordinates outside the tensor read zeros (a halo's padding).
-TMA_LOAD_4D = r"""
-__device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
-      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
-}
-"""
 
 
 def halo_taps(a_desc: str, tap_bytes: str) -> str:

@@ -64,6 +64,15 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, unsign
       ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 
+// A tiled box of a 4-D tensor (NHWC x as channels, columns, rows, image), its corner at
+// (c0 innermost, .., c3); coordinates outside the tensor, negative ones too, read zeros.
+__device__ __forceinline__ void tma_load_4d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
 // An im2col box of a 4-D NHWC tensor: the map's pixels-per-column pixels, walked in N, H, W
 // order through the map's bounding box from input pixel (n, h, w), each shifted by the
 // filter tap's offset (off_w, off_h), channels c.. of each; outside the image reads zeros.
