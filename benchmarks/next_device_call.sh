@@ -2,12 +2,17 @@
 # The next device call, as benchmarks/NOTES.md (thirty-first session) lists it.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh probes
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh halo
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
 #
+# `halo`: the TMA halo loop (TmaHalo, thirty-second session): its GPU tests, then convgen against
+# cuDNN on the suites' four 64-channel 3x3 layers it takes and on three such layers of networks
+# outside the suites (EDSR's 48x48 and 96x96 training patches, SSD300's conv1_2), fprop and
+# dgrad, then the whole GPU suite in what time is left.
 # `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
 # stall with and without Python's collector, the compiled step's cudagraph and recompile hints
 # and its host time per phase, host cost (the registered operators' rows too) and the training
@@ -45,6 +50,22 @@ probes() {
     timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
     grep -E "operator|launch\(\)|floor   " "$OUT/host-cost.log"
     timeout 150 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -12
+}
+
+halo() {
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 150 $PYTEST tests/test_tma_halo_gpu.py 2>&1 | tee "$OUT/tma-halo-gpu.log" | tail -4
+    for p in fprop dgrad; do
+        CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 90 python3 -m convgen.cli bench --suite resnet50,resnet18,vgg16,unet \
+            --layers l1-3x3,conv1_2,enc2b --pass $p $BENCH --out "$OUT/suites-$p" 2>&1 | grep -E "^ *(l1-3x3|conv1_2|enc2b) "
+        for shape in "16 48 48" "16 96 96" "8 300 300"; do  # EDSR's patches, SSD300's conv1_2: N H W, 64 -> 64 3x3
+            set -- $shape
+            CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 45 python3 -m convgen.cli bench -n "$1" -h "$2" -w "$3" -c 64 -k 64 \
+                -r 3 -s 3 --padding 1 --pass $p $BENCH --out "$OUT/outside-$p-$2" 2>&1 | grep -E "^ *\S+ +$p " | tail -1
+        done
+    done
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_S:-330}" $PYTEST --ignore=tests/test_tma_halo_gpu.py 2>&1 \
+        | tee "$OUT/gpu-suite.log" | tail -8
 }
 
 ab() {
@@ -93,10 +114,11 @@ suite() {
 }
 
 case "${1:-}" in
+    halo) halo ;;
     probes) probes ;;
     ab) ab ;;
     tune) tune ;;
     tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
+    *) echo "usage: $0 halo|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
 esac
