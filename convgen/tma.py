@@ -1,9 +1,11 @@
 """Tensor maps: the descriptors that Hopper's copy engine (TMA) reads, encoded on the host.
 
-A :class:`~convgen.mainloop.TmaWgmma` kernel takes its ``CUtensorMap`` values by value: the
-gathered activations (fprop's and wgrad's x, dgrad's dy: one map per stride residue class)
-in the copy engine's im2col mode, so it gathers the filter taps and reads zeros in the
-padding, and the other operand (w, or wgrad's dy) as plain tiles.  A map holds its tensor's base address, so it is encoded for
+A TMA kernel (:class:`~convgen.mainloop.TmaWgmma`, :class:`~convgen.mainloop.TmaHalo`) takes its
+``CUtensorMap`` values by value.  TmaWgmma's are the gathered activations (fprop's and
+wgrad's x, dgrad's dy: one map per stride residue class) in the copy engine's im2col mode,
+so it gathers the filter taps and reads zeros in the padding, and the other operand (w, or
+wgrad's dy) as plain tiles; TmaHalo's are a tile's halo as one 4-D tiled box and w's taps
+as tiles.  A map holds its tensor's base address, so it is encoded for
 each pair of base addresses a call brings; frameworks reuse their buffers, so
 :class:`TmaMaps` keeps the maps it has made, keyed by address, and a repeat call costs two
 dictionary reads.
