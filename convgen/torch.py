@@ -37,7 +37,7 @@ device, with no synchronisation and no host copies, so the layer can be captured
 PyTorch's graph recipe does anyway) before capturing.
 
 Operators.  The three passes are registered PyTorch operators (``convgen::conv2d``,
-``convgen::conv2d_dgrad``, ``convgen::conv2d_wgrad``, through ``torch.library.custom_op``)
+``convgen::conv2d_dgrad``, ``convgen::conv2d_wgrad``, through ``torch.library.Library``)
 with fake implementations and an autograd formula, so ``torch.compile`` traces a model built
 from :class:`Conv2d` with no graph break (``fullgraph=True``) and its CUDA-graph mode
 (``mode="reduce-overhead"``) captures the kernels.  Eager calls run the same
@@ -157,14 +157,37 @@ def _check_groups(groups: Any, in_channels: int, out_channels: int, c_name: str,
 
 _GEO_SCHEMA = "int[] stride, int[] padding, int[] dilation, int groups"
 
+# Defined through torch.library.Library, not torch.library.custom_op: a custom_op call adds a
+# Python wrapper (an aliasing check of every output, and its own autograd layer): with the
+# implementations stubbed out, a call cost 17.7 / 21.2 / 30.2 us (fprop / dgrad / wgrad) as
+# custom_op and 14.3 / 11.7 / 12.8 as the Library's (the CPU machine; benchmarks/NOTES.md,
+# thirty-second session), and torch.compile's graphs call these operators on every step that
+# CUDA graphs do not capture.  The fakes and the autograd
+# formula are registered through torch.library's functions, as custom_op registers them.
+_LIB = torch.library.Library("convgen", "DEF")  # the operators live as long as this object
+_LIB.define(f"conv2d(Tensor x, Tensor w, Tensor? bias, {_GEO_SCHEMA}) -> Tensor")
+_LIB.define(f"conv2d_dgrad(Tensor gy, Tensor w, int[] x_shape, ScalarType x_dtype, {_GEO_SCHEMA}) -> Tensor")
+_LIB.define(f"conv2d_wgrad(Tensor gy, Tensor x, int[] w_shape, ScalarType w_dtype, ScalarType? b_dtype, "
+            f"{_GEO_SCHEMA}) -> (Tensor, Tensor)")
 
-@torch.library.custom_op("convgen::conv2d", mutates_args=(),
-                         schema=f"(Tensor x, Tensor w, Tensor? bias, {_GEO_SCHEMA}) -> Tensor")
-def _fprop_op(x, w, bias, stride, padding, dilation, groups):
+
+def _fprop_kernel(x, w, bias, stride, padding, dilation, groups):
     return _fprop_impl(x, w, bias, stride, padding, dilation, groups)
 
 
-@_fprop_op.register_fake
+def _dgrad_kernel(gy, w, x_shape, x_dtype, stride, padding, dilation, groups):
+    return _dgrad_impl(gy, w, x_shape, x_dtype, stride, padding, dilation, groups)
+
+
+def _wgrad_kernel(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups):
+    return _wgrad_impl(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups)
+
+
+for _name, _kernel in (("conv2d", _fprop_kernel), ("conv2d_dgrad", _dgrad_kernel), ("conv2d_wgrad", _wgrad_kernel)):
+    _LIB.impl(_name, _kernel, "CompositeExplicitAutograd")  # every device: the implementations name a wrong one
+
+
+@torch.library.register_fake("convgen::conv2d", lib=_LIB)
 def _(x, w, bias, stride, padding, dilation, groups):
     # Plain arithmetic, not ConvGeometry: under dynamic shapes the sizes are symbolic.
     n, _, h, wd = x.shape
@@ -174,25 +197,12 @@ def _(x, w, bias, stride, padding, dilation, groups):
     return torch.empty((n, k, p, q), dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
 
 
-@torch.library.custom_op("convgen::conv2d_dgrad", mutates_args=(),
-                         schema=f"(Tensor gy, Tensor w, int[] x_shape, ScalarType x_dtype, {_GEO_SCHEMA}) -> Tensor")
-def _dgrad_op(gy, w, x_shape, x_dtype, stride, padding, dilation, groups):
-    return _dgrad_impl(gy, w, x_shape, x_dtype, stride, padding, dilation, groups)
-
-
-@_dgrad_op.register_fake
+@torch.library.register_fake("convgen::conv2d_dgrad", lib=_LIB)
 def _(gy, w, x_shape, x_dtype, stride, padding, dilation, groups):
     return torch.empty(tuple(x_shape), dtype=x_dtype, device=gy.device, memory_format=torch.channels_last)
 
 
-@torch.library.custom_op("convgen::conv2d_wgrad", mutates_args=(),
-                         schema=f"(Tensor gy, Tensor x, int[] w_shape, ScalarType w_dtype, ScalarType? b_dtype, "
-                                f"{_GEO_SCHEMA}) -> (Tensor, Tensor)")
-def _wgrad_op(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups):
-    return _wgrad_impl(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups)
-
-
-@_wgrad_op.register_fake
+@torch.library.register_fake("convgen::conv2d_wgrad", lib=_LIB)
 def _(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups):
     # w_shape is torch's (K, C/groups, R, S): dw has the weight's shape.
     dw = torch.empty(tuple(w_shape), dtype=w_dtype, device=x.device, memory_format=torch.channels_last)
@@ -236,7 +246,18 @@ def _backward(ctx: Any, gy: torch.Tensor):
     return _grads(ctx, gy, torch.ops.convgen.conv2d_dgrad, torch.ops.convgen.conv2d_wgrad)
 
 
-_fprop_op.register_autograd(_backward, setup_context=_setup_context)
+def _no_double_backward(ctx: Any, *grads: torch.Tensor):
+    raise RuntimeError("convgen's dgrad and wgrad operators have no derivative of their own: a double backward "
+                       "through a convgen convolution is not supported")
+
+
+def _no_context(ctx: Any, inputs: tuple, output: Any) -> None:
+    pass
+
+
+torch.library.register_autograd("convgen::conv2d", _backward, setup_context=_setup_context, lib=_LIB)
+for _name in ("convgen::conv2d_dgrad", "convgen::conv2d_wgrad"):  # so that backprop through them raises, never skips
+    torch.library.register_autograd(_name, _no_double_backward, setup_context=_no_context, lib=_LIB)
 # The operator called directly under autocast casts its inputs to float16 (register_autocast
 # takes one type).  convgen.torch's own calls cast to the autocast type first and call it
 # with autocast off (_conv2d), so a bfloat16 autocast gets bfloat16 kernels.
@@ -307,7 +328,7 @@ def precompile(model: nn.Module, *example_inputs: Any, workers: Optional[int] = 
 class _EagerConv2d(torch.autograd.Function):
     """The operator's forward and backward without the operator dispatcher, for eager calls.
 
-    A ``torch.library.custom_op`` call costs about 100 us of host time on the H200 machine
+    An operator call (then a ``torch.library.custom_op``) cost about 100 us of host time on the H200 machine
     against 17 us for ``F.conv2d`` (benchmarks/probes/host_cost.py), and eager training
     loops are host-bound.  So eager calls take this Function, which runs the same
     implementations, and only code that torch.compile traces goes through the operators.
@@ -416,7 +437,7 @@ def _conv2d_as_is(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]
         x = F.pad(x, (0, extra[1], 0, extra[0]))
     args = (x, w, bias, list(stride_), list(pad), list(dilation_), groups)
     if compiling:
-        return _fprop_op(*args)
+        return torch.ops.convgen.conv2d.default(*args)
     if _recording is None:
         if sig is not None and extra == (0, 0) and _tl.FastConv.fits(x, w, bias):
             fast = _tl.fast_calls[sig] = _tl.FastConv(*args)

@@ -279,6 +279,21 @@ def test_operators_pass_torch_library_opcheck(fake, dtype):
     assert set(fake.in_dtypes) == {str(dtype).replace("torch.", "")}
 
 
+def test_backprop_through_the_gradient_operators_raises_and_never_skips(fake):
+    """dgrad and wgrad have no derivative of their own: a graph through them (a double
+    backward) must raise, not run on with their inputs' gradients missing."""
+    w = make((6, 4, 3, 3), torch.float16, False, 2)
+    gy = make((2, 6, 4, 4), torch.float16, True, 4, requires_grad=True)
+    x = make((2, 4, 7, 7), torch.float16, True, 1)
+    geo = ([2, 2], [1, 1], [1, 1], 1)
+    dx = torch.ops.convgen.conv2d_dgrad(gy, w, [2, 4, 7, 7], torch.float16, *geo)
+    with pytest.raises(RuntimeError, match="no derivative of their own"):
+        dx.float().sum().backward()
+    dw, _ = torch.ops.convgen.conv2d_wgrad(gy, x, [6, 4, 3, 3], torch.float16, None, *geo)
+    with pytest.raises(RuntimeError, match="no derivative of their own"):
+        dw.float().sum().backward()
+
+
 def test_torch_compile_fullgraph_traces_forward_and_backward(fake):
     """One graph, no break: fullgraph=True raises on any graph break, and the compiled
     forward and backward must call convgen's operators and match the reference."""
