@@ -3,6 +3,7 @@
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh halo
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh host
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune
@@ -13,6 +14,8 @@
 # cuDNN on the suites' four 64-channel 3x3 layers it takes and on three such layers of networks
 # outside the suites (EDSR's 48x48 and 96x96 training patches, SSD300's conv1_2), fprop and
 # dgrad, then the whole GPU suite in what time is left.
+# `host`: host cost (the registered operators' rows: torch.library.Library operators since the
+# thirty-second session) and the training step's three modes.
 # `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
 # stall with and without Python's collector, the compiled step's cudagraph and recompile hints
 # and its host time per phase, host cost (the registered operators' rows too) and the training
@@ -68,6 +71,13 @@ halo() {
         | tee "$OUT/gpu-suite.log" | tail -8
 }
 
+host() {  # the operators' host cost since they are torch.library.Library operators, and the step
+    install
+    timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
+    grep -E "operator|launch\(\)|floor   " "$OUT/host-cost.log"
+    timeout 150 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -12
+}
+
 ab() {
     install
     mkdir -p "$OUT/ab"
@@ -115,10 +125,11 @@ suite() {
 
 case "${1:-}" in
     halo) halo ;;
+    host) host ;;
     probes) probes ;;
     ab) ab ;;
     tune) tune ;;
     tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 halo|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
+    *) echo "usage: $0 halo|host|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
 esac
