@@ -73,6 +73,31 @@ def poison_outputs():
 
 
 @pytest.fixture
+def one_sm(monkeypatch):
+    """The runtime's target with one SM: a persistent grid of one or two blocks walks every
+    tile (kernel and call caches of its own, since neither is keyed by the SM count)."""
+    import cupy as cp
+
+    import convgen.runtime as rt
+    from convgen.compile import detect_target
+    from convgen.ir import Target
+
+    monkeypatch.setattr(rt, "_targets", {cp.cuda.Device().id: Target(detect_target().arch, 1)})
+    monkeypatch.setattr(rt, "_cache", {})
+    monkeypatch.setattr(rt, "_calls", {})
+
+
+@pytest.fixture(scope="module")
+def sm90_only():
+    """Skips a module of Hopper kernels (sm_90a) on any other GPU, naming it."""
+    from convgen.compile import detect_target
+
+    arch = detect_target().arch
+    if arch != "sm_90":
+        pytest.skip(f"these kernels run on sm_90 (sm_90a) only; this GPU is {arch}")
+
+
+@pytest.fixture
 def fake(monkeypatch):
     """convgen.torch on the NumPy bridge (tests/torch_fake.py): its launches run the float64
     reference on the tensors' memory, behind checks of the run-time contract.  PyTorch is

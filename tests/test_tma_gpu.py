@@ -23,16 +23,7 @@ from convgen.mainloop import TmaWgmma
 
 from gpu_helpers import check, run_pass
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _sm90():
-    from convgen.compile import detect_target
-
-    arch = detect_target().arch
-    if arch != "sm_90":
-        pytest.skip(f"the TMA main loop runs on sm_90 (sm_90a) only; this GPU is {arch}")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs", "sm90_only")]
 
 
 def _seed(*parts) -> np.random.Generator:
@@ -86,21 +77,6 @@ PERSISTENT_PLANS = [
     Plan(128, 128, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
     Plan(128, 64, 64, 8, 1, 2, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
 ]
-
-
-@pytest.fixture
-def one_sm(monkeypatch):
-    """The runtime's target with one SM: a persistent grid of one or two blocks (with
-    kernel and call caches of its own, since neither is keyed by the SM count)."""
-    import cupy as cp
-
-    import convgen.runtime as rt
-    from convgen.compile import detect_target
-    from convgen.ir import Target
-
-    monkeypatch.setattr(rt, "_targets", {cp.cuda.Device().id: Target(detect_target().arch, 1)})
-    monkeypatch.setattr(rt, "_cache", {})
-    monkeypatch.setattr(rt, "_calls", {})
 
 
 @pytest.mark.parametrize("problem", TMA_SHAPES, ids=lambda p: p.describe().replace(" ", "_"))

@@ -20,16 +20,7 @@ from convgen.mainloop import TMA_HALO_PITCHES
 
 from gpu_helpers import check, run_pass, seeded
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _sm90():
-    from convgen.compile import detect_target
-
-    arch = detect_target().arch
-    if arch != "sm_90":
-        pytest.skip(f"the TMA halo loop runs on sm_90 (sm_90a) only; this GPU is {arch}")
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs", "sm90_only")]
 
 
 def _layer(h: int, w: int, n: int) -> ConvProblem:
@@ -45,21 +36,6 @@ SHAPES = [
 ]
 PLANS = [tma_halo.make(p, st) for p in TMA_HALO_PITCHES for st in (2, 3)] + [tma_halo.make(32, 4)]
 IDS = dict(ids=lambda p: p.brief().replace(" ", "_"))
-
-
-@pytest.fixture
-def one_sm(monkeypatch):
-    """The runtime's target with one SM: one persistent block walks every tile, its ring
-    wrapping many times (kernel and call caches of its own: neither is keyed by SM count)."""
-    import cupy as cp
-
-    import convgen.runtime as rt
-    from convgen.compile import detect_target
-    from convgen.ir import Target
-
-    monkeypatch.setattr(rt, "_targets", {cp.cuda.Device().id: Target(detect_target().arch, 1)})
-    monkeypatch.setattr(rt, "_cache", {})
-    monkeypatch.setattr(rt, "_calls", {})
 
 
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD])
