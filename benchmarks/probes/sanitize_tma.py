@@ -1,7 +1,8 @@
-"""Probe: run a sample of TMA main-loop kernels (TmaWgmma) once each, for compute-sanitizer.
+"""Probe: run a sample of TMA main-loop kernels (TmaWgmma, TmaHalo) once each, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck --report-api-errors no python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
+    compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py halo   # the TmaHalo cases only
 
 Small shapes with M, N and padding tails, both consumer counts, all three passes (dgrad
 strided too, wgrad
@@ -9,6 +10,8 @@ with db, whose reader warps share the ring, split and not), and a check against 
 reference so a run that the sanitizer passes also computed the right numbers."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -18,6 +21,7 @@ import convgen
 from convgen import reference
 from convgen.ir import ConvProblem
 from convgen.spec import Plan
+from convgen import tma_halo
 from convgen.mainloop import TmaWgmma
 
 CASES = [
@@ -48,6 +52,16 @@ WGRAD_CASES = [
     (ConvProblem(10, 9, 128, 72, 3, 5, (2, 1), (1, 2), (1, 2), n=2),
      Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma())),
 ]
+
+# TmaHalo, fprop and dgrad: 13x37 images on every pitch (row and column tails, a tile's
+# positions between rows and past the image), 3 and 24 of them (78-360 tiles: blocks that walk
+# several, the ring wrapping), a ring of 2 and of 3.
+HALO_CASES = [(ConvProblem(13, 37, 64, 64, 3, 3, 1, 1, 1, n=n), tma_halo.make(pitch, ring))
+              for n, pitch, ring in ((3, 32, 2), (24, 32, 3), (24, 64, 2), (3, 128, 2))]
+if sys.argv[1:] == ["halo"]:
+    CASES, WGRAD_CASES, DGRAD_CASES = HALO_CASES, [], HALO_CASES
+else:
+    CASES, DGRAD_CASES = CASES + HALO_CASES, DGRAD_CASES + HALO_CASES
 
 rng = np.random.default_rng(7)
 geo = lambda prob: dict(stride=prob.stride, padding=prob.padding, dilation=prob.dilation)  # noqa: E731
