@@ -144,7 +144,7 @@ def test_a_tuned_entry_is_stale_once_the_default_it_beat_is_not_the_planners(tmp
     monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "shipped")
     tuning_db._loaded.clear()
     target = Target("sm_90", 132)
-    problem = next(l for l in SUITES["resnet50"] if l.name == "l1-3x3").problem.with_batch(64)
+    problem = next(l for l in SUITES["resnet50"] if l.name == "l2-3x3").problem.with_batch(64)
     default = plan(problem, Pass.FPROP, target)
     tuned = next(c for c in tune.candidates(problem, Pass.FPROP, target)[1:] if c.as_dict() != default.as_dict())
     other = next(c for c in tune.candidates(problem, Pass.FPROP, target)[1:] if c.as_dict() not in
@@ -162,7 +162,7 @@ def test_a_tuned_entry_is_stale_once_the_default_it_beat_is_not_the_planners(tmp
     lookup = entry_with(default_plan=other.as_dict())  # timed against a plan the planner no longer picks
     assert lookup(problem) is None
     # At a batch the planner plans otherwise, the comparison does not carry over.
-    small = problem.with_batch(8)  # a 64x64 tile, not the 128x64 ping-pong of batch 64
+    small = problem.with_batch(8)  # a 64x128 tile, not the 128x128 ping-pong of batch 64
     assert plan(small, Pass.FPROP, target).as_dict() != default.as_dict()
     assert entry_with(default_plan=default.as_dict())(small) is None
     # An entry without its default plan (the shipped ones written before it was recorded).
