@@ -58,11 +58,6 @@ probes() {
 halo() {
     install
     CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 150 $PYTEST tests/test_tma_halo_gpu.py 2>&1 | tee "$OUT/tma-halo-gpu.log" | tail -4
-    for tool in memcheck racecheck; do
-        CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
-            python3 benchmarks/probes/sanitize_tma.py halo > "$OUT/sanitize-halo-$tool.log" 2>&1
-        tail -3 "$OUT/sanitize-halo-$tool.log"
-    done
     for p in fprop dgrad; do
         CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 90 python3 -m convgen.cli bench --suite resnet50,resnet18,vgg16,unet \
             --layers l1-3x3,conv1_2,enc2b --pass $p $BENCH --out "$OUT/suites-$p" 2>&1 | grep -E "^ *(l1-3x3|conv1_2|enc2b) "
@@ -71,6 +66,11 @@ halo() {
             CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 45 python3 -m convgen.cli bench -n "$1" -h "$2" -w "$3" -c 64 -k 64 \
                 -r 3 -s 3 --padding 1 --pass $p $BENCH --out "$OUT/outside-$p-$2" 2>&1 | grep -E "^ *\S+ +$p " | tail -1
         done
+    done
+    for tool in memcheck racecheck; do
+        CONVGEN_CACHE_DIR=/tmp/cg-halo timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
+            python3 benchmarks/probes/sanitize_tma.py halo > "$OUT/sanitize-halo-$tool.log" 2>&1
+        tail -3 "$OUT/sanitize-halo-$tool.log"
     done
     CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_S:-330}" $PYTEST --ignore=tests/test_tma_halo_gpu.py 2>&1 \
         | tee "$OUT/gpu-suite.log" | tail -8
