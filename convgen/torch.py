@@ -160,9 +160,11 @@ _GEO_SCHEMA = "int[] stride, int[] padding, int[] dilation, int groups"
 # Defined through torch.library.Library, not torch.library.custom_op: a custom_op call adds a
 # Python wrapper (an aliasing check of every output, and its own autograd layer): with the
 # implementations stubbed out, a call cost 17.7 / 21.2 / 30.2 us (fprop / dgrad / wgrad) as
-# custom_op and 14.3 / 11.7 / 12.8 as the Library's (the CPU machine; benchmarks/NOTES.md,
-# thirty-second session), and torch.compile's graphs call these operators on every step that
-# CUDA graphs do not capture.  The fakes and the autograd
+# custom_op and 14.3 / 11.7 / 12.8 as the Library's on the CPU machine.  torch.compile's
+# graphs call these operators on every step that CUDA graphs do not capture.  On the H100
+# host the whole operator call stayed at 54-63 us against 58-67 before (resnet50 l4-1x1, two
+# runs against one; the host's noise is as large): most of its cost over the eager path's is
+# elsewhere (benchmarks/NOTES.md, thirty-second session).  The fakes and the autograd
 # formula are registered through torch.library's functions, as custom_op registers them.
 _LIB = torch.library.Library("convgen", "DEF")  # the operators live as long as this object
 _LIB.define(f"conv2d(Tensor x, Tensor w, Tensor? bias, {_GEO_SCHEMA}) -> Tensor")
