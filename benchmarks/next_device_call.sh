@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The next device call, as benchmarks/NOTES.md (thirty-first session) lists it.  Each part fits
+# The next device call, as benchmarks/NOTES.md (thirty-second session) lists it.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh halo
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh host
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune       # on an H200: branch grid-reduce-rule's guard
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh host
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
 #
+# `suite` first: the thirty-second session's run of the whole GPU suite was cut at 51% (TmaHalo's
+# own tests, the torch tests and the sanitizers ran in full).
 # `halo`: the TMA halo loop (TmaHalo, thirty-second session): its GPU tests, then convgen against
 # cuDNN on the suites' four 64-channel 3x3 layers it takes and on three such layers of networks
 # outside the suites (EDSR's 48x48 and 96x96 training patches, SSD300's conv1_2), fprop and
@@ -25,7 +27,7 @@
 # whose 192-wide tiles and grid twins are untimed (the pointwise suites' logs decide whether
 # branch grid-reduce-rule, the planner's rule for summing in the kernel, can land); `tune-wide`
 # the same for resnet50, vgg16 and unet (the 192-wide TMA tiles).  `suite`: the whole GPU
-# suite (needed again once kernels or templates change; it passed at 7428884 on the H100).
+# suite (needed again once kernels or templates change; it last passed whole at 7428884, H100).
 # Each part installs convgen; everything lands under $OUT.  Nothing here is run by CI.
 set -uo pipefail
 : "${OUT:?set OUT to the folder whose files come back}" "${COMMIT:?set COMMIT to the commit under test}"
