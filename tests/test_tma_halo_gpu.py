@@ -12,7 +12,10 @@ poisoned (NaN) before every launch, so a position the kernel forgets fails.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from convgen import tma_halo
 from convgen.footprint import smem_bytes
@@ -85,3 +88,16 @@ def test_tma_halo_residual_and_bf16(plan):
         res = run_pass(problem, pass_, seeded("tma-halo-bf16", plan, pass_.value), in_dtype="bfloat16",
                        out_dtype="bfloat16", plan=bf)
         check(res, "bfloat16", what=f"bf16 {pass_.value} {problem.describe()} {bf.brief()}")
+
+
+@given(h=st.integers(1, 70), w=st.integers(1, 140), n=st.integers(1, 6), plan=st.sampled_from(PLANS),
+       pass_=st.sampled_from([Pass.FPROP, Pass.DGRAD]), epilogue=st.sampled_from(["none", "bias-relu", "residual"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_halo(h, w, n, plan, pass_, epilogue, seed):
+    """Any image size (the tiles' row and column tails at every pitch, images narrower and
+    shorter than a tile), any batch, either pass, fprop's epilogues, normal data through fp16."""
+    problem = _layer(h, w, n)
+    fprop = pass_ is Pass.FPROP
+    res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan, bias=fprop and epilogue != "none",
+                   relu=fprop and epilogue == "bias-relu", residual=fprop and epilogue == "residual", beta=0.5)
+    check(res, "float16", what=f"{pass_.value} {problem.describe()} {plan.brief()} {epilogue}")
