@@ -4,6 +4,7 @@
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo-tune  # TmaHalo's pitch rule against every candidate
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune       # on an H200: branch grid-reduce-rule's guard
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh host
@@ -78,6 +79,17 @@ halo() {
         | tee "$OUT/gpu-suite.log" | tail -8
 }
 
+halo_tune() {  # every candidate of the four suite layers TmaHalo takes: its pitch rule against tuned
+    install
+    for p in fprop dgrad; do
+        for sl in resnet50:l1-3x3 resnet18:l1-3x3 vgg16:conv1_2 unet:enc2b; do
+            CONVGEN_CACHE_DIR=/tmp/cg-tune timeout 70 python3 -m convgen.cli tune --suite "${sl%%:*}" --layers "${sl#*:}" \
+                --pass $p --no-bias --log "$OUT/tune-${sl%%:*}-${sl#*:}-$p.json" > "$OUT/tune-${sl%%:*}-${sl#*:}-$p.log" 2>&1
+            tail -1 "$OUT/tune-${sl%%:*}-${sl#*:}-$p.log"
+        done
+    done
+}
+
 host() {  # the operators' host cost since they are torch.library.Library operators, and the step
     install
     timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
@@ -133,10 +145,11 @@ suite() {
 case "${1:-}" in
     halo) halo ;;
     host) host ;;
+    halo-tune) halo_tune ;;
     probes) probes ;;
     ab) ab ;;
     tune) tune ;;
     tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 halo|host|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
+    *) echo "usage: $0 halo|halo-tune|host|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
 esac
