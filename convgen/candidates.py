@@ -101,8 +101,10 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
-    for p in (tma_halo.variations(problem, pass_, target, in_dtype) + _tma_candidates(problem, pass_, target, in_dtype)
-              + _halo_candidates(problem, pass_, target, in_dtype)):
+    halo_box = tma_halo.variations(problem, pass_, target, in_dtype)
+    sliced_box = halo_box if tma_halo.slices(problem.geometry, pass_) > 1 else []  # untimed: offered last
+    for p in ([] if sliced_box else halo_box) + _tma_candidates(problem, pass_, target, in_dtype) + \
+            _halo_candidates(problem, pass_, target, in_dtype):
         _add_unique(p, seen, out)
     halo = len(out) - 1
     sliced: list[Plan] = []
@@ -147,7 +149,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
             + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
             + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
-            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen))
+            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box)
 
 
 # TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has

@@ -238,6 +238,7 @@ class HaloBox:
     weight_bytes: int
     tiles_h: int  # tiles down an image
     tiles_w: int  # and across it
+    slices: int  # 64-channel slices of the output: a block holds one slice's weights (tma_halo.slices)
     flip: bool  # dgrad: tap (r, s) multiplies the weights of tap (R-1-r, S-1-s), read transposed
 
 
@@ -470,7 +471,8 @@ def _halo_box(loop: TmaHalo, g: ConvGeometry, p: Pass) -> HaloBox:
     th, tw = tma_halo.tile(loop.pitch)
     return HaloBox(pitch=loop.pitch, rows=th, cols=tw, box_bytes=tma_halo_box_bytes(loop.pitch),
                    tail_bytes=TMA_HALO_TAIL_BYTES, weight_bytes=TMA_HALO_WEIGHT_BYTES,
-                   tiles_h=math.ceil(g.p / th), tiles_w=math.ceil(g.q / tw), flip=p is Pass.DGRAD)
+                   tiles_h=math.ceil(g.p / th), tiles_w=math.ceil(g.q / tw), slices=tma_halo.slices(g, p),
+                   flip=p is Pass.DGRAD)
 
 
 def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, ...] | None]:
@@ -551,10 +553,13 @@ def emit(spec: KernelSpec) -> KernelSource:
         # one `tiles` runs of block_m positions
         grid_m_tile=(1 if ctx.box else plan.block_m * plan.tiles if plan.flat else plan.tiles * ctx.halo.imgs if ctx.halo
                      else (plan.block_n if spec.pass_ is Pass.WGRAD else ctx.dw.tiles_pb) if ctx.dw else plan.block_m),
-        grid_n_tiles=(1 if ctx.box or spec.pass_ is Pass.WGRAD and ctx.dw else math.ceil(g.c / plan.block_n) if ctx.dw
+        grid_n_tiles=(ctx.box.slices if ctx.box else 1 if spec.pass_ is Pass.WGRAD and ctx.dw
+                      else math.ceil(g.c / plan.block_n) if ctx.dw
                       else ctx.shape.groups * math.ceil(gemm_n / plan.block_n)),  # a grouped GEMM: groups x N tiles
         grid_z=plan.split_k,
-        grid_blocks=(spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
+        # a TMA halo grid is whole sets of its slices, at least one (every block has a slice to walk)
+        grid_blocks=(max(1, spec.target.sm_count // ctx.box.slices) * ctx.box.slices if ctx.box
+                     else spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if ctx.tile.persistent else 0),
         cooperative=ctx.split is not None and ctx.split.in_kernel,
         **rows,

@@ -11,6 +11,10 @@ covers the image with the fewest tiles wins (ties: the smaller pitch, whose halo
 bytes: 224x224 ran 257 us at pitch 32 against 274 at 64 and 128).  The library's kernel, which
 drains through shared memory in 16-byte stores, then ran 1.14-1.41x cuDNN in fprop and dgrad on
 seven such layers, 48x48 images (exactly MIN_USEFUL) among them at 1.3x (the same NOTES section).
+
+A layer producing more than 64 channels (fprop's K, dgrad's C, a multiple of 64) runs as slices
+of 64: a block holds one slice's weights and walks the tiles, so each halo is copied once per
+slice.  No GPU has timed that yet, so it is a tuning candidate, offered last, not a default.
 """
 
 from __future__ import annotations
@@ -22,12 +26,22 @@ from .footprint import TMA_HALO_WEIGHT_BYTES, smem_bytes
 from .mainloop import TMA_BLOCK_K, TMA_HALO_PITCHES, TmaHalo
 from .spec import Plan
 
-CHANNELS = 64  # C and K: one 128-byte swizzle row of fp16 per pixel, one m64n64 wgmma per tap and k16
+CHANNELS = 64  # reduced: one 128-byte swizzle row of fp16 a pixel; produced: one m64n64 wgmma a tap and k16, a slice
 POSITIONS = 128  # a tile: two consumer warpgroups of 64
 # The least share of a tile's positions that are outputs for the planner to take the loop:
 # 0.80-0.875 ran 1.10-1.18x the im2col TMA loop; 0.25 (CIFAR's 8x8) ran 0.71x of it.
 MIN_USEFUL = 0.75
 DEFAULT_RING = 2  # halos in flight: rings of 2, 3 and 4 timed within 2% of each other
+
+
+def channels(geometry: ConvGeometry, pass_: Pass) -> tuple[int, int]:
+    """(reduced, produced) channels of a pass: fprop reduces C into K, dgrad K into C."""
+    return (geometry.c, geometry.k) if pass_ is Pass.FPROP else (geometry.k, geometry.c)
+
+
+def slices(geometry: ConvGeometry, pass_: Pass) -> int:
+    """The 64-channel slices of the output a block's resident weights cover one of."""
+    return channels(geometry, pass_)[1] // CHANNELS
 
 
 def eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:
@@ -44,8 +58,12 @@ def eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DTyp
     if (g.r, g.s, g.stride, g.padding, g.dilation) != (3, 3, (1, 1), (1, 1), (1, 1)):
         return ("covers 3x3 filters of stride 1, padding 1 and dilation 1 (the output grid is the input's), got "
                 f"{g.r}x{g.s}, stride {g.stride}, padding {g.padding}, dilation {g.dilation}")
-    if (g.c, g.k) != (CHANNELS, CHANNELS):
-        return f"covers C = K = {CHANNELS} (one swizzle row a pixel, one m64n64 wgmma a tap), got C={g.c}, K={g.k}"
+    reduced, produced = channels(g, pass_)
+    names = ("C", "K") if pass_ is Pass.FPROP else ("K", "C")
+    if reduced != CHANNELS or produced % CHANNELS:
+        return (f"reduces {CHANNELS} channels (one swizzle row a pixel, the nine taps' weights resident) into a "
+                f"multiple of {CHANNELS} (one m64n64 wgmma a tap, a block a slice of 64): {names[0]}={reduced}, "
+                f"{names[1]}={produced}")
     return None
 
 
@@ -80,6 +98,12 @@ def plan_tma_halo(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: D
     are at least MIN_USEFUL outputs; None otherwise (with a reason where the loop could run)."""
     if eligible(problem.geometry, pass_, target, in_dtype) is not None:
         return None
+    n_slices = slices(problem.geometry, pass_)
+    if n_slices > 1:
+        reasons.append(f"not the TMA halo loop by default: its {n_slices} slices of 64 output channels (a block's "
+                       "weights one slice, each halo copied once per slice) have not been timed on a GPU; tuning "
+                       "offers it")
+        return None
     pitch = best_pitch(problem.geometry)
     share = useful(problem.geometry, pitch)
     th, tw = tile(pitch)
@@ -100,7 +124,7 @@ def plan_tma_halo(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: D
 
 
 def variations(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DType) -> list[Plan]:
-    """The tuning candidates: every pitch whose tile has an output, rings of 2 and 3."""
+    """The tuning candidates: every pitch, rings of 2 and 3, where they fit."""
     if eligible(problem.geometry, pass_, target, in_dtype) is not None:
         return []
     out = []

@@ -182,16 +182,19 @@ def test_halo_candidates_use_tensor_cores_16_byte_copies_and_no_spills(layer, pa
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 
+# resnet50's l1-3x3 (64 -> 64, fprop and dgrad) and unet's dec2-cat192 dgrad (64 into 192: three slices)
 TMA_HALO = [pytest.param(layer, pass_, p, id=f"{layer.name}/{pass_.value}/{p.brief()}")
-            for layer in SUITES["resnet50"] if layer.name == "l1-3x3" for pass_ in (Pass.FPROP, Pass.DGRAD)
+            for suite, name in (("resnet50", "l1-3x3"), ("unet", "dec2-cat192"))
+            for layer in SUITES[suite] if layer.name == name for pass_ in (Pass.FPROP, Pass.DGRAD)
             for p in tune.candidates(layer.problem, pass_, Target("sm_90")) if isinstance(p.loop, TmaHalo)]
 
 
 @needs_cuobjdump
 @pytest.mark.parametrize("layer, pass_, plan", TMA_HALO)
 def test_tma_halo_candidates_copy_each_halo_once_and_multiply_every_tap(layer, pass_, plan):
-    """Every pitch and ring of the TMA halo loop: nine taps x four k16 wgmmas, nine weight
-    boxes and one halo box (the copies in the producer's loop count once), no spills."""
+    """Every pitch and ring of the TMA halo loop, one slice and three: nine taps x four k16
+    wgmmas, nine weight boxes and one halo box (the copies in the producer's loop count
+    once), no spills."""
     k = _main_sass(_candidate_spec(layer, pass_, plan))
     assert k.count("HGMMA") == 36 and k.count("UTMALDG") == 10 and k.count("LDGSTS") == 0, k.opcodes
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"

@@ -53,8 +53,10 @@ def test_small_images_keep_the_im2col_loop_and_say_why():
 
 
 @pytest.mark.parametrize("problem, pass_, target, in_dtype, words", [
-    (_layer(56, 56, c=128), Pass.FPROP, SM90, "float16", "C = K = 64"),
-    (_layer(56, 56, k=32), Pass.DGRAD, SM90, "float16", "C = K = 64"),
+    (_layer(56, 56, c=128), Pass.FPROP, SM90, "float16", "reduces 64 channels"),
+    (_layer(56, 56, k=32), Pass.DGRAD, SM90, "float16", "K=32, C=64"),
+    (_layer(56, 56, k=96), Pass.FPROP, SM90, "float16", "C=64, K=96"),
+    (_layer(56, 56, c=96), Pass.DGRAD, SM90, "float16", "K=64, C=96"),
     (_layer(56, 56, stride=2), Pass.FPROP, SM90, "float16", "stride 1"),
     (_layer(56, 56, dilation=2, padding=2), Pass.FPROP, SM90, "float16", "dilation 1"),
     (_layer(56, 56, r=1, s=1, padding=0), Pass.FPROP, SM90, "float16", "3x3 filters"),
@@ -68,6 +70,23 @@ def test_the_checker_refuses_it_where_it_cannot_run(problem, pass_, target, in_d
         check_plan(tma_halo.make(64, 2, "float16"), problem, pass_, target, in_dtype)
     assert words in str(err.value)
     assert not isinstance(default_plan(problem, pass_, target, in_dtype).loop, TmaHalo)
+
+
+@pytest.mark.parametrize("pass_, problem", [(Pass.FPROP, _layer(56, 56, k=128)), (Pass.DGRAD, _layer(56, 56, c=192))])
+def test_wider_outputs_run_as_slices_offered_last_and_never_by_default(pass_, problem):
+    check_plan(tma_halo.make(32), problem, pass_, SM90, "float16")  # the kind can run them
+    default = default_plan(problem, pass_, SM90)
+    assert not isinstance(default.loop, TmaHalo)
+    assert any("slices of 64 output channels" in r and "not been timed" in r for r in default.reasons)
+    got = candidates(problem, pass_, SM90)
+    halo = [i for i, c in enumerate(got) if isinstance(c.loop, TmaHalo)]
+    assert halo and halo == list(range(len(got) - len(halo), len(got)))  # the last ones, past autotune's first 8
+    ks = emit(make_spec(problem, pass_, target=SM90, plan_=got[halo[0]]))
+    slices = tma_halo.slices(problem.geometry, pass_)
+    assert ks.main.grid_n_tiles == slices and f"constexpr int SLICES = {slices};" in ks.source
+    assert ks.grid(1000)[0] == 132 // slices * slices  # whole sets of slices: no block without one
+    one_sm = emit(make_spec(problem, pass_, target=Target(arch="sm_90", sm_count=1), plan_=got[halo[0]]))
+    assert one_sm.grid(1000)[0] == slices  # even on one SM, a block per slice
 
 
 def test_its_fields_are_checked_where_they_are_typed():
@@ -110,43 +129,57 @@ def test_the_launch_is_one_persistent_block_an_sm(plan):
 
 
 def _simulate(problem: ConvProblem, pass_: Pass, plan: Plan, x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """The kernel's algorithm in NumPy, driven by the constants the emitter wrote into it:
-    tiles walked as tile_at() walks them, the halo box from one pixel up and left (zeros
-    outside the image), position m reading tap (r, s) at halo row m + r*PITCH + s, dgrad's
-    taps multiplying the flipped tap's weights transposed, and the store's test.  Every
-    output is written exactly once, or the poison (NaN) shows."""
-    ks = emit(make_spec(problem, pass_, target=SM90, plan_=plan))
+    """The kernel's algorithm in NumPy, driven by the constants the emitter wrote into it and
+    its launch grid (on a 5-SM target, so blocks walk several tiles): block b takes slice
+    b % SLICES and tiles b / SLICES, + gridDim.x / SLICES, ... as tile_at() walks them; the
+    halo box from one pixel up and left (zeros outside the image), position m reading tap
+    (r, s) at halo row m + r*PITCH + s, dgrad's taps multiplying the flipped tap's weights
+    transposed, and the store's test.  Every output is written exactly once, or the poison
+    (NaN) shows."""
+    ks = emit(make_spec(problem, pass_, target=Target(arch="sm_90", sm_count=5), plan_=plan))
     src = ks.source
-    const = {name: int(src.split(f"{name} = ")[1].split(",")[0].split(";")[0])
+    const = {name: int(src.split(f"constexpr int {name} = ")[1].split(",")[0].split(";")[0]) if
+             f"constexpr int {name} = " in src else int(src.split(f", {name} = ")[1].split(",")[0].split(";")[0])
              for name in ("PITCH", "TH", "TW", "TILES_H", "TILES_W")}
-    pitch, th, tw = const["PITCH"], const["TH"], const["TW"]
+    n_slices = int(src.split("constexpr int SLICES = ")[1].split(";")[0]) if "constexpr int SLICES = " in src else 1
+    pitch, th, tw, per_image = const["PITCH"], const["TH"], const["TW"], const["TILES_H"] * const["TILES_W"]
     n, h, wd = x.shape[:3]
-    out = np.full((n, h, wd, 64), np.nan)
+    out_c = w.shape[0] if pass_ is Pass.FPROP else w.shape[3]
+    out = np.full((n, h, wd, out_c), np.nan)
     padded = np.zeros((n, h + th + 2, wd + pitch + 2, 64))  # room for a box past the far edges (zeros)
     padded[:, 1:h + 1, 1:wd + 1] = x
     flip = "R * S - 1 - tap" in src
-    for t in range(n * const["TILES_H"] * const["TILES_W"]):
-        rest = t % (const["TILES_H"] * const["TILES_W"])
-        img, p0, q0 = t // (const["TILES_H"] * const["TILES_W"]), rest // const["TILES_W"] * th, rest % const["TILES_W"] * tw
-        box = padded[img, p0:p0 + th + 2, q0:q0 + pitch].reshape(-1, 64)  # (TH + 2) rows x PITCH columns
-        box = np.concatenate([box, np.full((8, 64), 1e9)])  # the slot's tail: read by unstored positions only
-        for m in range(128):
-            p, q = p0 + m // pitch, q0 + m % pitch
-            acc = np.zeros(64)
-            for tap in range(9):
-                wt = w[:, (8 - tap) // 3, (8 - tap) % 3, :] if flip else w[:, tap // 3, tap % 3, :]  # [k][c]
-                a = box[m + tap // 3 * pitch + tap % 3]
-                acc += a @ (wt if flip else wt.T)
-            if m % pitch < tw and p < h and q < wd:
-                assert np.isnan(out[img, p, q, 0]), f"output ({img}, {p}, {q}) stored twice"
-                out[img, p, q] = acc
+    grid = ks.grid(n)[0]
+    assert grid % n_slices == 0, "the grid is whole sets of slices"
+    walkers = grid // n_slices
+    for b in range(grid):
+        sl = slice(b % n_slices * 64, b % n_slices * 64 + 64)
+        for t in range(b // n_slices, n * per_image, walkers):
+            img, rest = t // per_image, t % per_image
+            p0, q0 = rest // const["TILES_W"] * th, rest % const["TILES_W"] * tw
+            box = padded[img, p0:p0 + th + 2, q0:q0 + pitch].reshape(-1, 64)  # (TH + 2) rows x PITCH columns
+            box = np.concatenate([box, np.full((8, 64), 1e9)])  # the slot's tail: read by unstored positions only
+            for m in range(128):
+                p, q = p0 + m // pitch, q0 + m % pitch
+                acc = np.zeros(64)
+                for tap in range(9):
+                    a = box[m + tap // 3 * pitch + tap % 3]
+                    if flip:  # dgrad: B is w[k, flipped tap, c] for the slice's c
+                        acc += a @ w[:, (8 - tap) // 3, (8 - tap) % 3, sl]
+                    else:  # fprop: B^T is w[the slice's k, tap, c]
+                        acc += a @ w[sl, tap // 3, tap % 3, :].T
+                if m % pitch < tw and p < h and q < wd:
+                    assert np.isnan(out[img, p, q, sl][0]), f"output ({img}, {p}, {q}) stored twice"
+                    out[img, p, q, sl] = acc
     return out
 
 
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD])
-@pytest.mark.parametrize("pitch", [32, 64, 128])
-def test_the_tiling_covers_every_output_once_and_computes_the_convolution(pitch, pass_):
-    problem = _layer(5, 127, n=2)  # 127: one column past a whole number of tiles at every pitch
+@pytest.mark.parametrize("pitch, channels", [(32, 64), (64, 64), (128, 64), (32, 128), (64, 192)])
+def test_the_tiling_covers_every_output_once_and_computes_the_convolution(pitch, channels, pass_):
+    """`channels`: the output's (fprop's K, dgrad's C); above 64, slices of 64 a block."""
+    problem = (_layer(5, 127, n=2, k=channels) if pass_ is Pass.FPROP  # 127: a column past whole tiles at every pitch
+               else _layer(5, 127, n=2, c=channels))
     rng = np.random.default_rng()
     x = rng.standard_normal(problem.x_shape if pass_ is Pass.FPROP else problem.y_shape)
     w = rng.standard_normal(problem.w_shape)

@@ -27,8 +27,8 @@ from gpu_helpers import check, run_pass, seeded
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs", "sm90_only")]
 
 
-def _layer(h: int, w: int, n: int) -> ConvProblem:
-    return ConvProblem(h, w, 64, 64, 3, 3, 1, 1, 1, n=n)
+def _layer(h: int, w: int, n: int, c: int = 64, k: int = 64) -> ConvProblem:
+    return ConvProblem(h, w, c, k, 3, 3, 1, 1, 1, n=n)
 
 
 SHAPES = [
@@ -64,6 +64,23 @@ def test_tma_halo_persistent_on_one_sm(plan, pass_, one_sm):
     check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()} on one SM")
 
 
+# Outputs of more than 64 channels as slices of 64 (a block's weights one slice, the grid whole
+# sets of slices): fprop's K and dgrad's C of 128 and 192, on the whole GPU and on one SM.
+SLICED = [(Pass.FPROP, _layer(13, 37, 3, k=128)), (Pass.FPROP, _layer(9, 70, 2, k=192)),
+          (Pass.DGRAD, _layer(13, 37, 3, c=128)), (Pass.DGRAD, _layer(9, 70, 2, c=192))]
+
+
+@pytest.mark.parametrize("pass_, problem", SLICED, ids=lambda v: getattr(v, "value", None) or v.describe().replace(" ", "_"))
+@pytest.mark.parametrize("plan", [PLANS[0], PLANS[4]], **IDS)
+@pytest.mark.parametrize("sms", ["all", "one"])
+def test_tma_halo_slices_exact_tier(pass_, problem, plan, sms, request):
+    if sms == "one":
+        request.getfixturevalue("one_sm")
+    res = run_pass(problem, pass_, seeded("tma-halo-sliced", problem, plan, pass_.value, sms), out_dtype="float32",
+                   bias=pass_ is Pass.FPROP, plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()} ({sms} SMs)")
+
+
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD])
 def test_tma_halo_is_the_default_on_a_real_layer(pass_):
     """ResNet's 56x56 64 -> 64 layer, normal data through fp16: the planner's own plan."""
@@ -91,12 +108,13 @@ def test_tma_halo_residual_and_bf16(plan):
 
 
 @given(h=st.integers(1, 70), w=st.integers(1, 140), n=st.integers(1, 6), plan=st.sampled_from(PLANS),
-       pass_=st.sampled_from([Pass.FPROP, Pass.DGRAD]), epilogue=st.sampled_from(["none", "bias-relu", "residual"]),
-       seed=st.integers(0, 2**32 - 1))
-def test_fuzz_tma_halo(h, w, n, plan, pass_, epilogue, seed):
+       pass_=st.sampled_from([Pass.FPROP, Pass.DGRAD]), out=st.sampled_from([64, 128, 192]),
+       epilogue=st.sampled_from(["none", "bias-relu", "residual"]), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_tma_halo(h, w, n, plan, pass_, out, epilogue, seed):
     """Any image size (the tiles' row and column tails at every pitch, images narrower and
-    shorter than a tile), any batch, either pass, fprop's epilogues, normal data through fp16."""
-    problem = _layer(h, w, n)
+    shorter than a tile), any batch, either pass, 1-3 slices of output channels, fprop's
+    epilogues, normal data through fp16."""
+    problem = _layer(h, w, n, k=out) if pass_ is Pass.FPROP else _layer(h, w, n, c=out)
     fprop = pass_ is Pass.FPROP
     res = run_pass(problem, pass_, np.random.default_rng(seed), plan=plan, bias=fprop and epilogue != "none",
                    relu=fprop and epilogue == "bias-relu", residual=fprop and epilogue == "residual", beta=0.5)
