@@ -88,6 +88,13 @@ halo_tune() {  # every candidate of the four suite layers TmaHalo takes: its pit
             tail -1 "$OUT/tune-${sl%%:*}-${sl#*:}-$p.log"
         done
     done
+    # the sliced kernels (untimed candidates, offered last): VGG-16 conv2_1's 64 -> 128 fprop, UNet's
+    # dec2-cat192 dgrad (64 into 192)
+    CONVGEN_CACHE_DIR=/tmp/cg-tune timeout 90 python3 -m convgen.cli tune -n 32 -h 112 -w 112 -c 64 -k 128 -r 3 -s 3 \
+        --padding 1 --pass fprop --no-bias --log "$OUT/tune-vgg-conv2_1-fprop.json" > "$OUT/tune-vgg-conv2_1-fprop.log" 2>&1
+    CONVGEN_CACHE_DIR=/tmp/cg-tune timeout 90 python3 -m convgen.cli tune --suite unet --layers dec2-cat192 --pass dgrad \
+        --no-bias --log "$OUT/tune-unet-dec2-cat192-dgrad.json" > "$OUT/tune-unet-dec2-cat192-dgrad.log" 2>&1
+    tail -1 "$OUT"/tune-vgg-conv2_1-fprop.log "$OUT"/tune-unet-dec2-cat192-dgrad.log
 }
 
 host() {  # the operators' host cost since they are torch.library.Library operators, and the step
