@@ -16,10 +16,11 @@ The kinds:
 - :class:`TmaWgmma`: Hopper's own loop (sm_90a): the tensor memory accelerator copies both
   operands into a ring of swizzled stages, a producer warp hands each stage to consumer
   warpgroups through mbarriers, and they multiply it with asynchronous wgmma.
-- :class:`TmaHalo`: Hopper's loop for 3x3 stride-1 layers of 64 channels (sm_90a): the copy
-  engine copies a tile's input halo once as one tiled box, and each filter tap's A operand
-  is that halo started a few 128-byte rows in, so a pixel leaves L2 about twice, not nine
-  times; the nine taps' weights stay in shared memory and blocks are persistent.
+- :class:`TmaHalo`: Hopper's loop for 3x3 stride-1 layers that reduce 64 channels (sm_90a):
+  the copy engine copies a tile's input halo once as one tiled box, and each filter tap's A
+  operand is that halo started a few 128-byte rows in, so a pixel leaves L2 about twice, not
+  nine times; a 64-channel slice of the taps' weights stays in shared memory, blocks are
+  persistent.
 - :class:`HaloTile`: a block computes a 2-D tile of one image's output pixels and stages
   the input pixels its taps reach (a halo) once per K-step; each tap's WMMA fragments are
   read in place from it.
@@ -250,15 +251,16 @@ TMA_HALO_PITCHES = (32, 64, 128)
 
 @dataclass(frozen=True)
 class TmaHalo(MainLoop):
-    """Hopper's halo-reusing loop (sm_90a) for 3x3, stride-1, padding-1 layers of 64 input
-    and 64 output channels (fprop, and dgrad, which is the same convolution of dy by the
-    filter flipped and transposed).  A tile is TH = 128 / pitch output rows of one image
+    """Hopper's halo-reusing loop (sm_90a) for 3x3, stride-1, padding-1 layers that reduce 64
+    channels into a multiple of 64 (fprop, and dgrad, which is the same convolution of dy by
+    the filter flipped and transposed; convgen/tma_halo.py says where it runs).  A tile is TH = 128 / pitch output rows of one image
     laid on a grid of ``pitch`` columns, of which pitch - 2 are outputs; its input halo is
     one tiled TMA box (64 channels x pitch columns x TH + 2 rows), the copy engine writing
     zeros outside the image (the padding).  Position m reads tap (r, s) at halo row
     m + r * pitch + s, so a tap's A operand is the halo started that many 128-byte rows in
     and no pixel is copied once per tap as the im2col loop copies it.  The nine taps'
-    weights (72 KB) are copied once per block, blocks are persistent, and ``plan.stages``
+    weights of one 64-channel output slice (72 KB) are copied once per block, blocks are
+    persistent (a slice each, where there are several), and ``plan.stages``
     halos stream through a ring from one producer thread to two consumer warpgroups of 64
     positions each (benchmarks/probes/tma_halo_loop_probe.py measured the loop)."""
 
