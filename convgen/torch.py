@@ -42,7 +42,8 @@ with fake implementations and an autograd formula, so ``torch.compile`` traces a
 from :class:`Conv2d` with no graph break (``fullgraph=True``) and its CUDA-graph mode
 (``mode="reduce-overhead"``) captures the kernels.  Eager calls run the same
 implementations through an autograd Function instead, since the operator dispatcher costs
-several times a launch in host time.
+about a launch's host time of its own.  Where their operands are channels_last 16-bit
+tensors, the operators take the eager path's FastConv too.
 
 Memory and host cost.  Outputs and split-K workspaces are PyTorch tensors (PyTorch's caching
 allocator; under graph capture, the graph's private pool), and so is every converted
@@ -59,6 +60,7 @@ an eager training loop is host-bound, so a repeat call does no more than allocat
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -158,14 +160,14 @@ def _check_groups(groups: Any, in_channels: int, out_channels: int, c_name: str,
 _GEO_SCHEMA = "int[] stride, int[] padding, int[] dilation, int groups"
 
 # Defined through torch.library.Library, not torch.library.custom_op: a custom_op call adds a
-# Python wrapper (an aliasing check of every output, and its own autograd layer): with the
-# implementations stubbed out, a call cost 17.7 / 21.2 / 30.2 us (fprop / dgrad / wgrad) as
-# custom_op and 14.3 / 11.7 / 12.8 as the Library's on the CPU machine.  torch.compile's
-# graphs call these operators on every step that CUDA graphs do not capture.  On the H100
-# host the whole operator call stayed at 54-63 us against 58-67 before (resnet50 l4-1x1, two
-# runs against one; the host's noise is as large): most of its cost over the eager path's is
-# elsewhere (benchmarks/NOTES.md, thirty-second session).  The fakes and the autograd
-# formula are registered through torch.library's functions, as custom_op registers them.
+# Python wrapper (an aliasing check of every output, and its own autograd layer): stubbed, a
+# call cost 17.7 / 21.2 / 30.2 us (fprop / dgrad / wgrad) as custom_op and 14.3 / 11.7 / 12.8
+# as the Library's on the CPU machine.  torch.compile's graphs call these operators on every
+# step that CUDA graphs do not capture; on the H100 host a call cost 54-63 us against the
+# eager path's 20.  Two parts of that, found on the CPU machine (21.3 -> 11.6 us a stubbed
+# fprop call, benchmarks/NOTES.md, thirty-third session), are gone: the implementations'
+# general path (the operators take a FastConv too) and register_autograd's generic kernel
+# (the Autograd kernels below).  The fakes are registered as custom_op registers them.
 _LIB = torch.library.Library("convgen", "DEF")  # the operators live as long as this object
 _LIB.define(f"conv2d(Tensor x, Tensor w, Tensor? bias, {_GEO_SCHEMA}) -> Tensor")
 _LIB.define(f"conv2d_dgrad(Tensor gy, Tensor w, int[] x_shape, ScalarType x_dtype, {_GEO_SCHEMA}) -> Tensor")
@@ -174,14 +176,26 @@ _LIB.define(f"conv2d_wgrad(Tensor gy, Tensor x, int[] w_shape, ScalarType w_dtyp
 
 
 def _fprop_kernel(x, w, bias, stride, padding, dilation, groups):
+    fast = _tl.operator_fprop(x, w, bias, stride, padding, dilation, groups)
+    if fast is not None:
+        return fast(x, w, bias)
     return _fprop_impl(x, w, bias, stride, padding, dilation, groups)
 
 
 def _dgrad_kernel(gy, w, x_shape, x_dtype, stride, padding, dilation, groups):
+    fast = _tl.operator_dgrad(gy, w, x_shape, x_dtype, stride, padding, dilation, groups)
+    grads = None if fast is None else fast.grads(gy, None, w, (True, False, False))
+    if grads is not None:
+        return grads[0]
     return _dgrad_impl(gy, w, x_shape, x_dtype, stride, padding, dilation, groups)
 
 
 def _wgrad_kernel(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups):
+    fast = _tl.operator_wgrad(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups)
+    grads = None if fast is None else fast.grads(gy, x, None, (False, True, b_dtype is not None))
+    if grads is not None:
+        _, dw, db = grads
+        return dw, db if db is not None else torch.empty((0,), dtype=dw.dtype, device=dw.device)
     return _wgrad_impl(gy, x, w_shape, w_dtype, b_dtype, stride, padding, dilation, groups)
 
 
@@ -242,24 +256,67 @@ def _grads(ctx: Any, gy: torch.Tensor, dgrad: Any, wgrad: Any):
     return dx, dw, db, None, None, None, None
 
 
-def _backward(ctx: Any, gy: torch.Tensor):
-    """The operator's autograd formula.  dgrad and wgrad are operators without one of their
-    own: a double backward through them raises."""
-    return _grads(ctx, gy, torch.ops.convgen.conv2d_dgrad, torch.ops.convgen.conv2d_wgrad)
+# The operators' autograd kernels, registered at the Autograd key as torch.library.register_autograd
+# registers its own.  Written out because that generic kernel cost about 6 us a call on the CPU
+# machine (a dataclass of metadata, the schema's defaults filled in, a redispatch back into
+# Python) on the calls torch.compile's graphs make, which need no gradient: here such a call
+# goes straight to the implementation when nothing sits between autograd and the backend (no
+# fake or functional tensor, no dispatch mode), and redispatches otherwise, as that kernel does.
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_BACKENDS = (torch._C.DispatchKey.CUDA, torch._C.DispatchKey.CPU)  # (CPU: the CPU tests' tensors)
 
 
-def _no_double_backward(ctx: Any, *grads: torch.Tensor):
-    raise RuntimeError("convgen's dgrad and wgrad operators have no derivative of their own: a double backward "
-                       "through a convgen convolution is not supported")
+def _below_autograd(op: Any, keyset: Any, args: tuple) -> Any:
+    with torch._C._AutoDispatchBelowAutograd():
+        return op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
-def _no_context(ctx: Any, inputs: tuple, output: Any) -> None:
-    pass
+class _Conv2dOperator(torch.autograd.Function):
+    """convgen::conv2d where a gradient is recorded (the dispatch keyset rides last)."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> torch.Tensor:
+        y = _below_autograd(torch.ops.convgen.conv2d.default, args[-1], args[:-1])
+        _setup_context(ctx, args[:-1], y)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor):
+        # dgrad and wgrad through their operators, so a traced backward holds them as nodes.
+        return (*_grads(ctx, gy, torch.ops.convgen.conv2d_dgrad, torch.ops.convgen.conv2d_wgrad), None)
 
 
-torch.library.register_autograd("convgen::conv2d", _backward, setup_context=_setup_context, lib=_LIB)
-for _name in ("convgen::conv2d_dgrad", "convgen::conv2d_wgrad"):  # so that backprop through them raises, never skips
-    torch.library.register_autograd(_name, _no_double_backward, setup_context=_no_context, lib=_LIB)
+class _GradientOperator(torch.autograd.Function):
+    """convgen::conv2d_dgrad or _wgrad where a gradient is recorded: a double backward
+    through them raises, never skips (the operator rides first, the keyset last)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, *args: Any) -> Any:
+        return _below_autograd(op, args[-1], args[:-1])
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor):
+        raise RuntimeError("convgen's dgrad and wgrad operators have no derivative of their own: a double backward "
+                           "through a convgen convolution is not supported")
+
+
+def _autograd_kernel(op: Any, recorded: Any, kernel: Any) -> Any:
+    """The Autograd-key kernel of ``op``: ``recorded(*args, keyset)`` where a gradient is
+    recorded, else ``kernel`` itself or, with anything between autograd and the backend,
+    the redispatch."""
+    def autograd(keyset: Any, *args: Any) -> Any:
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return recorded(*args, keyset)
+        if (keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _BACKENDS:
+            return kernel(*args)
+        return _below_autograd(op, keyset, args)
+    return autograd
+
+
+for _name, _kernel in (("conv2d", _fprop_kernel), ("conv2d_dgrad", _dgrad_kernel), ("conv2d_wgrad", _wgrad_kernel)):
+    _op = getattr(torch.ops.convgen, _name).default
+    _recorded = _Conv2dOperator.apply if _name == "conv2d" else functools.partial(_GradientOperator.apply, _op)
+    _LIB.impl(_name, _autograd_kernel(_op, _recorded, _kernel), "Autograd", with_keyset=True)
 # The operator called directly under autocast casts its inputs to float16 (register_autocast
 # takes one type).  convgen.torch's own calls cast to the autocast type first and call it
 # with autocast off (_conv2d), so a bfloat16 autocast gets bfloat16 kernels.
@@ -284,7 +341,8 @@ def _record(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stri
     index = _device_index(x)
     need_dx, need_dw, need_db = needs
     elem = _elem(x.dtype, w.dtype)
-    _recording.append(("fprop", *shapes, geo, _bias_key(bias, elem), _out_dtype(elem, x.dtype), index, groups, elem))
+    b_key = _bias_key(None if bias is None else bias.dtype, elem)
+    _recording.append(("fprop", *shapes, geo, b_key, _out_dtype(elem, x.dtype), index, groups, elem))
     if need_dx:
         _recording.append(("dgrad", *shapes, geo, False, _out_dtype(elem, x.dtype), index, groups, elem))
     if need_dw:
@@ -442,7 +500,7 @@ def _conv2d_as_is(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]
         return torch.ops.convgen.conv2d.default(*args)
     if _recording is None:
         if sig is not None and extra == (0, 0) and _tl.FastConv.fits(x, w, bias):
-            fast = _tl.fast_calls[sig] = _tl.FastConv(*args)
+            fast = _tl.fast_calls[sig] = _tl.FastConv.of(*args)
             return _run_fast(fast, x, w, bias)
         if not _differentiates(x, w, bias):
             return _fprop_impl(*args)  # nothing to differentiate: the autograd Function's apply is overhead

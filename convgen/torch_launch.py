@@ -130,12 +130,12 @@ def _prepare_args(key: tuple) -> dict:  # convgen.prepare's arguments for an op'
                 device=device, groups=groups, in_dtype=elem)
 
 
-def _bias_key(bias: Optional[torch.Tensor], elem: str) -> Any:
+def _bias_key(b_dtype: Optional[torch.dtype], elem: str) -> Any:
     """fprop's bias in an op's key: False, or the dtype the epilogue reads it as (a bias of
     the call's 16-bit type as it is, any other as float32)."""
-    if bias is None:
+    if b_dtype is None:
         return False
-    return elem if bias.dtype == _TORCH[elem] else "float32"
+    return elem if b_dtype == _TORCH[elem] else "float32"
 
 
 def _kernel_bias(bias: Optional[torch.Tensor], elem: str) -> Optional[torch.Tensor]:
@@ -192,7 +192,8 @@ def _fprop_impl(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
     if n == 0:  # nothing to launch
         return y if y.dtype == x.dtype else y.to(x.dtype)
     index = _device_index(x)
-    op = _op("fprop", (n, h, wd, c), (k, r, s, cw), geo, _bias_key(bias, elem), out_dtype, index, groups, elem)
+    b_key = _bias_key(None if bias is None else bias.dtype, elem)
+    op = _op("fprop", (n, h, wd, c), (k, r, s, cw), geo, b_key, out_dtype, index, groups, elem)
     x16 = _aligned(_nhwc_half(x, elem))
     w16 = _aligned(_dense_half(w.permute(0, 2, 3, 1), elem))  # KRSC
     b = _kernel_bias(bias, elem)
@@ -284,24 +285,34 @@ class FastConv:
     output, takes the pointers and launches.  Anything off that path (another device
     current, a misaligned view, a gradient of another layout) takes the implementations."""
 
-    def __init__(self, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
-                 padding: Sequence[int], dilation: Sequence[int], groups: int = 1) -> None:
-        n, c, h, wd = x.shape
-        k, cw, r, s = w.shape  # cw = C/groups
+    def __init__(self, x_shape: Sequence[int], w_shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+                 b_dtype: Optional[torch.dtype], stride: Sequence[int], padding: Sequence[int],
+                 dilation: Sequence[int], groups: int = 1) -> None:
+        """From metadata alone (shapes in torch's logical order, the operands' 16-bit dtype, the
+        bias's dtype or None): the backward operators know x or w only by its shape."""
+        n, c, h, wd = x_shape
+        k, cw, r, s = w_shape  # cw = C/groups
         self.geo = _geo(stride, padding, dilation)
         self.groups = groups
         self.geo_lists = (list(stride), list(padding), list(dilation), groups)  # what the implementations take
         p, q = _output_hw(h, wd, c, k, r, s, self.geo)
-        self.index, self.device = _device_index(x), x.device
+        self.index = device.index if device.index is not None else _current_device()
+        self.device = device
         self.x_shape, self.w_shape, self.y_shape = (n, c, h, wd), (k, cw, r, s), (n, k, p, q)
         self._gy_strides = {_cl_strides(self.y_shape)}  # strides of gradients met that are dense channels_last
-        self.b_dtype = None if bias is None else bias.dtype
-        self.dtype = x.dtype  # the call's 16-bit type: its operands', outputs' and gradients'
-        self.elem = _elem(x.dtype)
+        self.b_dtype = b_dtype
+        self.dtype = dtype  # the call's 16-bit type: its operands', outputs' and gradients'
+        self.elem = _elem(dtype)
         self._shapes = ((n, h, wd, c), (k, r, s, cw))
-        self.fprop = _op("fprop", *self._shapes, self.geo, _bias_key(bias, self.elem), self.elem, self.index, groups,
-                         self.elem)
-        self._backward_ops: dict[tuple, Any] = {}
+        self._fprop_bias = _bias_key(b_dtype, self.elem)
+        self._ops: dict[tuple, Any] = {}  # (pass, bias) -> its prepared op, built on first use
+
+    @classmethod
+    def of(cls, x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
+           padding: Sequence[int], dilation: Sequence[int], groups: int = 1) -> "FastConv":
+        """The FastConv of a call's operands (which :meth:`fits` accepted)."""
+        return cls(x.shape, w.shape, x.dtype, x.device, None if bias is None else bias.dtype, stride, padding,
+                   dilation, groups)
 
     @staticmethod
     def fits(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor]) -> bool:
@@ -320,17 +331,19 @@ class FastConv:
         if (xp | wp | bp) & 15 or not self._here():
             return _fprop_impl(x, w, bias, *self.geo_lists)
         y = torch.empty(self.y_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
-        op = self.fprop
+        op = self._ops.get(("fprop", self._fprop_bias)) or self._op("fprop", self._fprop_bias)
         ws = _workspace(op, self.device)
         op.launch(xp, wp, (_cl_ptr(y),), bias=bp, workspace=0 if ws is None else _ptr(ws),
                   stream=_raw_stream(self.index))
         return y
 
-    def _backward_op(self, pass_: str, bias: bool) -> Any:
-        op = self._backward_ops.get((pass_, bias))
+    def _op(self, pass_: str, bias: Any) -> Any:
+        """The prepared op of a pass (``bias`` as an op's key has it), built on its first use:
+        a backward operator's FastConv never builds fprop's."""
+        op = self._ops.get((pass_, bias))
         if op is None:
-            op = self._backward_ops[(pass_, bias)] = _op(pass_, *self._shapes, self.geo, bias, self.elem, self.index,
-                                                         self.groups, self.elem)
+            op = self._ops[(pass_, bias)] = _op(pass_, *self._shapes, self.geo, bias, self.elem, self.index,
+                                                self.groups, self.elem)
         return op
 
     def grads(self, gy: torch.Tensor, x: Optional[torch.Tensor], w: Optional[torch.Tensor],
@@ -353,12 +366,12 @@ class FastConv:
         stream = _raw_stream(self.index)
         dx = dw = db = None
         if need_dx:
-            op = self._backward_op("dgrad", False)
+            op = self._op("dgrad", False)
             dx = torch.empty(self.x_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
             ws = _workspace(op, self.device)
             op.launch(gyp, wp, (_cl_ptr(dx),), workspace=0 if ws is None else _ptr(ws), stream=stream)
         if need_dw:
-            op = self._backward_op("wgrad", need_db)
+            op = self._op("wgrad", need_db)
             dw = torch.empty(self.w_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
             outs: tuple = (_cl_ptr(dw),)
             if need_db:
@@ -374,3 +387,60 @@ class FastConv:
 # Per call signature (see signature()): its FastConv.  Filled by convgen.torch's first call
 # of a signature, after that call's checks passed.
 fast_calls: dict[tuple, FastConv] = {}
+
+
+# --------------------------------------------------------------------------- the operators' fast path
+# torch.compile's graphs call the registered operators on every step that CUDA graphs do not
+# capture, with operands that are usually channels_last 16-bit tensors: the operators take a
+# FastConv too, kept under each call's own signature (their geometry comes as lists).  None
+# is kept for a signature the kernels cannot read as it is, so its repeat calls go straight
+# to the implementations.
+
+operator_calls: dict[tuple, Optional[FastConv]] = {}
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def operator_fprop(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], stride: Sequence[int],
+                   padding: Sequence[int], dilation: Sequence[int], groups: int) -> Optional[FastConv]:
+    """The FastConv serving ``convgen::conv2d`` on these operands, or None."""
+    key = signature(x, w, bias, *stride, *padding, *dilation, groups)
+    try:
+        return operator_calls[key]
+    except KeyError:
+        fast = FastConv.of(x, w, bias, stride, padding, dilation, groups) if FastConv.fits(x, w, bias) else None
+        operator_calls[key] = fast
+        return fast
+
+
+def operator_dgrad(gy: torch.Tensor, w: torch.Tensor, x_shape: Sequence[int], x_dtype: torch.dtype,
+                   stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
+                   groups: int) -> Optional[FastConv]:
+    """The FastConv serving ``convgen::conv2d_dgrad`` on these operands, or None: dy and w of
+    one 16-bit type, which is x's, w channels_last (dy's layout :meth:`FastConv.grads` checks)."""
+    key = ("dgrad", gy.dtype, gy.device, w.shape, w.stride(), w.dtype, *x_shape, x_dtype, *stride, *padding,
+           *dilation, groups)
+    try:
+        return operator_calls[key]
+    except KeyError:
+        fits = (gy.dtype in _HALF and w.dtype == gy.dtype and x_dtype == gy.dtype and x_shape[0] > 0
+                and _is_cl(w.shape, w.stride()))
+        fast = FastConv(x_shape, w.shape, gy.dtype, gy.device, None, stride, padding, dilation, groups) if fits else None
+        operator_calls[key] = fast
+        return fast
+
+
+def operator_wgrad(gy: torch.Tensor, x: torch.Tensor, w_shape: Sequence[int], w_dtype: torch.dtype,
+                   b_dtype: Optional[torch.dtype], stride: Sequence[int], padding: Sequence[int],
+                   dilation: Sequence[int], groups: int) -> Optional[FastConv]:
+    """The FastConv serving ``convgen::conv2d_wgrad`` on these operands, or None: dy, x, dW
+    (and db, when asked for) of one 16-bit type, x channels_last."""
+    key = ("wgrad", gy.dtype, x.shape, x.stride(), x.dtype, x.device, *w_shape, w_dtype, b_dtype, *stride,
+           *padding, *dilation, groups)
+    try:
+        return operator_calls[key]
+    except KeyError:
+        fits = (x.dtype in _HALF and gy.dtype == x.dtype and w_dtype == x.dtype and b_dtype in (None, x.dtype)
+                and x.shape[0] > 0 and _is_cl(x.shape, x.stride()))
+        fast = FastConv(x.shape, w_shape, x.dtype, x.device, b_dtype, stride, padding, dilation, groups) if fits else None
+        operator_calls[key] = fast
+        return fast

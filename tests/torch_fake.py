@@ -105,6 +105,9 @@ class FakeKernels:
                 # convgen.torch hands pointers of tensors it made (convgen.torch_launch's _ptr and _cl_ptr, which the
                 # fixture wraps to remember them): run the checks on those tensors' arrays
                 assert stream == 0 and workspace == 0, (stream, workspace)
+                # convgen.torch hands 16-byte-aligned memory only (a real launch refuses what
+                # its kernel's vector accesses cannot read, and convgen.torch copies such views)
+                assert not any(p % 16 for p in (a, b, bias, *out)), "a pointer off a 16-byte boundary"
                 arr = fake.arrays
                 outs = tuple(arr[o] for o in out)
                 self(arr[a], arr[b], arr[bias] if bias else None, out=outs if pass_ == "wgrad" else outs[0])
@@ -166,6 +169,7 @@ def install(monkeypatch) -> FakeKernels:
     monkeypatch.setattr(ctl, "_current_device", lambda: 0)
     monkeypatch.setattr(ctl, "_prepared", {})
     monkeypatch.setattr(ctl, "fast_calls", {})
+    monkeypatch.setattr(ctl, "operator_calls", {})
     monkeypatch.setattr(convgen, "prepare", k.prepare)
 
     def prepare_many(layers, workers=None):

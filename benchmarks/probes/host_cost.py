@@ -81,6 +81,9 @@ def floors(calls: int) -> dict[str, float]:
     return res
 
 
+_PROBE_LIB = None  # a torch.library.Library for the dispatcher's floor, made with the first torch row
+
+
 def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
     layer = next(l for l in SUITES[suite] if l.name == name)
     p = layer.problem
@@ -141,6 +144,12 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
 
         cgt = importlib.import_module("convgen.torch")  # registers the convgen:: operators (an `import
         # convgen.torch` here would make `convgen` a local name of this whole function)
+        global _PROBE_LIB
+        if _PROBE_LIB is None:
+            _PROBE_LIB = torch.library.Library("host_cost_probe", "DEF")
+            _PROBE_LIB.define("noop(Tensor x, Tensor w, Tensor? bias, int[] stride, int[] padding, int[] dilation, "
+                              "int groups) -> Tensor")
+            _PROBE_LIB.impl("noop", lambda x, *rest: x, "CompositeExplicitAutograd")
 
         cx = torch.randn(p.n, p.c, p.h, p.w, device="cuda", dtype=torch.float16).contiguous(
             memory_format=torch.channels_last)
@@ -155,6 +164,16 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
             cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
         add("wgrad", "convgen.torch operator convgen::conv2d_wgrad", lambda: torch.ops.convgen.conv2d_wgrad(
             cgy, cx, [p.k, p.c, p.r, p.s], torch.float16, None, *geo_l))
+        # where an operator call's host time goes: its kernel without the dispatcher, and the
+        # dispatcher alone (a no-op operator of the same schema on the same tensors)
+        add("fprop", "convgen.torch operator's kernel, called directly", lambda: cgt._fprop_kernel(
+            cx, cw, None, *geo_l))
+        add("dgrad", "convgen.torch operator's kernel, called directly", lambda: cgt._dgrad_kernel(
+            cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
+        add("wgrad", "convgen.torch operator's kernel, called directly", lambda: cgt._wgrad_kernel(
+            cgy, cx, [p.k, p.c, p.r, p.s], torch.float16, None, *geo_l))
+        add("fprop", "a no-op Library operator of conv2d's schema (the dispatcher's floor)",
+            lambda: torch.ops.host_cost_probe.noop(cx, cw, None, *geo_l))
         # the eager path convgen.torch.Conv2d takes: the autograd Function's forward (no grad
         # recorded), and the two backward passes' implementations it calls
         def eager_fprop():
