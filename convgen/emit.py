@@ -23,8 +23,8 @@ from .ir import ConvGeometry, Pass
 from .spec import KernelSpec
 from .footprint import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
-    resident_blocks, ring_stages, smem_bytes, staged_halo_halves, TMA_HALO_TAIL_BYTES, TMA_HALO_WEIGHT_BYTES,
-    tma_halo_box_bytes,
+    resident_blocks, ring_stages, smem_bytes, staged_halo_halves, TMA_HALO_BARRIER_BYTES, TMA_HALO_TAIL_BYTES,
+    TMA_HALO_WEIGHT_BYTES, tma_halo_box_bytes,
 )
 from .depthwise import DwFacts, facts as dw_facts
 from .mainloop import Depthwise, TmaHalo, TmaWgmma
@@ -235,6 +235,7 @@ class HaloBox:
     cols: int  # TW = PITCH - 2: output columns a tile
     box_bytes: int
     tail_bytes: int  # past each box in the ring (footprint.TMA_HALO_TAIL_BYTES)
+    barrier_bytes: int  # the mbarriers' room, ahead of the weights (footprint.TMA_HALO_BARRIER_BYTES)
     weight_bytes: int
     tiles_h: int  # tiles down an image
     tiles_w: int  # and across it
@@ -470,7 +471,8 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
 def _halo_box(loop: TmaHalo, g: ConvGeometry, p: Pass) -> HaloBox:
     th, tw = tma_halo.tile(loop.pitch)
     return HaloBox(pitch=loop.pitch, rows=th, cols=tw, box_bytes=tma_halo_box_bytes(loop.pitch),
-                   tail_bytes=TMA_HALO_TAIL_BYTES, weight_bytes=TMA_HALO_WEIGHT_BYTES,
+                   tail_bytes=TMA_HALO_TAIL_BYTES, barrier_bytes=TMA_HALO_BARRIER_BYTES,
+                   weight_bytes=TMA_HALO_WEIGHT_BYTES,
                    tiles_h=math.ceil(g.p / th), tiles_w=math.ceil(g.q / tw), slices=tma_halo.slices(g, p),
                    flip=p is Pass.DGRAD)
 

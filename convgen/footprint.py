@@ -200,6 +200,7 @@ TMA_BARRIER_BYTES = 16
 # weights, the ring of halo boxes, each followed by 1024 bytes that a tile's last positions
 # (never stored) read past the box, which also keeps the next box on a swizzle atom, and the
 # consumers' drain strips past the ring (the producer refills it while they drain).
+TMA_HALO_BARRIER_BYTES = 1024  # 2 * STAGES + 1 mbarriers, in a whole swizzle atom so the weights start on one
 TMA_HALO_WEIGHT_BYTES = 9 * 64 * 64 * 2
 TMA_HALO_TAIL_BYTES = 1024
 
@@ -223,7 +224,7 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     strips = plan.warps_m * FRAG * (FRAG * drain_group(plan, warp_size) + EPI_PAD) * 4  # the drain's, per warp
     if isinstance(plan.loop, TmaHalo):
         ring = plan.stages * (tma_halo_box_bytes(plan.loop.pitch) + TMA_HALO_TAIL_BYTES)
-        return TMA_ALIGN_SLACK + 1024 + TMA_HALO_WEIGHT_BYTES + ring + strips
+        return TMA_ALIGN_SLACK + TMA_HALO_BARRIER_BYTES + TMA_HALO_WEIGHT_BYTES + ring + strips
     if isinstance(plan.loop, IN_PLACE_HALO):
         a, b = halo_stage_halves(plan, geometry, pass_)  # type: ignore[arg-type]
     else:
