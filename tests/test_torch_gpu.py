@@ -582,6 +582,35 @@ def test_torch_compile_fullgraph(mode):
         assert not counters["inductor"]["cudagraph_skips"], f"CUDA graphs were skipped: {dict(counters['inductor'])}"
 
 
+def test_operators_on_cuda_tensors_go_straight_to_their_kernels(monkeypatch):
+    """The registered operators called as torch.compile's graphs call them (CUDA tensors, no
+    gradient recorded): their Autograd-key kernels take the implementation with no redispatch
+    (the backend key after autograd is CUDA), a FastConv serves the repeat calls, and the
+    outputs are the reference's; with a gradient recorded, the backward is right too."""
+    g = gen("operators")
+    x, w = tensor((4, 16, 12, 10), torch.float16, g), tensor((24, 16, 3, 3), torch.float16, g)
+    gy = tensor((4, 24, 6, 5), torch.float16, g)
+    geo = ([2, 2], [1, 1], [1, 1], 1)
+    ref = reference(x, w, None, gy, 2, 1, 1)
+    ops = torch.ops.convgen
+    monkeypatch.setattr(ctl, "operator_calls", {})
+    with monkeypatch.context() as m:
+        m.setattr(cgt, "_below_autograd", lambda *a: pytest.fail("a plain CUDA call redispatched"))
+        for _ in range(2):
+            y = ops.conv2d(x, w, None, *geo)
+            dx = ops.conv2d_dgrad(gy, w, [4, 16, 12, 10], torch.float16, *geo)
+            dw, db = ops.conv2d_wgrad(gy, x, [24, 16, 3, 3], torch.float16, None, *geo)
+            for name, got, want, red in (("y", y, ref[0], 16 * 9), ("dx", dx, ref[1], 24 * 9),
+                                         ("dw", dw, ref[2], 4 * 30)):
+                assert rel_err(got, want) <= tol(red, torch.float16), name
+            assert db.shape == (0,)
+    assert sum(f is not None for f in ctl.operator_calls.values()) == 3, "each operator keeps a FastConv"
+    xx, ww = x.detach().requires_grad_(), w.detach().requires_grad_()
+    ops.conv2d(xx, ww, None, *geo).backward(gy)
+    assert rel_err(xx.grad, ref[1]) <= tol(24 * 9, torch.float16)
+    assert rel_err(ww.grad, ref[2]) <= tol(4 * 30, torch.float16)
+
+
 # --------------------------------------------------------------------------- depthwise (groups = C)
 
 
