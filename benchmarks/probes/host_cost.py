@@ -218,6 +218,18 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
             _Noop.apply(tn, cw, None).backward(cx)
 
         add("fwd+bwd", "a no-op torch.autograd.Function forward+backward (a Python layer's floor)", noop_call)
+        # the same training call with every prepared op's launch() a no-op: what is left is
+        # convgen.torch's Python and PyTorch's allocations, so the difference to the real row
+        # is what the three launches cost inside a training step (the backward's two run on
+        # the autograd engine's device thread)
+        ops = list(cgt._tl._prepared.values())
+        for op in ops:
+            op.launch = lambda *a, **k: None
+        try:
+            add("fwd+bwd", "convgen.torch forward+backward, launches stubbed out", train_call(cgt.conv2d))
+        finally:
+            for op in ops:
+                del op.launch
         add("dgrad", "convgen.torch eager dgrad (backward's call)", lambda: cgt._dgrad_impl(
             cgy, cw, [p.n, p.c, p.h, p.w], torch.float16, *geo_l))
         add("wgrad", "convgen.torch eager wgrad (backward's call)", lambda: cgt._wgrad_impl(
