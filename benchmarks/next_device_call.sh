@@ -3,6 +3,7 @@
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, A/B
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo-tune  # TmaHalo's pitch rule against every candidate
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune       # on an H200: branch grid-reduce-rule's guard
@@ -17,8 +18,12 @@
 # cuDNN on the suites' four 64-channel 3x3 layers it takes and on three such layers of networks
 # outside the suites (EDSR's 48x48 and 96x96 training patches, SSD300's conv1_2), fprop and
 # dgrad, then the whole GPU suite in what time is left.
-# `host`: host cost (the registered operators' rows: torch.library.Library operators since the
-# thirty-second session) and the training step's three modes.
+# `streamk`: stream-K wgrad (thirty-third session, written without a GPU): its GPU tests and
+# compute-sanitizer runs, then the planner's wgrad against the stream-K candidate on resnet50 and
+# large (STREAMK=0 / 1, benchmarks/probes/stream_k_probe.py), compared with bench_compare.py.
+# `host`: host cost (the registered operators' rows: their own Autograd kernels and FastConvs
+# since the thirty-third session, and the operator's kernel and the dispatcher's floor apart)
+# and the training step's three modes.
 # `probes`: the halo-reusing loop's kernel (checked and timed beside cuDNN), the eager step's
 # stall with and without Python's collector, the compiled step's cudagraph and recompile hints
 # and its host time per phase, host cost (the registered operators' rows too) and the training
@@ -97,6 +102,24 @@ halo_tune() {  # every candidate of the four suite layers TmaHalo takes: its pit
     tail -1 "$OUT"/tune-vgg-conv2_1-fprop.log "$OUT"/tune-unet-dec2-cat192-dgrad.log
 }
 
+streamk() {
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 200 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/stream-k-gpu.log" | tail -4
+    for tool in memcheck racecheck; do
+        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
+            python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/sanitize-streamk-$tool.log" 2>&1
+        tail -4 "$OUT/sanitize-streamk-$tool.log"
+    done
+    for s in resnet50 large; do
+        for k in 0 1; do
+            STREAMK=$k CONVGEN_CACHE_DIR=/tmp/cg-sk$k timeout 100 python3 benchmarks/probes/stream_k_probe.py bench \
+                --suite $s --pass wgrad $BENCH --out "$OUT/sk$k-$s" 2>&1 | grep -E "rror|geomean" | head -3
+        done
+        python3 scripts/bench_compare.py "$OUT/sk0-$s/"*.json "$OUT/sk1-$s/"*.json > "$OUT/stream-k-$s-compare.txt" 2>&1
+        tail -3 "$OUT/stream-k-$s-compare.txt"
+    done
+}
+
 host() {  # the operators' host cost since they are torch.library.Library operators, and the step
     install
     timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
@@ -151,6 +174,7 @@ suite() {
 
 case "${1:-}" in
     halo) halo ;;
+    streamk) streamk ;;
     host) host ;;
     halo-tune) halo_tune ;;
     probes) probes ;;
@@ -158,5 +182,5 @@ case "${1:-}" in
     tune) tune ;;
     tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 halo|halo-tune|host|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
+    *) echo "usage: $0 halo|streamk|halo-tune|host|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
 esac

@@ -18,8 +18,9 @@ from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
-from .footprint import halo_images
-from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
+from .footprint import halo_images, resident_blocks
+from .tma_rules import (PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_stream_k_cost, tma_tail_fill,
+                        tma_tiles)
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -149,7 +150,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
             + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
             + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
-            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box)
+            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box
+            + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
 # TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has
@@ -304,6 +306,34 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
                          f"{', ping-pong' if pingpong else ''}, {stages} stages",)))
             if p is not None:
                 out.append(p)
+    return out
+
+
+# Stream-K wgrad (TmaWgmma(persistent=True) in wgrad): the tiles' steps dealt out evenly to one
+# wave of blocks.  Written without a GPU (benchmarks/NOTES.md, thirty-third session): offered
+# last, so tuning on first use (autotune.CANDIDATES) never runs them before `convgen tune` has,
+# the tiles in the order of their predicted time, the deepest ring that fits beside the
+# epilogue's strips.
+STREAM_K_PER_LAYER = 3
+
+
+def _stream_k_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
+                         seen: set[Plan]) -> list[Plan]:
+    if pass_ is not Pass.WGRAD or problem.groups > 1 or not _tma_offered(problem, pass_, target, in_dtype):
+        return []
+    costed = []
+    for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):
+        for ring in range(stages, 1, -1):
+            p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+                bm, bn, TMA_BLOCK_K, bm // 16, 1, ring, 8, 8, in_dtype, in_dtype, loop=TmaWgmma(persistent=True),
+                reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages",)))
+            if p is not None:
+                blocks = target.sm_count * resident_blocks(p, pass_, target, problem.geometry)
+                costed.append((tma_stream_k_cost(problem, target, bm, bn, rate, blocks), p))
+                break
+    out: list[Plan] = []
+    for _, p in sorted(costed, key=lambda c: c[0])[:STREAM_K_PER_LAYER]:
+        _add_unique(p, seen, out)
     return out
 
 

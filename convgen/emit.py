@@ -18,7 +18,7 @@ import jinja2
 
 from . import __version__
 from .targets import Arch
-from . import tma_halo
+from . import stream_k, tma_halo
 from .ir import ConvGeometry, Pass
 from .spec import KernelSpec
 from .footprint import (
@@ -58,12 +58,17 @@ class Launch:
     # A cooperative launch (cuLaunchCooperativeKernel): every block resident at once, so the
     # kernel may wait at a grid-wide barrier (split-K summed in the main kernel).
     cooperative: bool = False
+    # Stream-K (wgrad's persistent TMA loop): always grid_blocks blocks, which share every
+    # tile's steps between them, however many tiles there are.
+    stream_k: bool = False
 
     def grid_x(self, batch: int) -> int:
         rows = batch * self.grid_rows_per_image if self.grid_rows_per_image else self.grid_fixed_rows
         return self.grid_groups * max(1, -(-rows // self.grid_m_tile))
 
     def grid(self, batch: int) -> tuple[int, int, int]:
+        if self.stream_k:
+            return (self.grid_blocks, 1, 1)
         if self.grid_blocks:
             return (min(self.grid_x(batch) * self.grid_n_tiles, self.grid_blocks), 1, self.grid_z)
         return (self.grid_x(batch), self.grid_n_tiles, self.grid_z)
@@ -92,11 +97,27 @@ class KernelSource:
         return self.main.grid(batch)
 
     def workspace_elems(self, batch: int) -> int:
-        """fp32 elements of split-K workspace for ``batch`` (0 without split-K)."""
+        """fp32 elements of split-K workspace for ``batch`` (0 without split-K): stream-K's
+        is a BM x BN slot for each part of a tile, at most tiles + blocks - 1 of them."""
+        if self.main.stream_k:
+            return self._stream_k.slots * self.spec.plan.block_m * self.spec.plan.block_n
         if self.spec.plan.split_k == 1:
             return 0
         g = self.spec.geometry.gemm(self.spec.pass_, batch)
         return self.main.grid_z * g.m * g.n
+
+    @property
+    def _stream_k(self) -> stream_k.StreamK:
+        return stream_k.layout(self.spec.plan, self.spec.geometry, self.spec.target, self.spec.name)
+
+    def db_workspace_elems(self, batch: int) -> int:
+        """fp32 elements of db's workspace (wgrad with db, split-K or stream-K; else 0): a
+        slice's K sums, or a stream-K part's BM."""
+        if "db_workspace" not in self.main.args:
+            return 0
+        if self.main.stream_k:
+            return self._stream_k.slots * self.spec.plan.block_m
+        return self.main.grid_z * self.spec.geometry.k if self.spec.plan.split_k > 1 else 0
 
     def manifest_entry(self) -> dict[str, Any]:
         launches = [self.main] + ([self.reduce] if self.reduce else [])
@@ -123,6 +144,8 @@ def _grid_text(l: Launch) -> dict[str, Any]:
     x = ((f"{l.grid_groups} * " if l.grid_groups > 1 else "")
          + (f"ceil(batch * {l.grid_rows_per_image} / {l.grid_m_tile})" if l.grid_rows_per_image
             else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"))
+    if l.stream_k:
+        return {"x": str(l.grid_blocks), "y": 1, "z": 1}
     if l.grid_blocks:
         return {"x": f"min({x} * {l.grid_n_tiles}, {l.grid_blocks})", "y": 1, "z": l.grid_z}
     return {"x": x, "y": l.grid_n_tiles, "z": l.grid_z}
@@ -323,6 +346,7 @@ class Context:
     classes: tuple[ResidueClass, ...] = ()  # the TMA dgrad's stride residue classes, in launch order
     dw: DwFacts | None = None  # the depthwise kind's tile and threads (convgen/depthwise.py)
     box: HaloBox | None = None  # the TMA halo kind's tile and box
+    streamk: stream_k.StreamK | None = None  # wgrad's stream-K blocks and reduction (convgen/stream_k.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS or self.mma not in MMAS:
@@ -465,6 +489,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         classes=residue_classes(g) if p is Pass.DGRAD and kind == "tma" else (),
         dw=dw_facts(plan, g, p, be.warp_size) if kind == "depthwise" else None,
         box=_halo_box(plan.loop, g, p) if isinstance(plan.loop, TmaHalo) else None,
+        streamk=stream_k.layout(plan, g, spec.target, spec.name) if stream_k.applies(plan, p) else None,
     )
 
 
@@ -487,6 +512,8 @@ def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, .
     workspace = () if tma and p is not Pass.WGRAD else ("workspace",)
     epilogue = (("bias",) if epi.bias_add else ()) + (("residual", "alpha", "beta") if epi.residual else ())
     main = (inputs + epilogue + (out,) + (("db", "db_workspace") if epi.db else ()) + workspace + ("batch",))
+    if ctx.streamk is not None:
+        return main, ("workspace", out) + (("db_workspace", "db") if epi.db else ()) + ("batch",)
     if ctx.split is None or ctx.split.in_kernel:
         return main, None
     reduce = (
@@ -560,13 +587,19 @@ def emit(spec: KernelSpec) -> KernelSource:
                       else ctx.shape.groups * math.ceil(gemm_n / plan.block_n)),  # a grouped GEMM: groups x N tiles
         grid_z=plan.split_k,
         # a TMA halo grid is whole sets of its slices, at least one (every block has a slice to walk)
-        grid_blocks=(max(1, spec.target.sm_count // ctx.box.slices) * ctx.box.slices if ctx.box
+        grid_blocks=(ctx.streamk.blocks if ctx.streamk
+                     else max(1, spec.target.sm_count // ctx.box.slices) * ctx.box.slices if ctx.box
                      else spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if ctx.tile.persistent else 0),
         cooperative=ctx.split is not None and ctx.split.in_kernel,
+        stream_k=ctx.streamk is not None,
         **rows,
     )
     reduce = None
+    if ctx.streamk is not None:  # a thread per run of outputs of dW, every one at once
+        sk = ctx.streamk
+        reduce = Launch(kernel=sk.reduce_name, args=reduce_args, block=(sk.threads, 1, 1), shared_mem=0,
+                        grid_m_tile=sk.threads * sk.vec, grid_n_tiles=1, grid_z=1, grid_fixed_rows=g.k * gemm_n)
     if reduce_args and ctx.split is not None:
         # One block per run of outputs, so every load of the reduction is issued at once;
         # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).

@@ -185,13 +185,15 @@ class TmaWgmma(MainLoop):
     the copies and hands each stage over through an mbarrier; ``warps_m / 4`` consumer
     warpgroups each multiply 64 rows of the tile with asynchronous wgmma, keeping one step in
     flight while they wait for the next.  ``block_k`` is 64: one swizzle row of fp16.  fprop and dgrad
-    reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``)."""
+    reduce a tile's whole K in one block; wgrad splits its pixels (``split_k``, or stream-K)."""
 
     producer_warps: ClassVar[int] = 4  # a whole warpgroup, so setmaxnreg can move its registers
     # persistent: fprop's (or dgrad's) grid is as many blocks as run on the GPU at once, each walking
     # every gridDim.x-th tile, so the producer copies the next tile's first stages while the
     # consumers drain this one's (through scratch of their own, past the ring) and no block
-    # is launched, or fills its ring, per tile.
+    # is launched, or fills its ring, per tile.  In wgrad it is stream-K: that many blocks share
+    # all the tiles' K-steps evenly, one contiguous run each, a tile cut between two or three
+    # blocks summed by a reduction kernel (no split-K slices, no wave left part-empty).
     persistent: bool = False
     # pingpong (persistent only, two consumer warpgroups): each consumer warpgroup computes a
     # whole block_m x block_n tile of its own, the two taking the block's tiles in turn, so
@@ -230,7 +232,8 @@ class TmaWgmma(MainLoop):
             raise ValueError(f"TmaWgmma's wgmma is m64nNk16 with N a multiple of 16 up to 256: got plan.block_n="
                              f"{plan.block_n}")
         if self.persistent and plan.split_k != 1:
-            raise ValueError(f"TmaWgmma(persistent=True) walks whole tiles: plan.split_k must be 1, got {plan.split_k}")
+            raise ValueError(f"TmaWgmma(persistent=True) deals out the tiles (fprop, dgrad) or their K-steps (wgrad's "
+                             f"stream-K) itself: plan.split_k must be 1, got {plan.split_k}")
 
     def flags(self) -> Flags:
         return Flags(tma=True, persistent=self.persistent, pingpong=self.pingpong)

@@ -310,8 +310,9 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
                    f"plan.block_n={plan.block_n} must be a multiple of 64")
         if why is None and pass_ is not Pass.WGRAD and plan.split_k != 1:
             why = f"reduces the whole of {pass_.value}'s K in one block: plan.split_k must be 1, got {plan.split_k}"
-        if why is None and plan.loop.persistent and pass_ is Pass.WGRAD:
-            why = "runs persistent (TmaWgmma(persistent=True)) in fprop and dgrad, not wgrad (its split-K slices)"
+        if why is None and plan.loop.persistent and pass_ is Pass.WGRAD and (geometry.groups > 1 or plan.loop.pingpong):
+            why = ("runs wgrad persistent (TmaWgmma(persistent=True): stream-K) on dense layers with cooperative "
+                   "consumer warpgroups only: no groups, no ping-pong")
         if why is None:
             why = tma_group_tile(geometry, pass_, plan.block_m, plan.block_n)
         if why:

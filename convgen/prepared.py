@@ -193,7 +193,7 @@ class PreparedConv:
         batch = p.n
         # dw's (or y's, dx's) fp32 slices, then db's, 16-byte aligned, in one workspace
         self._ws_elems = -(-src.workspace_elems(batch) // 4) * 4
-        self._db_ws_elems = src.main.grid_z * p.k if splan.split_k > 1 and "db_workspace" in src.main.args else 0
+        self._db_ws_elems = src.db_workspace_elems(batch)
         self._pad_at = -(-(self._ws_elems + self._db_ws_elems) // 4) * 4  # the copies' scratch, 16-byte aligned
         self._arena_views: tuple[Any, Any] = (None, None)
         self._launchers = [_Launcher(self._kernel.main, src.grid(batch), src.main.block, src.main.shared_mem,

@@ -337,6 +337,21 @@ def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: in
     return min(costs, key=lambda c: c[2])
 
 
+def tma_stream_k_cost(problem: ConvProblem, target: Target, bm: int, bn: int, rate: float,
+                      blocks: int) -> float:
+    """Predicted microseconds of a stream-K wgrad plan (TmaWgmma(persistent=True)) on ``blocks``
+    blocks: the tiles' steps dealt out evenly, each block's share at the tile's measured rate,
+    plus the parts of the tiles the blocks cut (at most two a block boundary) written and read
+    back in fp32.  Not yet a rule: no GPU has timed the kind (benchmarks/NOTES.md, thirty-third
+    session); it orders the tuner's stream-K candidates."""
+    gemm = problem.gemm(Pass.WGRAD)
+    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+    steps = tiles * math.ceil(gemm.k / TMA_BLOCK_K)
+    step_us = 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
+    parts = 2 * min(blocks - 1, steps)
+    return math.ceil(steps / blocks) * step_us + 2 * parts * bm * bn * 4 / HBM_BYTES_PER_US
+
+
 def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
                    bn: int) -> tuple[tuple[int, int, int, bool] | None, str]:
     """The persistent tile (block_m, block_n, stages, ping-pong) that replaces the cost

@@ -200,6 +200,29 @@ def test_tma_halo_candidates_copy_each_halo_once_and_multiply_every_tap(layer, p
     assert k.local == 0, f"{k.local} local-memory accesses (spills) with {k.registers} registers"
 
 
+def _stream_k_plans():
+    h200 = Target("sm_90", sm_count=132)
+    return [pytest.param(layer, Pass.WGRAD, p, id=f"{suite}/{layer.name}/{p.brief()}")
+            for suite, name in (("resnet50", "l4-3x3"), ("resnet50", "l4-1x1"), ("large", "vgg-conv4_2"))
+            for layer in SUITES[suite] if layer.name == name
+            for p in [p for p in tune.candidates(layer.problem, Pass.WGRAD, h200)
+                      if p.tma and p.loop.flags().persistent][:1]]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("db", [False, True], ids=["dw", "dw+db"])
+@pytest.mark.parametrize("layer, pass_, plan", _stream_k_plans())
+def test_stream_k_candidates_use_the_copy_engine_hgmma_and_no_spills(layer, pass_, plan, db):
+    """Stream-K wgrad (its first candidate on three layers), dW alone and with db: the main
+    kernel copies with TMA and multiplies with wgmma, and neither it nor its reduction spills
+    (db's warps keep to the producer warpgroup's 40 registers beside the walk)."""
+    src = emit(make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=db), plan_=plan))
+    kernels = _SASS.get(src.source) or kernel_sass(src, CUOBJDUMP)
+    k, red = kernels[src.main.kernel], kernels[src.reduce.kernel]
+    assert k.count("HGMMA") > 0 and k.count("UTMALDG") > 0, k.opcodes
+    assert k.local == 0 and red.local == 0, f"local-memory accesses: main {k.local}, reduction {red.local}"
+
+
 def _sliced_plans():
     h200 = Target("sm_90", sm_count=132)  # candidates depend on the SM count: the H200's
     return [pytest.param(layer, pass_, p, id=f"{suite}/{layer.name}/{pass_.value}/{p.brief()}")

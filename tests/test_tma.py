@@ -190,13 +190,10 @@ def test_pingpong_gives_each_warpgroup_whole_tiles():
     assert "pos.skip(STEPS)" in pp and "turns.wait(ring, group)" in pp and "skip(" not in co
 
 
-@pytest.mark.parametrize("pass_,change,needle", [
-    (Pass.FPROP, dict(split_k=2), "split_k must be 1"),
-    (Pass.WGRAD, {}, "not wgrad"),
-])
-def test_persistent_runs_whole_tiles_of_fprop_and_dgrad(pass_, change, needle):
-    with pytest.raises(ValueError, match=needle):
-        check_plan(dataclasses.replace(PERSISTENT, **change), LAYER, pass_, SM90, "float16")
+def test_persistent_runs_whole_tiles_of_fprop_and_dgrad():
+    """(wgrad's persistent kind is stream-K: tests/test_stream_k.py)"""
+    with pytest.raises(ValueError, match="split_k must be 1"):
+        check_plan(dataclasses.replace(PERSISTENT, split_k=2), LAYER, Pass.FPROP, SM90, "float16")
 
 
 def test_persistent_grid_is_the_blocks_the_gpu_holds():

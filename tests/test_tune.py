@@ -436,7 +436,7 @@ def test_a_stopped_tune_keeps_the_layers_it_measured(tmp_path):
 def test_tma_tiles_as_wide_as_n_are_offered_last_where_they_pad_less():
     """N = 576 (a 3x3 wgrad of 64 channels): 192 columns cover it in three tiles with no
     padding, where 128 pads 64 and 256 pads 192; offered after every other candidate but the
-    grid-reduction twins, beyond what tuning on first use times.  N = 384 (three taps of 128
+    grid-reduction twins and stream-K's, beyond what tuning on first use times.  N = 384 (three taps of 128
     channels): 128 already covers it exactly, so no 192-wide tile."""
     from convgen.autotune import CANDIDATES
     from convgen.mainloop import TmaWgmma
@@ -446,7 +446,10 @@ def test_tma_tiles_as_wide_as_n_are_offered_last_where_they_pad_less():
     cands = tune.candidates(l1, Pass.WGRAD, target)
     wide = [i for i, c in enumerate(cands) if isinstance(c.loop, TmaWgmma) and c.block_n == 192]
     assert wide and min(wide) >= CANDIDATES
-    assert all(c.split_reduce == "grid" for c in cands[max(wide) + 1:])
+    after = cands[max(wide) + 1:]  # the grid-reduction twins, then stream-K's (untimed too)
+    streamk = [isinstance(c.loop, TmaWgmma) and c.loop.persistent for c in after]
+    assert all(c.split_reduce == "grid" for c, sk in zip(after, streamk) if not sk)
+    assert streamk == sorted(streamk), "stream-K candidates come last"
     for i in wide:
         check_plan(cands[i], l1, Pass.WGRAD, target, "float16")
         assert cands[i].block_m in (64, 128) and cands[i].split_k > 1 and "exactly 3 tiles of N=576" in cands[i].reasons[0]

@@ -3,6 +3,7 @@
     compute-sanitizer --tool memcheck --report-api-errors no python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py halo   # the TmaHalo cases only
+    compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py streamk   # stream-K wgrad only
 
 Small shapes with M, N and padding tails, both consumer counts, all three passes (dgrad
 strided too, wgrad
@@ -58,9 +59,19 @@ WGRAD_CASES = [
 # several, the ring wrapping), a ring of 2 and of 3.
 HALO_CASES = [(ConvProblem(13, 37, 64, 64, 3, 3, 1, 1, 1, n=n), tma_halo.make(pitch, ring))
               for n, pitch, ring in ((3, 32, 2), (24, 32, 3), (24, 64, 2), (3, 128, 2))]
+# Stream-K wgrad (with db, whose reader warps walk every segment): tiles cut between many
+# blocks (5 steps a tile), in two or three (72 tiles of 25 steps), and run whole (288 tiles).
+STREAM_K_CASES = [
+    (ConvProblem(9, 11, 64, 16, 3, 3, 1, 1, 1, n=3), Plan(128, 256, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))),
+    (ConvProblem(14, 14, 128, 256, 3, 3, 1, 1, 1, n=8), Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))),
+    (ConvProblem(7, 7, 256, 512, 3, 3, 1, 1, 1, n=2), Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))),
+]
 if sys.argv[1:] == ["halo"]:
     CASES, WGRAD_CASES, DGRAD_CASES = HALO_CASES, [], HALO_CASES
+elif sys.argv[1:] == ["streamk"]:
+    CASES, WGRAD_CASES, DGRAD_CASES = [], STREAM_K_CASES, []
 else:
+    WGRAD_CASES = WGRAD_CASES + STREAM_K_CASES
     CASES, DGRAD_CASES = CASES + HALO_CASES, DGRAD_CASES + HALO_CASES
 
 rng = np.random.default_rng(7)

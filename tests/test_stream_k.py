@@ -1,0 +1,177 @@
+"""Stream-K wgrad (TmaWgmma(persistent=True) in wgrad) without a GPU.
+
+The walk that deals the tiles' steps out to the blocks, and the reduction's search for each
+cut tile's parts, are the template's own C++ (templates/parts/streamk.j2), compiled here for
+the host with a few lines standing in for CUDA's: every block's walk and every tile's lookup
+run, and their record must cover every step of every tile once, give each part a slot of its
+own, store a tile whole exactly when the reduction skips it, and hand the reduction each cut
+tile's parts in block order.  Then the planner's checks, the launches, the workspaces and the
+candidates; tests/test_sass.py compiles the kernels, tests/test_stream_k_gpu.py runs them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+
+from convgen.candidates import candidates
+from convgen import stream_k
+from convgen.emit import _environment, emit
+from convgen.ir import ConvProblem, Epilogue, Pass, Target
+from convgen.mainloop import TmaWgmma
+from convgen.planner import make_spec
+from convgen.spec import Plan
+from convgen.suites import SUITES
+
+H200 = Target("sm_90", sm_count=132)
+CXX = shutil.which("g++") or shutil.which("clang++")
+
+HOST_MAIN = r"""
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#define __device__
+#define __forceinline__ inline
+using std::max;
+using std::min;
+struct { long long x; } blockIdx;  // what for_each_segment reads; the host sets it block by block
+constexpr int K = %(k)d, BM = %(bm)d, BN = %(bn)d, GEMM_N = %(n)d;
+%(walk)s
+int main(int argc, char** argv) {
+  const long long tile_steps = std::atoll(argv[1]);
+  for (long long b = 0; b < SK_BLOCKS; ++b) {
+    blockIdx.x = b;
+    for_each_segment(tile_steps, [&](int tile_m, int tile_n, int first, int steps, int slot) {
+      std::printf("seg %%lld %%d %%d %%d %%d %%d\n", b, tile_m, tile_n, first, steps, slot);
+    });
+  }
+  for (long long t = 0; t < TILES; ++t) {
+    std::printf("tile %%lld", t);
+    if (!sk_parts(t, tile_steps, [&](long long slot) { std::printf(" %%lld", slot); })) std::printf(" whole");
+    std::printf("\n");
+  }
+}
+"""
+
+
+def _walk_binary(tmp_path, k: int, n: int, bm: int, bn: int, blocks: int) -> str:
+    walk = _environment().get_template("parts/streamk.j2").render(ctx=SimpleNamespace(streamk=SimpleNamespace(
+        blocks=blocks)))
+    src = tmp_path / f"walk_{k}_{n}_{bm}_{bn}_{blocks}.cpp"
+    src.write_text(HOST_MAIN % dict(k=k, n=n, bm=bm, bn=bn, walk=walk))
+    exe = src.with_suffix("")
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True)
+    return str(exe)
+
+
+WALKS = [  # (K, GEMM N, BM, BN, blocks), then the steps a tile is tried with
+    ((64, 576, 128, 256, 132), (1, 2, 5, 44, 131, 132, 133, 294, 1000)),    # 3 tiles: many blocks a tile
+    ((512, 4608, 64, 256, 132), (1, 3, 49, 784)),                          # 144 tiles: a few whole, the rest cut
+    ((256, 1152, 64, 64, 132), (1, 2, 25, 26, 196)),                       # 72 tiles: cut in two or three
+    ((512, 2304, 64, 64, 132), (1, 2, 7)),                                 # 288 tiles: blocks run several whole
+    ((72, 128, 64, 64, 2), (1, 3, 10)),                                    # one SM's two blocks
+    ((136, 200, 128, 128, 1), (1, 4)),                                     # one block: every tile whole
+]
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++ or clang++) to run the walk's C++ on the CPU")
+@pytest.mark.parametrize("shape, steps", WALKS, ids=lambda v: "-".join(map(str, v)))
+def test_the_walk_covers_every_step_once_and_the_reduction_finds_every_part(tmp_path, shape, steps):
+    k, n, bm, bn, blocks = shape
+    exe = _walk_binary(tmp_path, k, n, bm, bn, blocks)
+    n_tiles = -(-n // bn)
+    tiles = -(-k // bm) * n_tiles
+    for tile_steps in steps:
+        out = subprocess.run([exe, str(tile_steps)], check=True, capture_output=True, text=True).stdout.split("\n")
+        covered: dict[int, list[tuple[int, int]]] = defaultdict(list)  # tile -> (first, steps) of its segments
+        parts: dict[int, list[int]] = defaultdict(list)  # tile -> its parts' slots, in block order
+        whole_tiles, slots, last_block = set(), set(), defaultdict(lambda: -1)
+        for line in out:
+            if line.startswith("seg "):
+                b, tile_m, tile_n, first, count, slot = map(int, line.split()[1:])
+                tile = tile_m // bm * n_tiles + tile_n // bn
+                assert tile_m % bm == 0 and tile_n % bn == 0 and 0 <= tile < tiles
+                assert count > 0 and 0 <= first and first + count <= tile_steps
+                assert b > last_block[tile], "a tile's segments come from ever later blocks"
+                last_block[tile] = b
+                covered[tile].append((first, count))
+                if slot < 0:
+                    whole_tiles.add(tile)
+                else:
+                    assert slot not in slots and slot < tiles + blocks - 1, f"slot {slot} reused or past the workspace"
+                    slots.add(slot)
+                    parts[tile].append(slot)
+        for tile in range(tiles):
+            runs = sorted(covered[tile])
+            assert runs[0][0] == 0 and all(a + c == b for (a, c), (b, _) in zip(runs, runs[1:])), runs
+            assert runs[-1][0] + runs[-1][1] == tile_steps, f"tile {tile} not covered: {runs}"
+            assert (tile in whole_tiles) == (len(runs) == 1)
+        lookups = {int(line.split()[1]): line.split()[2:] for line in out if line.startswith("tile ")}
+        assert set(lookups) == set(range(tiles))
+        for tile, found in lookups.items():
+            if tile in whole_tiles:
+                assert found == ["whole"], f"the reduction would sum tile {tile}, which its block stored whole"
+            else:
+                assert [int(s) for s in found] == parts[tile], f"tile {tile}: the reduction reads {found}, " \
+                                                               f"the blocks wrote {parts[tile]}"
+
+
+def _layer(suite: str, name: str):
+    return next(layer for layer in SUITES[suite] if layer.name == name).problem
+
+
+def test_launches_and_workspaces():
+    """One wave of blocks whatever the batch, the reduction over every output of dW, and a
+    BM x BN slot (BM for db) for each part the walk can make: tiles + blocks - 1."""
+    problem = _layer("large", "vgg-conv4_2")
+    plan = Plan(128, 256, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True))
+    for bias in (False, True):
+        src = emit(make_spec(problem, Pass.WGRAD, target=H200, epilogue=Epilogue(bias=bias), plan_=plan))
+        tiles = stream_k.layout(plan, problem.geometry, H200, src.spec.name).tiles
+        assert tiles == 4 * 18
+        for batch in (1, 64, 512):
+            assert src.grid(batch) == (132, 1, 1)
+            assert src.workspace_elems(batch) == (tiles + 131) * 128 * 256
+            assert src.db_workspace_elems(batch) == ((tiles + 131) * 128 if bias else 0)
+            assert src.reduce.grid_x(batch) == 512 * 4608 // (256 * 4)
+        assert src.reduce.args == ("workspace", "dw") + (("db_workspace", "db") if bias else ()) + ("batch",)
+        assert src.manifest_entry()["kernels"][0]["grid"] == {"x": "132", "y": 1, "z": 1}
+
+
+def test_split_k_plans_keep_their_launches():
+    """The split-K kernels' grids and workspaces are as before (stream-K changes nothing else)."""
+    problem = _layer("large", "vgg-conv4_2")
+    src = emit(make_spec(problem, Pass.WGRAD, target=H200, epilogue=Epilogue(bias=True),
+                         plan_=Plan(64, 256, 64, 4, 1, 5, 8, 8, split_k=8, loop=TmaWgmma())))
+    assert src.grid(64) == (8, 18, 8) and src.workspace_elems(64) == 8 * 512 * 4608
+    assert src.db_workspace_elems(64) == 8 * 512 and src.reduce.args[-1] == "m_rows"
+
+
+@pytest.mark.parametrize("problem, plan, match", [
+    (ConvProblem(14, 14, 128, 128, 3, 3, 1, 1, 1, n=2, groups=2), Plan(64, 64, 64, 4, 1, 4, 8, 8,
+                                                                         loop=TmaWgmma(persistent=True)), "no groups"),
+    (ConvProblem(14, 14, 128, 128, 3, 3, 1, 1, 1, n=2), Plan(128, 128, 64, 8, 1, 4, 8, 8,
+                                                            loop=TmaWgmma(persistent=True, pingpong=True)), "ping-pong"),
+])
+def test_plans_stream_k_cannot_run_are_refused_by_name(problem, plan, match):
+    with pytest.raises(ValueError, match=match):
+        make_spec(problem, Pass.WGRAD, target=H200, plan_=plan)
+    with pytest.raises(ValueError, match="split_k must be 1"):  # its steps are dealt out, not sliced
+        Plan(128, 128, 64, 8, 1, 4, 8, 8, split_k=2, loop=TmaWgmma(persistent=True))
+
+
+def test_tuning_offers_stream_k_last_and_never_by_default():
+    """Dense TMA wgrad layers get up to three stream-K candidates, after every other; the
+    planner's default is never one (no GPU has timed the kind); grouped layers get none."""
+    for suite, name in (("large", "vgg-conv4_2"), ("resnet50", "l4-3x3"), ("resnet50", "l4-1x1")):
+        plans = candidates(_layer(suite, name), Pass.WGRAD, H200)
+        streamk = [i for i, p in enumerate(plans) if isinstance(p.loop, TmaWgmma) and p.loop.persistent]
+        assert 1 <= len(streamk) <= 3 and streamk == list(range(len(plans) - len(streamk), len(plans))), name
+        assert not (isinstance(plans[0].loop, TmaWgmma) and plans[0].loop.persistent)
+    grouped = SUITES["resnext50-grouped"][0].problem
+    assert not any(isinstance(p.loop, TmaWgmma) and p.loop.persistent
+                   for p in candidates(grouped, Pass.WGRAD, H200))
