@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The next device call, as benchmarks/NOTES.md (thirty-second session) lists it.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (thirty-third session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, A/B
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, resnet50 A/B
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk-large  # the same A/B on the large suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo-tune  # TmaHalo's pitch rule against every candidate
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune       # on an H200: branch grid-reduce-rule's guard
@@ -110,7 +111,11 @@ streamk() {
             python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/sanitize-streamk-$tool.log" 2>&1
         tail -4 "$OUT/sanitize-streamk-$tool.log"
     done
-    for s in resnet50 large; do
+    streamk_ab resnet50
+}
+
+streamk_ab() {  # the planner's wgrad against stream-K's first candidate, on each suite named
+    for s in "$@"; do
         for k in 0 1; do
             STREAMK=$k CONVGEN_CACHE_DIR=/tmp/cg-sk$k timeout 100 python3 benchmarks/probes/stream_k_probe.py bench \
                 --suite $s --pass wgrad $BENCH --out "$OUT/sk$k-$s" 2>&1 | grep -E "rror|geomean" | head -3
@@ -123,7 +128,7 @@ streamk() {
 host() {  # the operators' host cost since they are torch.library.Library operators, and the step
     install
     timeout 70 python3 benchmarks/probes/host_cost.py --calls 200 --json "$OUT/host-cost.json" > "$OUT/host-cost.log" 2>&1
-    grep -E "operator|launch\(\)|floor   " "$OUT/host-cost.log"
+    grep -E "operator|launch\(\)|fwd\+bwd|floor   " "$OUT/host-cost.log"
     timeout 150 python3 examples/train_step.py --steps 50 2>&1 | tee "$OUT/train-step.log" | tail -12
 }
 
@@ -175,6 +180,7 @@ suite() {
 case "${1:-}" in
     halo) halo ;;
     streamk) streamk ;;
+    streamk-large) install; streamk_ab large ;;
     host) host ;;
     halo-tune) halo_tune ;;
     probes) probes ;;
@@ -182,5 +188,5 @@ case "${1:-}" in
     tune) tune ;;
     tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 halo|streamk|halo-tune|host|probes|ab|tune|tune-wide|suite" >&2; exit 2 ;;
+    *) echo "usage: $0 suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
