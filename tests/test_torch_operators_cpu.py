@@ -67,6 +67,26 @@ def test_operators_on_channels_last_half_operands_take_a_fastconv(fake, monkeypa
     assert first[3].shape == ((W_SHAPE[0],) if with_bias else (0,))
 
 
+@pytest.mark.parametrize("groups, k", [(4, 8), (8, 16)], ids=["groups4", "depthwise-x2"])
+def test_grouped_operators_take_a_fastconv_and_give_the_reference(fake, groups, k):
+    """A grouped (and a depthwise, channel multiplier 2) layer's operators on channels_last
+    float16: FastConvs that keep the groups, and the grouped reference."""
+    c, (n, h, wd) = 8, (2, 9, 7)
+    x = make((n, c, h, wd), torch.float16, True, 21, requires_grad=False)
+    w = make((k, c // groups, 3, 3), torch.float16, True, 22, requires_grad=False)
+    geo = ([1, 1], [1, 1], [1, 1], groups)
+    gy = make((n, k, h, wd), torch.float16, True, 23, requires_grad=False)
+    ref = reference_grads(x, w, None, gy, 1, 1, 1, groups)
+    for _ in range(2):  # the first call builds the FastConvs, the second takes them
+        y = OPS.conv2d(x, w, None, *geo)
+        dx = OPS.conv2d_dgrad(gy, w, [n, c, h, wd], torch.float16, *geo)
+        dw, _ = OPS.conv2d_wgrad(gy, x, [k, c // groups, 3, 3], torch.float16, None, *geo)
+        for name, got, want in (("y", y, ref[0]), ("dx", dx, ref[1]), ("dw", dw, ref[2])):
+            assert got.shape == want.shape and rel_err(got, want) <= tol(torch.float16), name
+    assert sum(f is not None for f in ctl.operator_calls.values()) == 3
+    assert set(fake.groups) == {groups}
+
+
 def test_operators_hand_off_what_the_fast_path_cannot_read_as_it_is(fake):
     """float32 x, a float32 gradient asked for, float32 or NCHW operands, a float32 bias's db, a
     misaligned view: each operator call takes the implementations (such a signature keeps no
