@@ -157,9 +157,13 @@ def _nchw_empty(shape: tuple, kernel_dtype: str, device: torch.device) -> torch.
 
 
 def _device_index(t: torch.Tensor) -> int:
-    if t.device.index is not None:
-        return t.device.index
-    return torch.cuda.current_device() if t.device.type == "cuda" else 0  # (CPU tensors: the CPU tests)
+    return _index_of(t.device)
+
+
+def _index_of(device: torch.device) -> int:
+    if device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if device.type == "cuda" else 0  # (CPU tensors: the CPU tests)
 
 
 def _geo(stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int]) -> tuple:
@@ -296,7 +300,7 @@ class FastConv:
         self.groups = groups
         self.geo_lists = (list(stride), list(padding), list(dilation), groups)  # what the implementations take
         p, q = _output_hw(h, wd, c, k, r, s, self.geo)
-        self.index = device.index if device.index is not None else _current_device()
+        self.index = _index_of(device)
         self.device = device
         self.x_shape, self.w_shape, self.y_shape = (n, c, h, wd), (k, cw, r, s), (n, k, p, q)
         self._gy_strides = {_cl_strides(self.y_shape)}  # strides of gradients met that are dense channels_last
@@ -331,7 +335,7 @@ class FastConv:
         if (xp | wp | bp) & 15 or not self._here():
             return _fprop_impl(x, w, bias, *self.geo_lists)
         y = torch.empty(self.y_shape, dtype=self.dtype, device=self.device, memory_format=torch.channels_last)
-        op = self._ops.get(("fprop", self._fprop_bias)) or self._op("fprop", self._fprop_bias)
+        op = self._op("fprop", self._fprop_bias)
         ws = _workspace(op, self.device)
         op.launch(xp, wp, (_cl_ptr(y),), bias=bp, workspace=0 if ws is None else _ptr(ws),
                   stream=_raw_stream(self.index))
