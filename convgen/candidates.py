@@ -13,14 +13,13 @@ import itertools
 import math
 from typing import Callable
 
-from . import depthwise, tma_halo
+from . import depthwise, stream_k, tma_halo
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
-from .footprint import halo_images, resident_blocks
-from .tma_rules import (PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_stream_k_cost, tma_tail_fill,
-                        tma_tiles)
+from .footprint import halo_images
+from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -321,19 +320,11 @@ def _stream_k_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_d
                          seen: set[Plan]) -> list[Plan]:
     if pass_ is not Pass.WGRAD or problem.groups > 1 or not _tma_offered(problem, pass_, target, in_dtype):
         return []
-    costed = []
-    for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n):
-        for ring in range(stages, 1, -1):
-            p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
-                bm, bn, TMA_BLOCK_K, bm // 16, 1, ring, 8, 8, in_dtype, in_dtype, loop=TmaWgmma(persistent=True),
-                reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages",)))
-            if p is not None:
-                blocks = target.sm_count * resident_blocks(p, pass_, target, problem.geometry)
-                costed.append((tma_stream_k_cost(problem, target, bm, bn, rate, blocks), p))
-                break
     out: list[Plan] = []
-    for _, p in sorted(costed, key=lambda c: c[0])[:STREAM_K_PER_LAYER]:
-        _add_unique(p, seen, out)
+    for _, plan in stream_k.offered(problem, target, in_dtype):
+        p = _feasible(problem, pass_, target, in_dtype, lambda: plan)
+        if p is not None and len(out) < STREAM_K_PER_LAYER:
+            _add_unique(p, seen, out)
     return out
 
 

@@ -20,10 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .footprint import resident_blocks
-from .ir import ConvGeometry, Pass, Target
-from .mainloop import TmaWgmma
+from .footprint import resident_blocks, smem_bytes
+from .ir import ConvGeometry, ConvProblem, Pass, Target
+from .mainloop import TMA_BLOCK_K, TmaWgmma
 from .spec import Plan
+from .tma_rules import tma_stream_k_cost, tma_tiles
 
 REDUCE_THREADS = 256  # a reduction block: one thread a run of outputs of dW
 
@@ -54,3 +55,20 @@ def layout(plan: Plan, geometry: ConvGeometry, target: Target, name: str) -> Str
     return StreamK(blocks=target.sm_count * resident_blocks(plan, Pass.WGRAD, target, geometry),
                    tiles=math.ceil(geometry.k / plan.block_m) * math.ceil(n / plan.block_n),
                    reduce_name=name + "_reduce", vec=4 if n % 4 == 0 else 1, threads=REDUCE_THREADS)
+
+
+def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> list[tuple[float, Plan]]:
+    """Each TMA tile's stream-K plan on the deepest ring that fits beside the epilogue's strips,
+    with the cost model's microseconds (tma_rules.tma_stream_k_cost), fastest first: what the
+    tuner offers (after its own checks) and what `convgen plan` compares its split-K plan with."""
+    g = problem.geometry
+    out = []
+    for bm, bn, stages, rate in tma_tiles(problem.gemm(Pass.WGRAD).n):
+        for ring in range(stages, 1, -1):
+            plan = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, ring, 8, 8, in_dtype, in_dtype, loop=TmaWgmma(persistent=True),
+                        reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages",))
+            if smem_bytes(plan, Pass.WGRAD, target.warp_size, g) <= target.smem_limit:
+                blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, g)
+                out.append((tma_stream_k_cost(problem, target, bm, bn, rate, blocks), plan))
+                break
+    return sorted(out, key=lambda c: c[0])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from . import stream_k
 from .footprint import smem_bytes
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan
@@ -69,6 +70,20 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
         + (" beside the epilogue's own scratch" if persistent else ""),
         (f"split-K {split}: the batch's pixels in {split} slices, reduced in fixed order (deterministic)"
          if split > 1 else "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers"),
+        _stream_k_note(problem, pass_, target, us) if short_tile is None and not persistent else "",
         f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",
     ]
-    return dataclasses.replace(chosen, reasons=tuple(reasons))
+    return dataclasses.replace(chosen, reasons=tuple(r for r in reasons if r))
+
+
+def _stream_k_note(problem: ConvProblem, pass_: Pass, target: Target, us: float) -> str:
+    """What stream-K (convgen/stream_k.py) would be predicted to take where the cost model puts it
+    well under this plan: a tuning candidate, not a default, until a GPU has timed it."""
+    if pass_ is not Pass.WGRAD or problem.groups > 1:
+        return ""
+    best = stream_k.offered(problem, target)
+    if not best or best[0][0] > 0.9 * us:
+        return ""
+    cost, plan = best[0]
+    return (f"not stream-K: its {plan.block_m}x{plan.block_n} tile is predicted {cost:.0f} us against {us:.0f}, "
+            "but no GPU has timed the kind yet; `convgen tune` offers it")

@@ -175,3 +175,17 @@ def test_tuning_offers_stream_k_last_and_never_by_default():
     grouped = SUITES["resnext50-grouped"][0].problem
     assert not any(isinstance(p.loop, TmaWgmma) and p.loop.persistent
                    for p in candidates(grouped, Pass.WGRAD, H200))
+
+
+def test_the_plan_says_when_stream_k_is_predicted_faster_and_why_it_is_not_taken():
+    """VGG-16's conv4_2 wgrad: split-K stays the default, and the plan's reasons name the
+    stream-K tile the cost model predicts well under it; ResNet-50's l2-3x3, where the model
+    has them within 10%, says nothing of it."""
+    from convgen.planner import plan
+
+    default = plan(_layer("large", "vgg-conv4_2"), Pass.WGRAD, H200)
+    assert default.tma and not default.loop.persistent and default.split_k > 1
+    reasons = default.reasons
+    note = [r for r in reasons if r.startswith("not stream-K")]
+    assert len(note) == 1 and "128x256 tile is predicted" in note[0] and "convgen tune" in note[0], reasons
+    assert not any(r.startswith("not stream-K") for r in plan(_layer("resnet50", "l2-3x3"), Pass.WGRAD, H200).reasons)
