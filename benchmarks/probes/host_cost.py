@@ -218,6 +218,23 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
             _Noop.apply(tn, cw, None).backward(cx)
 
         add("fwd+bwd", "a no-op torch.autograd.Function forward+backward (a Python layer's floor)", noop_call)
+        gw3, gb3 = torch.empty_like(twt), torch.empty_like(tb)
+
+        class _Noop3(torch.autograd.Function):  # the same, returning the three gradients a conv layer's does
+            @staticmethod
+            def forward(ctx, x, w, b):
+                return torch.empty_like(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                return g, gw3, gb3
+
+        def noop3_call():
+            tx.grad = twt.grad = tb.grad = None
+            _Noop3.apply(tx, twt, tb).backward(cx)
+
+        add("fwd+bwd", "a no-op Function forward+backward returning dx, dW and db (the same autograd work)",
+            noop3_call)
         # the same training call with every prepared op's launch() a no-op: what is left is
         # convgen.torch's Python and PyTorch's allocations, so the difference to the real row
         # is what the three launches cost inside a training step (the backward's two run on
