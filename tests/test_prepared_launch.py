@@ -148,3 +148,34 @@ def test_the_pointer_cache_is_bounded(monkeypatch):
         assert pr._ptr(p * 16) == p * 16
     assert 0 < len(pr._PTRS) <= 4096
     assert pr._ptr(16) is pr._ptr(16)  # a repeat address: the same scalar, not a new one
+
+
+def test_stream_k_wgrad_launches_one_wave_then_its_reduction_on_the_same_workspace(launches, monkeypatch):
+    """Stream-K (TmaWgmma(persistent=True) in wgrad, with db): the main kernel on one wave of
+    blocks, then the reduction over dW's outputs, both reading the caller's workspace (the
+    parts' slots, db's after them) and writing dW and db; the tensor maps stand in as their
+    base pointers (encoding them needs a driver)."""
+    from convgen.mainloop import TmaWgmma
+    from convgen.spec import Plan
+    from convgen.tma import TmaMaps
+
+    monkeypatch.setattr(TmaMaps, "a", lambda self, ptr: ("map", ptr))
+    monkeypatch.setattr(TmaMaps, "b", lambda self, ptr: ("map", ptr))
+    layer = ConvProblem(14, 14, 128, 256, 3, 3, 1, 1, 1, n=8)
+    wgrad = op("wgrad", layer, Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True)), bias=True)
+    src = wgrad._kernel.source
+    sk = src.main.grid(layer.n)[0]
+    slots = 4 * 18 + sk - 1  # 72 tiles of 64x64 and a wave of blocks
+    assert src.main.grid(layer.n) == (sk, 1, 1) and sk == SM90.sm_count * 2  # two 64x64 blocks an SM
+    assert wgrad._ws_elems == slots * 64 * 64 and wgrad.workspace_elems == slots * 64 * 64 + slots * 64
+    ws = 0x800000
+    wgrad.launch(0x10000, 0x20000, (0x30000, 0x40000), workspace=ws, stream=0x99)
+    assert [c["kernel"] for c in launches] == [src.main.kernel, src.reduce.kernel]
+    main, red = (dict(zip(l.args, c["args"])) for l, c in zip((src.main, src.reduce), launches))
+    assert (main["x_map"], main["dy_map"]) == (("map", 0x10000), ("map", 0x20000))
+    db_ws = ws + 4 * wgrad._ws_elems
+    for args in (main, red):
+        assert (args["workspace"], args["db_workspace"], args["dw"], args["db"], args["batch"]) == (
+            ws, db_ws, 0x30000, 0x40000, layer.n)
+    assert launches[1]["grid"] == (-(-256 * 1152 // (256 * 4)), 1, 1) and launches[1]["block"] == (256, 1, 1)
+    assert all(c["stream"] == 0x99 and not c["cooperative"] for c in launches)

@@ -189,3 +189,19 @@ def test_the_plan_says_when_stream_k_is_predicted_faster_and_why_it_is_not_taken
     note = [r for r in reasons if r.startswith("not stream-K")]
     assert len(note) == 1 and "128x256 tile is predicted" in note[0] and "convgen tune" in note[0], reasons
     assert not any(r.startswith("not stream-K") for r in plan(_layer("resnet50", "l2-3x3"), Pass.WGRAD, H200).reasons)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["dw", "dw+db"])
+def test_both_kernels_take_their_launch_arguments_in_order(bias):
+    """The main kernel's and the reduction's parameters are the launch's arguments, by name and
+    C type, in order (what the launcher passes by position)."""
+    from test_emit import _check_params, kernel_signatures
+
+    plan = Plan(64, 128, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))
+    spec = make_spec(_layer("resnet50", "l4-3x3"), Pass.WGRAD, target=H200, epilogue=Epilogue(bias=bias), plan_=plan)
+    src = emit(spec)
+    sigs = kernel_signatures(src.source)
+    assert set(sigs) == {src.main.kernel, src.reduce.kernel}
+    assert sigs[src.reduce.kernel][0] == "SK_THREADS" and src.reduce.block == (stream_k.REDUCE_THREADS, 1, 1)
+    _check_params(spec, src.main.args, sigs[src.main.kernel][1], reduce=False)
+    _check_params(spec, src.reduce.args, sigs[src.reduce.kernel][1], reduce=True)
