@@ -322,8 +322,10 @@ def _stream_k_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_d
         return []
     out: list[Plan] = []
     for _, plan in stream_k.offered(problem, target, in_dtype):
+        if len(out) == STREAM_K_PER_LAYER:
+            break
         p = _feasible(problem, pass_, target, in_dtype, lambda: plan)
-        if p is not None and len(out) < STREAM_K_PER_LAYER:
+        if p is not None:
             _add_unique(p, seen, out)
     return out
 
