@@ -3,6 +3,7 @@
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh verify     # stream-K tests + memcheck, then the suite (330 s)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, resnet50 A/B
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk-large  # the same A/B on the large suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
@@ -177,6 +178,16 @@ suite() {
     CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 540 $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -12
 }
 
+verify() {  # one call for what has never run: stream-K's tests and sanitizers, then the suite in the rest
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/stream-k-gpu.log" | tail -4
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 45 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
+        python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/sanitize-streamk-memcheck.log" 2>&1
+    tail -3 "$OUT/sanitize-streamk-memcheck.log"
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_S:-330}" $PYTEST --ignore=tests/test_stream_k_gpu.py 2>&1 \
+        | tee "$OUT/gpu-suite.log" | tail -8
+}
+
 case "${1:-}" in
     halo) halo ;;
     streamk) streamk ;;
@@ -188,5 +199,6 @@ case "${1:-}" in
     tune) tune ;;
     tune-wide) tune_wide ;;
     suite) suite ;;
-    *) echo "usage: $0 suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    verify) verify ;;
+    *) echo "usage: $0 verify|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac

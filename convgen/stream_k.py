@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from .footprint import resident_blocks, smem_bytes
 from .ir import ConvGeometry, ConvProblem, Pass, Target
 from .mainloop import TMA_BLOCK_K, TmaWgmma
+from .reduction import reduce_vec
 from .spec import Plan
 from .tma_rules import tma_stream_k_cost, tma_tiles
 
@@ -54,7 +55,7 @@ def layout(plan: Plan, geometry: ConvGeometry, target: Target, name: str) -> Str
     n = geometry.r * geometry.s * geometry.c  # dW's columns
     return StreamK(blocks=target.sm_count * resident_blocks(plan, Pass.WGRAD, target, geometry),
                    tiles=math.ceil(geometry.k / plan.block_m) * math.ceil(n / plan.block_n),
-                   reduce_name=name + "_reduce", vec=4 if n % 4 == 0 else 1, threads=REDUCE_THREADS)
+                   reduce_name=name + "_reduce", vec=reduce_vec(n), threads=REDUCE_THREADS)
 
 
 def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> list[tuple[float, Plan]]:

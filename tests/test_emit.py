@@ -21,7 +21,8 @@ import jinja2
 import pytest
 
 import convgen
-from convgen.emit import REDUCE_BLOCK, KernelSource, _context, _environment, emit
+from convgen.emit import KernelSource, _context, _environment, emit
+from convgen.reduction import REDUCE_BLOCK
 from convgen.resources import templates_dir
 from convgen.ir import ARCHES, ConvProblem, Epilogue, Pass, Target
 from convgen.spec import KernelSpec, Plan
