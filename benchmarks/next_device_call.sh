@@ -4,6 +4,7 @@
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh verify     # stream-K tests + memcheck, then the suite (330 s)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-dw     # Nsight Compute, depthwise fprop, both sides
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, resnet50 A/B
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk-large  # the same A/B on the large suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
@@ -178,6 +179,22 @@ suite() {
     CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 540 $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -12
 }
 
+ncu_dw() {  # Nsight Compute on the depthwise fprop rows furthest under cuDNN: what bounds each side
+    install
+    for shape in "128 56 144 3 1" "128 112 96 3 2"; do
+        set -- $shape
+        python3 benchmarks/probes/dw_profile.py $shape > /dev/null 2>&1  # compile outside the profiler
+        for side in convgen cudnn; do
+            timeout 120 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
+                --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+                --section ComputeWorkloadAnalysis python3 benchmarks/probes/dw_profile.py $shape \
+                > "$OUT/ncu-dw-c$3-hw$2-s$5-$side.log" 2>&1
+            grep -E "^  [a-z_]+.*(Stream|void|kernel)|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occ|Registers Per|Stall|Issue Slots|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Mem Pipes" \
+                "$OUT/ncu-dw-c$3-hw$2-s$5-$side.log" | head -24
+        done
+    done
+}
+
 verify() {  # one call for what has never run: stream-K's tests and sanitizers, then the suite in the rest
     install
     CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/stream-k-gpu.log" | tail -4
@@ -200,5 +217,6 @@ case "${1:-}" in
     tune-wide) tune_wide ;;
     suite) suite ;;
     verify) verify ;;
-    *) echo "usage: $0 verify|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    ncu-dw) ncu_dw ;;
+    *) echo "usage: $0 verify|ncu-dw|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
