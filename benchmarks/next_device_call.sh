@@ -4,7 +4,7 @@
 #
 #   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh verify     # stream-K tests + memcheck, then the suite (330 s)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-dw     # Nsight Compute, depthwise fprop, both sides
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu        # Nsight Compute, depthwise and pointwise rows, both sides
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, resnet50 A/B
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk-large  # the same A/B on the large suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh halo       # on an H200: the H100 ran it at 321e0e3
@@ -179,18 +179,20 @@ suite() {
     CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 540 $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -12
 }
 
-ncu_dw() {  # Nsight Compute on the depthwise fprop rows furthest under cuDNN: what bounds each side
+ncu_layers() {  # Nsight Compute on the rows furthest under cuDNN (depthwise, pointwise): what bounds each side
     install
-    for shape in "128 56 144 3 1" "128 112 96 3 2"; do
-        set -- $shape
-        python3 benchmarks/probes/dw_profile.py $shape > /dev/null 2>&1  # compile outside the profiler
+    for layer in "fprop 128 56 56 144 144 3 1 1 144" "fprop 128 112 112 96 96 3 2 1 96" "wgrad 128 56 56 144 144 3 1 1 144" \
+                 "fprop 128 112 112 16 96 1 1 0" "dgrad 128 112 112 16 96 1 1 0"; do
+        local name
+        name=$(echo $layer | tr ' ' '-')
+        timeout 60 python3 benchmarks/probes/layer_profile.py $layer 2>&1 | tail -1  # compiles outside the profiler
         for side in convgen cudnn; do
-            timeout 120 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
+            timeout 90 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
                 --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-                --section ComputeWorkloadAnalysis python3 benchmarks/probes/dw_profile.py $shape \
-                > "$OUT/ncu-dw-c$3-hw$2-s$5-$side.log" 2>&1
-            grep -E "^  [a-z_]+.*(Stream|void|kernel)|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occ|Registers Per|Stall|Issue Slots|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Mem Pipes" \
-                "$OUT/ncu-dw-c$3-hw$2-s$5-$side.log" | head -24
+                --section ComputeWorkloadAnalysis python3 benchmarks/probes/layer_profile.py $layer \
+                > "$OUT/ncu-$name-$side.log" 2>&1
+            grep -E "^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size|Issue Slots Busy|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Theoretical Occ" \
+                "$OUT/ncu-$name-$side.log" | head -40
         done
     done
 }
@@ -217,6 +219,6 @@ case "${1:-}" in
     tune-wide) tune_wide ;;
     suite) suite ;;
     verify) verify ;;
-    ncu-dw) ncu_dw ;;
-    *) echo "usage: $0 verify|ncu-dw|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    ncu) ncu_layers ;;
+    *) echo "usage: $0 verify|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
