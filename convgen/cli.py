@@ -9,7 +9,6 @@ in one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -21,7 +20,8 @@ from .spec import Plan
 from .suites import SUITE_INFO, SUITES, Layer
 from .tools import cache, sass, tune
 from .tools.bench import command as bench_command
-from .tools.cli_common import UsageError, add_shape_args, add_target_args, dtypes, epilogue, layers, passes, target
+from .tools.cli_common import (UsageError, add_shape_args, add_target_args, as_run, dtypes, epilogue, layers, passes,
+                               target)
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -108,36 +108,14 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .channel_pad import kept_for_the_staged_halo, padded_channels
-    from .group_pack import packed_groups
-    from .planner import make_spec
-
     rows = []
     for layer, pass_, spec in _specs(args):
-        # what convgen.conv2d & co. run: a stem's channels padded first where the rule says so
-        cp = None if getattr(args, "tuned", None) else padded_channels(layer.problem, pass_, args.in_dtype, spec.target)
         padded = ""
-        if cp is not None:
-            spec = make_spec(dataclasses.replace(layer.problem, c=cp), pass_, target=spec.target,
-                             epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
-            padded = (f"pads C={layer.problem.c} to {cp} channels first (one copy kernel; zeros after "
-                      f"{layer.problem.c}), so the gathers read {2 * cp}-byte runs; the plan is for C={cp}")
-        elif not getattr(args, "tuned", None) and kept_for_the_staged_halo(layer.problem, pass_, args.in_dtype,
-                                                                            spec.target):
-            padded = ("keeps C=3 unpadded: the staged halo copies each block's whole input halo once, so padding "
-                      "would only add a copy and a third more MMAs (1.19-1.35x slower on three stems: channel_pad)")
-        slabs = None if getattr(args, "tuned", None) else packed_groups(layer.problem, pass_, args.in_dtype, spec.target)
-        if slabs is not None:
-            g = layer.problem.groups
-            spec = make_spec(dataclasses.replace(layer.problem, groups=slabs), pass_, target=spec.target,
-                             epilogue=spec.epilogue, in_dtype=args.in_dtype, mma_dtype=args.dtype)
-            padded = ((f"packs all {g} groups into one dense layer (convgen/group_pack.py): " if slabs == 1 else
-                       f"packs its {g} groups into {slabs} slabs of {g // slabs} ({layer.problem.c // slabs} channels, "
-                       f"{layer.problem.k // slabs} filters each; convgen/group_pack.py): ")
-                      + ("w copied to block-diagonal weights first" if pass_ is not Pass.WGRAD else
-                         "the slabs' dW computed, each filter's own channels copied out after")
-                      + f"; the plan is for groups={slabs}")
-        plan = spec.plan  # type: ignore[attr-defined]
+        if not getattr(args, "tuned", None):  # what convgen.conv2d & co. run: a stem padded, groups packed
+            spec, padded = as_run(layer.problem, pass_, spec, args.in_dtype, args.dtype)
+        plan, g = spec.plan, spec.geometry  # type: ignore[attr-defined]
+        cp = g.c if g.c != layer.problem.c else None
+        slabs = g.groups if g.groups != layer.problem.groups else None
         if args.json:
             rows.append({"layer": layer.name, "pass": pass_.value, "problem": layer.problem.as_dict(),
                          "plan": plan.as_dict(), "reasons": ([padded] if padded else []) + list(plan.reasons),

@@ -305,6 +305,20 @@ def test_cli_reports_one_row_per_kernel(capsys):
     assert all(int(ln.split()[hmma + 3]) > 0 for ln in lines[1:])  # plan takes 4 columns
 
 
+@needs_cuobjdump
+def test_cli_compiles_the_kernels_that_run(capsys):
+    """A stem's wgrad runs on its channels padded to 4 and a grouped fprop on its groups
+    packed (convgen/channel_pad.py, group_pack.py): the table reads those kernels, as
+    `convgen plan` explains them, not the unpadded ones convgen.conv2d never launches."""
+    assert main(["sass", "-n", "64", "-h", "224", "-w", "224", "-c", "3", "-k", "64", "-r", "7", "-s", "7",
+                 "--stride", "2", "--padding", "3", "--pass", "wgrad", "--no-bias"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[1]
+    assert "C4" in row.split() and " v8/4 " in row  # 8-byte runs of the padded channels
+    assert main(["sass", "--suite", "resnext50-grouped", "--pass", "fprop"]) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[1:]
+    assert rows and all(" G" in ln.split(" k1 ")[1] for ln in rows)
+
+
 def test_cli_refuses_hip_targets(capsys):
     assert main(["sass", "--suite", "cifar-resnet", "--arch", "gfx1201"]) == 2
     assert "CUDA cubins" in capsys.readouterr().err

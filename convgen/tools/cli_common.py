@@ -8,6 +8,8 @@ them reaches into another command's private helpers.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from typing import Any
 
 from ..ir import ARCHES, ConvProblem, Epilogue, Pass, Target
 from ..suites import Layer, get_suite
@@ -127,3 +129,37 @@ def epilogue(args: argparse.Namespace, pass_: Pass) -> Epilogue:
         residual=args.residual and pass_ is Pass.FPROP,
         out_dtype=args.out_dtype,
     )
+
+
+def as_run(problem: ConvProblem, pass_: Pass, spec: Any, in_dtype: str, mma_dtype: str) -> tuple[Any, str]:
+    """The spec convgen.conv2d & co. run for ``problem`` in place of the planner's ``spec`` for
+    it (a stem's channels padded first, a grouped layer's groups packed into slabs, as
+    the rules in convgen/channel_pad.py and convgen/group_pack.py say), and a sentence saying
+    which, empty when neither applies.  `convgen plan` explains it and `convgen sass` compiles
+    it, so neither shows a kernel that never runs."""
+    from ..channel_pad import kept_for_the_staged_halo, padded_channels
+    from ..group_pack import packed_groups
+    from ..planner import make_spec
+
+    def respec(**changes: int) -> Any:
+        return make_spec(dataclasses.replace(problem, **changes), pass_, target=spec.target, epilogue=spec.epilogue,
+                         in_dtype=in_dtype, mma_dtype=mma_dtype)
+
+    cp = padded_channels(problem, pass_, in_dtype, spec.target)
+    if cp is not None:
+        return respec(c=cp), (f"pads C={problem.c} to {cp} channels first (one copy kernel; zeros after "
+                              f"{problem.c}), so the gathers read {2 * cp}-byte runs; the plan is for C={cp}")
+    slabs = packed_groups(problem, pass_, in_dtype, spec.target)
+    if slabs is not None:
+        g = problem.groups
+        return respec(groups=slabs), (
+            (f"packs all {g} groups into one dense layer (convgen/group_pack.py): " if slabs == 1 else
+             f"packs its {g} groups into {slabs} slabs of {g // slabs} ({problem.c // slabs} channels, "
+             f"{problem.k // slabs} filters each; convgen/group_pack.py): ")
+            + ("w copied to block-diagonal weights first" if pass_ is not Pass.WGRAD else
+               "the slabs' dW computed, each filter's own channels copied out after")
+            + f"; the plan is for groups={slabs}")
+    if kept_for_the_staged_halo(problem, pass_, in_dtype, spec.target):
+        return spec, ("keeps C=3 unpadded: the staged halo copies each block's whole input halo once, so padding "
+                      "would only add a copy and a third more MMAs (1.19-1.35x slower on three stems: channel_pad)")
+    return spec, ""

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import config, tuning_db
-from .cli_common import UsageError, add_shape_args, add_target_args, dtypes, epilogue, layers, passes, target
+from .cli_common import (UsageError, add_shape_args, add_target_args, as_run, dtypes, epilogue, layers, passes,
+                         target)
 
 _FUNCTION = re.compile(r"^\s*Function : (\S+)\s*$", re.M)
 _OPCODE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)")
@@ -147,11 +148,15 @@ def cmd_sass(args: argparse.Namespace) -> int:
                  if args.tuned else None)
         spec = make_spec(layer.problem, pass_, target=tgt, epilogue=epilogue(args, pass_),
                          in_dtype=args.in_dtype, plan_=tuned, mma_dtype=args.dtype)
+        if tuned is None:  # the kernel convgen.conv2d & co. run: a stem's channels padded, groups packed
+            spec, _ = as_run(layer.problem, pass_, spec, args.in_dtype, args.dtype)
         src = emit(spec)
         k = kernel_sass(src, cuobjdump)[src.main.kernel]
         p = spec.plan
+        g = spec.geometry
         plan = (f"{p.block_m}x{p.block_n}x{p.block_k} s{p.stages} v{p.vec_a}/{p.vec_b} k{p.split_k}"
-                + p.layout() + (" tuned" if tuned else ""))
+                + p.layout() + (" tuned" if tuned else "") + (f" C{g.c}" if g.c != layer.problem.c else "")
+                + (f" G{g.groups}" if g.groups != layer.problem.groups else ""))
         print(f"{layer.name:12s} {pass_.value:5s} {plan:33s} {k.registers:4d} {k.stack:5d} {k.total:6d} "
               f"{k.count('HMMA'):5d} {k.count('LDGSTS'):8d} {k.count('LDGSTS', '128'):5d} {k.count('LDG'):4d} "
               f"{k.count('STG'):4d} {k.count('STG', '128'):5d} {k.count('LDSM'):4d} {k.local:7d}")
