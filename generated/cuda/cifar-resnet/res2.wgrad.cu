@@ -309,17 +309,40 @@ struct GatherDy : ReadAs<half_t, 8> {
 
 // B = im2col(x): row = output pixel (n, p, q), column rsc = (r*S + s)*C + c.  The column
 // decomposition is fixed per thread (hoisted per column the thread owns when few, as in
-// GatherX of fprop); each k-step splits the pixel index, once per row the thread owns.
+// GatherX of fprop).  The rows change every k-step.  When a thread's rows are evenly spaced
+// (a fixed column, rows ROW_STEP apart), begin() splits its first row's pixel index once a
+// step (a 64-bit division), and each access steps on from it: a row wraps past Q into the
+// next one, and past P into the next image, by compares where a step cannot wrap twice.
+// Otherwise each access splits its own pixel index.
 struct GatherX : ReadAs<half_t, 8> {
   typedef TileMap<BK, BN, V> Map;
   static constexpr int ITERS = Map::ITERS;
   static constexpr bool ASYNC = true;
   static constexpr bool HOIST = Map::COL_SLOTS <= HOIST_LIMIT;
+  static constexpr int ROW_STEP = Map::FIXED_COL ? THREADS / Map::VECS_PER_ROW : 0;  // row(i) = row(0) + i*ROW_STEP
+  static constexpr bool STEPPED = !POINTWISE && ROW_STEP > 0;
   const T* x;
   int tile_n;
   long long npq_total;
   struct Tap { int dh, dw, c; };  // r*DH - PH, s*DW - PW, channel; dh = -2^30 past R*S*C
   Tap hoisted[HOIST ? Map::COL_SLOTS : 1];
+  // This k-step's first row: output pixel (p, q) of image `img` (x at that image), and how
+  // many rows from it are still inside N*P*Q (at most BK).
+  struct Cursor { int p, q, left; const T* img; };
+  Cursor cur;
+
+  __device__ __forceinline__ void begin(int kt) {
+    if constexpr (STEPPED) {
+      const long long npq = static_cast<long long>(kt) * BK + Map::row(0);
+      const long long n = udiv64<P * Q>(npq);
+      const int pq = static_cast<int>(npq - n * (P * Q));
+      cur.p = udiv<Q>(pq);
+      cur.q = pq - cur.p * Q;
+      const long long left = npq_total - npq;
+      cur.left = left < BK ? static_cast<int>(left) : BK;
+      cur.img = x + n * (static_cast<long long>(H) * W * C_PIX);
+    }
+  }
 
   __device__ __forceinline__ Tap tap(int i) const {
     const int rsc = tile_n + Map::col(i);
@@ -343,6 +366,35 @@ struct GatherX : ReadAs<half_t, 8> {
     if constexpr (POINTWISE) {  // pixel npq is row npq of x viewed as [N*P*Q][C_PIX]; a column past C has dh < 0
       ok = npq < npq_total && t.dh == 0;
       return ok ? x + npq * C_PIX + t.c : x;
+    }
+    if constexpr (STEPPED) {
+      const int d = i * ROW_STEP;  // this access's row is the step's first row + d (d < BK)
+      int q = cur.q + d, p = cur.p;
+      const T* img = cur.img;
+      if constexpr (Q >= BK) {  // d < Q: the row wraps at most once
+        if (q >= Q) {
+          q -= Q;
+          ++p;
+        }
+      } else {
+        const int wraps = udiv<Q>(q);
+        q -= wraps * Q;
+        p += wraps;
+      }
+      if constexpr (P * Q >= BK) {  // at most one image further on
+        if (p >= P) {
+          p -= P;
+          img += static_cast<long long>(H) * W * C_PIX;
+        }
+      } else {
+        const int images = udiv<P>(p);
+        p -= images * P;
+        img += images * (static_cast<long long>(H) * W * C_PIX);
+      }
+      const int ih = p * SH + t.dh, iw = q * SW + t.dw;
+      ok = d < cur.left && static_cast<unsigned>(ih) < static_cast<unsigned>(H) &&
+           static_cast<unsigned>(iw) < static_cast<unsigned>(W);
+      return ok ? img + static_cast<long long>(ih * W + iw) * C_PIX + t.c : x;
     }
     const long long n = udiv64<P * Q>(npq);
     const int pq = static_cast<int>(npq - n * (P * Q));

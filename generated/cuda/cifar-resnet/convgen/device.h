@@ -99,12 +99,20 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {}
 // this thread reads at k-step kt and where it lands in the stage; the Stager does
 // the copy, asynchronously (cp.async) when Gather::ASYNC, else through registers so
 // the global loads of tile kt+STAGES-1 overlap the MMAs of tile kt.
+// A gather may define begin(kt), run once per k-step before its accesses: work every access
+// of the step shares (wgrad's pixel decomposition of a thread's first row) is done there once.
+template <class Gather>
+__device__ __forceinline__ auto begin_step(Gather& g, int kt, int) -> decltype(g.begin(kt)) { return g.begin(kt); }
+template <class Gather>
+__device__ __forceinline__ void begin_step(Gather&, int, long) {}
+
 template <class Gather>
 struct Stager {
   Gather g;
   typename Gather::Reg regs[Gather::ITERS];
 
   __device__ __forceinline__ void async_copy(half_t* stage, int kt) {
+    begin_step(g, kt, 0);
 #pragma unroll
     for (int i = 0; i < Gather::ITERS; ++i) {
       if (!g.slot_valid(i)) continue;
@@ -115,6 +123,7 @@ struct Stager {
   }
 
   __device__ __forceinline__ void fetch(int kt) {
+    begin_step(g, kt, 0);
 #pragma unroll
     for (int i = 0; i < Gather::ITERS; ++i) {
       bool ok;
