@@ -81,7 +81,7 @@ def _begin_step() -> str:
     """device.h's hook through which the Stager calls a gather's begin(kt), if it has one."""
     text = (include_dir() / "convgen" / "device.h").read_text()
     start = text.index("// A gather may define begin(kt)")
-    return text[start:text.index("template <class Gather>\nstruct Stager", start)]
+    return text[start:text.index("// ---- Stager:", start)]
 
 
 def _harness(tmp_path, spec, name: str) -> str:

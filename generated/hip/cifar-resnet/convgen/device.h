@@ -94,11 +94,6 @@ __device__ __forceinline__ void cp_async_commit() {}
 template <int N> __device__ __forceinline__ void cp_async_wait() {}
 #endif
 
-// ---- Stager: moves one operand's tile from its gather to a shared-memory stage ----
-// A Gather (defined per pass, like CUTLASS's conv iterators) says where access i of
-// this thread reads at k-step kt and where it lands in the stage; the Stager does
-// the copy, asynchronously (cp.async) when Gather::ASYNC, else through registers so
-// the global loads of tile kt+STAGES-1 overlap the MMAs of tile kt.
 // A gather may define begin(kt), run once per k-step before its accesses: work every access
 // of the step shares (wgrad's pixel decomposition of a thread's first row) is done there once.
 template <class Gather>
@@ -106,6 +101,11 @@ __device__ __forceinline__ auto begin_step(Gather& g, int kt, int) -> decltype(g
 template <class Gather>
 __device__ __forceinline__ void begin_step(Gather&, int, long) {}
 
+// ---- Stager: moves one operand's tile from its gather to a shared-memory stage ----
+// A Gather (defined per pass, like CUTLASS's conv iterators) says where access i of
+// this thread reads at k-step kt and where it lands in the stage; the Stager does
+// the copy, asynchronously (cp.async) when Gather::ASYNC, else through registers so
+// the global loads of tile kt+STAGES-1 overlap the MMAs of tile kt.
 template <class Gather>
 struct Stager {
   Gather g;
