@@ -205,10 +205,13 @@ verify() {  # one call for what has never run: stream-K's tests and sanitizers, 
     # the stepped wgrad gather (thirty-fourth session): ResNet-50's stem, 327 us against cuDNN's 174 at d5be451 (H200)
     CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 60 python3 -m convgen.cli bench --suite resnet50 --layers conv1 --pass wgrad \
         $BENCH --out "$OUT/stem-wgrad" 2>&1 | grep -E "^ *conv1 "
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 70 python3 -m convgen.cli tune --suite resnet50 --layers conv1 --pass wgrad \
+        --no-bias --log "$OUT/tune-stem-wgrad.json" > "$OUT/tune-stem-wgrad.log" 2>&1
+    tail -2 "$OUT/tune-stem-wgrad.log"
     CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 45 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
         python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/sanitize-streamk-memcheck.log" 2>&1
     tail -3 "$OUT/sanitize-streamk-memcheck.log"
-    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_S:-300}" $PYTEST --ignore=tests/test_stream_k_gpu.py \
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_S:-240}" $PYTEST --ignore=tests/test_stream_k_gpu.py \
         --ignore=tests/test_wgrad_gather.py 2>&1 \
         | tee "$OUT/gpu-suite.log" | tail -8
 }
