@@ -30,6 +30,7 @@ from convgen.spec import Plan
 CXX = shutil.which("g++") or shutil.which("clang++")
 
 HOST = r"""
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #define __device__
@@ -61,7 +62,8 @@ int main(int argc, char** argv) {
         bool ok;
         const half_t* at = g.address(i, kt, ok);
         std::printf("%%d %%d %%d %%d %%d %%lld\n", kt, GatherX::Map::row(i), GatherX::Map::col(i), GatherX::V,
-                    static_cast<int>(ok), ok ? static_cast<long long>(at - x) : -1LL);
+                    static_cast<int>(ok), ok ? static_cast<long long>(
+                        (reinterpret_cast<std::uintptr_t>(at) - reinterpret_cast<std::uintptr_t>(x)) / sizeof(half_t)) : -1LL);
       }
     }
   }
