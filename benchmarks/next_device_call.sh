@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-third session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (thirty-fourth session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh suite
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh verify     # stream-K tests + memcheck, then the suite (330 s)
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh quick
+#       (stream-K's and the wgrad gather's GPU tests, the stem's wgrad bench and tuning, stream-K memcheck)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh verify     # quick, then the suite in the rest
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu        # Nsight Compute, depthwise and pointwise rows, both sides
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk    # stream-K wgrad: tests, sanitizers, resnet50 A/B
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh streamk-large  # the same A/B on the large suite
