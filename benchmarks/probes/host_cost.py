@@ -202,36 +202,30 @@ def layer_rows(suite: str, name: str, calls: int) -> list[dict]:
         add("fwd+bwd", "convgen.torch forward+backward, dx dW db (autograd)", train_call(cgt.conv2d))
         add("fwd+bwd", "torch F.conv2d forward+backward, dx dW db (cuDNN)", train_call(F.conv2d))
 
-        class _Noop(torch.autograd.Function):  # the least a layer written as a Python Function costs
-            @staticmethod
-            def forward(ctx, x, w, b):
-                return torch.empty_like(x)
+        def noop_function(gw, gb):  # the least a layer written as a Python Function costs
+            class _Noop(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x, w, b):
+                    return torch.empty_like(x)
 
-            @staticmethod
-            def backward(ctx, g):
-                return g, None, None
+                @staticmethod
+                def backward(ctx, g):
+                    return g, gw, gb
+            return _Noop
 
         tn = cx.detach().requires_grad_()
+        noop1 = noop_function(None, None)
 
         def noop_call():
             tn.grad = None
-            _Noop.apply(tn, cw, None).backward(cx)
+            noop1.apply(tn, cw, None).backward(cx)
 
         add("fwd+bwd", "a no-op torch.autograd.Function forward+backward (a Python layer's floor)", noop_call)
-        gw3, gb3 = torch.empty_like(twt), torch.empty_like(tb)
-
-        class _Noop3(torch.autograd.Function):  # the same, returning the three gradients a conv layer's does
-            @staticmethod
-            def forward(ctx, x, w, b):
-                return torch.empty_like(x)
-
-            @staticmethod
-            def backward(ctx, g):
-                return g, gw3, gb3
+        noop3 = noop_function(torch.empty_like(twt), torch.empty_like(tb))  # the three gradients a conv layer's returns
 
         def noop3_call():
             tx.grad = twt.grad = tb.grad = None
-            _Noop3.apply(tx, twt, tb).backward(cx)
+            noop3.apply(tx, twt, tb).backward(cx)
 
         add("fwd+bwd", "a no-op Function forward+backward returning dx, dW and db (the same autograd work)",
             noop3_call)
