@@ -42,6 +42,9 @@ RDNA_SCALAR_FRAGMENTS = 4
 # (scripts/compile_fuzz.py, then a sweep of C x K x filter; benchmarks/NOTES.md).  Narrower
 # gathers keep the 32-deep step, as one-channel gathers always have.
 WIDE_STEP_VEC = 4
+# wgrad's one-channel (register-staged) accesses a thread and K-step from which a block of 4 warps
+# takes 8: 40 spilled; 32 (x alone, dy in 16-byte copies: the speech stems) held 168-196.
+REGISTER_GATHER_ACCESSES = 33
 
 
 def vector_width(channels: int) -> int:
@@ -168,6 +171,16 @@ def plan(
             crowded = "x's im2col gathered one channel at a time and staged through registers"
         elif bk == 64 and target.info.wmma_input_copies > 1:
             crowded = "64-deep steps staged through registers and WMMA inputs held twice"
+    # wgrad's one-channel gathers go through registers (cp.async moves 4 bytes or more), each
+    # access with its own (r, s, c) and pixel: with both operands one channel at a time (C and K
+    # odd) a 32x128 tile of 4 warps makes 40 accesses a thread and step, and held 254 (fp16) to
+    # 255 registers (bf16: 26 local accesses, sm_80, scripts/compile_fuzz.py) with only 4
+    # fragments a warp; 8 warps held 144-153 on sm_75-sm_90.  fprop's one-channel gathers share
+    # a pixel's decomposition across a row and held 128-170 at 40 accesses: left as they are.
+    threads = warps * target.warp_size
+    scalar_accesses = ((bm * bk if va == 1 else 0) + (bn * bk if vb == 1 else 0)) // threads
+    if pass_ is Pass.WGRAD and warps == 4 and scalar_accesses >= REGISTER_GATHER_ACCESSES:
+        crowded = crowded or f"{scalar_accesses} one-channel accesses a thread and step, staged through registers"
     if crowded:
         warps = 8
     # RDNA3 holds each WMMA input twice: with a gather one channel at a time through registers, a

@@ -375,17 +375,23 @@ def test_tuned_for_a_gpu_with_no_database_says_so(capsys, monkeypatch, tmp_path)
 
 # wgrad layers whose x is gathered one channel at a time (C odd; K = 33 is odd too, so dy
 # as well): with 4 warps of 8 fragments their default plans spilled 72-128 bytes a thread.
-SCALAR_WGRAD = [(c, k, f) for c, k, f in ((17, 33, 3), (33, 64, 3), (255, 33, 1), (255, 64, 3))]
+# With K = 27 (a 32-row tile) both operands' one-channel accesses, 40 a thread and step on 4
+# warps, held 254-255 registers whatever the warp tile and spilled in bf16 (sm_80: 26 accesses).
+SCALAR_WGRAD = [(17, 33, 3, "float16", "sm_90"), (33, 64, 3, "float16", "sm_90"), (255, 33, 1, "float16", "sm_90"),
+                (255, 64, 3, "float16", "sm_90"), (63, 27, 5, "bfloat16", "sm_80"), (33, 27, 3, "float16", "sm_90")]
 
 
 @needs_cuobjdump
-@pytest.mark.parametrize("c, k, f", SCALAR_WGRAD, ids=[f"c{c}-k{k}-{f}x{f}" for c, k, f in SCALAR_WGRAD])
-def test_scalar_gather_wgrad_defaults_do_not_spill(c, k, f):
-    """The planner gives such a tile 8 warps (planner.CROWDED_FRAGMENTS): no local memory."""
+@pytest.mark.parametrize("c, k, f, dtype, arch", SCALAR_WGRAD,
+                         ids=[f"c{c}-k{k}-{f}x{f}-{d}-{a}" for c, k, f, d, a in SCALAR_WGRAD])
+def test_scalar_gather_wgrad_defaults_do_not_spill(c, k, f, dtype, arch):
+    """The planner gives such a tile 8 warps (planner.CROWDED_FRAGMENTS, REGISTER_GATHER_ACCESSES):
+    no local memory."""
     from convgen.ir import ConvProblem
 
     problem = ConvProblem(40, 36, c, k, f, f, 1, f // 2, n=32)
-    spec = make_spec(problem, Pass.WGRAD, target=Target("sm_90"), epilogue=Epilogue(bias=True))
+    spec = make_spec(problem, Pass.WGRAD, target=Target(arch), epilogue=Epilogue(bias=True, out_dtype=dtype),
+                     in_dtype=dtype, mma_dtype=dtype)
     assert spec.plan.vec_b == 1
     k_ = _main_sass(spec)
     assert k_.count("HMMA") > 0 and k_.local == 0 and k_.stack == 0, (
