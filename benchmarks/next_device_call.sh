@@ -2,7 +2,9 @@
 # The next device calls, as benchmarks/NOTES.md (thirty-fourth session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh quick
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh gather
+#       (every GPU wgrad test, stream-K's too; the suites whose im2col wgrads changed, timed; stream-K memcheck)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh quick
 #       (stream-K's and the wgrad gather's GPU tests, the stem's wgrad bench and tuning, stream-K memcheck)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh verify     # quick, then the suite in the rest
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite
@@ -221,7 +223,22 @@ quick() {  # verify without the whole suite (about 350 s): the new kernels' test
     tail -3 "$OUT/sanitize-streamk-memcheck.log"
 }
 
+gather() {  # the stepped wgrad gather (thirty-fourth session): every GPU wgrad test, then the changed kernels timed
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-g timeout 200 $PYTEST tests/test_wgrad_gather.py tests/test_stream_k_gpu.py \
+        $(ls tests/test_*.py | grep -v -e test_wgrad_gather -e test_stream_k_gpu) -k "wgrad or gather or stream" 2>&1 \
+        | tee "$OUT/wgrad-gpu.log" | tail -6
+    for s in resnet50 resnet18 cifar-resnet speech darknet53-down; do  # the suites whose im2col wgrads changed
+        CONVGEN_CACHE_DIR=/tmp/cg-g timeout 75 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
+            --out "$OUT/wgrad-$s" 2>&1 | grep -E "^ *(conv1|stem|geomean speedup.*GPU)" | head -4
+    done
+    CONVGEN_CACHE_DIR=/tmp/cg-g timeout 45 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
+        python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/sanitize-streamk-memcheck.log" 2>&1
+    tail -3 "$OUT/sanitize-streamk-memcheck.log"
+}
+
 case "${1:-}" in
+    gather) gather ;;
     halo) halo ;;
     streamk) streamk ;;
     streamk-large) install; streamk_ab large ;;
@@ -235,5 +252,5 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
-    *) echo "usage: $0 verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    *) echo "usage: $0 gather|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
