@@ -237,8 +237,17 @@ gather() {  # the stepped wgrad gather (thirty-fourth session): every GPU wgrad 
     tail -3 "$OUT/sanitize-streamk-memcheck.log"
 }
 
+mini() {  # for a nearly spent budget (about 250 s): the new kernels' GPU tests and the stem's wgrad beside cuDNN
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 150 $PYTEST tests/test_wgrad_gather.py tests/test_stream_k_gpu.py 2>&1 \
+        | tee "$OUT/mini-gpu.log" | tail -4
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 60 python3 -m convgen.cli bench --suite resnet50 --layers conv1 --pass wgrad \
+        $BENCH --out "$OUT/stem-wgrad" 2>&1 | grep -E "^ *conv1 "
+}
+
 case "${1:-}" in
     gather) gather ;;
+    mini) mini ;;
     halo) halo ;;
     streamk) streamk ;;
     streamk-large) install; streamk_ab large ;;
@@ -252,5 +261,5 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
-    *) echo "usage: $0 gather|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    *) echo "usage: $0 gather|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
