@@ -55,6 +55,7 @@ install() {
 
 probes() {
     install
+    timeout 120 python3 benchmarks/probes/fp32_stem_probe.py 2>&1 | tee "$OUT/fp32-stem-probe.log"
     timeout 150 python3 benchmarks/probes/tma_halo_loop_probe.py 2>&1 | tee "$OUT/halo-loop-probe.log"
     for m in gc nogc gc nogc; do
         timeout 45 python3 benchmarks/probes/step_hitch.py $m 2>&1 | grep -E "eager +(convgen|cuDNN) |collections" \
