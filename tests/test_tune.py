@@ -457,3 +457,52 @@ def test_tma_tiles_as_wide_as_n_are_offered_last_where_they_pad_less():
     assert not any(c.block_n == 192 for c in tune.candidates(exact, Pass.WGRAD, target))
     assert not any(c.block_n == 192 and isinstance(c.loop, TmaWgmma)
                    for c in tune.candidates(l1, Pass.WGRAD, Target("sm_80")))  # no TMA there
+
+
+def test_a_candidate_that_fails_to_launch_is_skipped_with_its_reason(tmp_path, capsys, monkeypatch):
+    """On the H200 `convgen tune` of ResNet-50's stem wgrad stopped at a grid-reduce twin whose
+    cooperative grid the GPU could not hold (runtime._check_cooperative's ValueError), and no
+    layer was tuned.  Such a candidate is skipped and named; the others are timed and the best
+    kept.  The default plan's own failure still stops the run (the library runs it untuned)."""
+    cp = pytest.importorskip("cupy")
+    import numpy as np
+
+    from convgen import runtime
+    from convgen.planner import plan as default_plan
+    from convgen.suites import Layer
+
+    problem = ConvProblem(8, 8, 16, 16, 3, 3, 1, 1, 1, n=2)
+    target = Target("sm_90", 132)
+    base = default_plan(problem, Pass.WGRAD, target)
+    grid = dataclasses.replace(base, split_k=4, split_reduce="grid")
+    other = dataclasses.replace(base, stages=2)
+
+    def fake_wgrad(x, dy, w_shape, bias=True, plan=None, **kw):
+        if plan.split_reduce == "grid":
+            raise ValueError("plan.split_reduce='grid' launches all 660 blocks at once, but this GPU holds 132")
+        return np.ones(w_shape), None
+
+    monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
+    monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
+    monkeypatch.setattr(tune, "candidates", lambda *a, **k: [base, grid, other])
+    monkeypatch.setattr(cp, "asarray", lambda a: a)
+    monkeypatch.setattr(cp, "asnumpy", lambda a: np.asarray(a))
+    monkeypatch.setattr(timing, "median_gpu_us", lambda dev, fn, reps: 10.0 if fn() is not None else 0.0)
+    rows = tune.tune_layer(problem, Pass.WGRAD, None, target, bias=False)
+    assert [r["us"] for r in rows] == [10.0, float("inf"), 10.0]
+    assert "holds 132" in rows[1]["skipped"] and not rows[1]["ok"] and rows[0]["ok"] and rows[2]["ok"]
+
+    measure = lambda problem_, pass_: rows  # noqa: E731
+    layer = Layer("stem", problem)
+    entries = tune.tune_and_record([(layer, Pass.WGRAD)], measure, target, "NVIDIA H200", tmp_path / "db.json",
+                                   None, bias=False)
+    err = capsys.readouterr().err
+    assert "skipped a candidate of stem wgrad" in err and "holds 132" in err and "disagree" not in err
+    assert Plan.from_dict(next(iter(entries.values()))["plan"], problem, Pass.WGRAD).split_reduce == "kernel"
+
+    def default_fails(x, dy, w_shape, bias=True, plan=None, **kw):
+        raise ValueError("the default plan's kernel failed")
+
+    monkeypatch.setattr(runtime, "conv2d_wgrad", default_fails)
+    with pytest.raises(ValueError, match="default plan's kernel"):
+        tune.tune_layer(problem, Pass.WGRAD, None, target, bias=False)

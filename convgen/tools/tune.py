@@ -10,7 +10,9 @@ the run-time path only reads it).  Databases measured on our own machines ship i
 are timed by :mod:`convgen.tools.timing`, the same method as `convgen bench`.
 
 Every candidate's output is checked against the default plan's before its time
-counts, so a tuned plan can be faster but never wrong.
+counts, so a tuned plan can be faster but never wrong.  A candidate that fails to load or
+launch (a cooperative grid the GPU cannot hold) is skipped with its reason, as tuning on
+first use skips it; only the default plan's failure stops the run.
 """
 
 from __future__ import annotations
@@ -77,10 +79,17 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
         return cp.asnumpy(out).astype(np.float64)
 
     plans = candidates(problem, pass_, target, wgmma=wgmma)
-    ref = as_np(run(plans[0]))
+    ref = as_np(run(plans[0]))  # the default plan: what the library runs untuned, so its failure is the caller's
     rows = []
     for p in plans:
-        out = as_np(run(p))
+        try:
+            out = as_np(run(p))
+        except Exception as exc:  # noqa: BLE001 - a candidate that fails to load or launch is skipped
+            # (a grid-reduce twin whose cooperative grid this GPU cannot hold, a kernel the driver
+            # refuses): the rest of the layer's candidates, and the rest of the layers, still run
+            rows.append({"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
+                         "default": False, "skipped": f"{type(exc).__name__}: {exc}"})
+            continue
         err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
         # A kernel that spills registers to local memory is not shipped, even when it
         # times well: its speed then hangs on the spill traffic staying in L1.
@@ -104,7 +113,11 @@ def tune_and_record(work: list[tuple[Any, Pass]], measure: Callable[[ConvProblem
         rows = measure(layer.problem, pass_)
         default = next(r for r in rows if r["default"])
         best = min(rows, key=lambda r: r["us"])
-        bad = [r for r in rows if not r["ok"]]
+        bad = [r for r in rows if not r["ok"] and not r.get("skipped")]
+        for r in rows:
+            if r.get("skipped"):
+                print(f"  (skipped a candidate of {layer.name} {pass_.value}, "
+                      f"{Plan.from_dict(r['plan'], layer.problem, pass_).brief()}: {r['skipped']})", file=sys.stderr)
         if bad:
             print(f"  WARNING: {len(bad)} candidate(s) of {layer.name} {pass_.value} disagree with the default plan: "
                   + "; ".join(f"{r['plan']} err {r['err']:.3g}" for r in bad), file=sys.stderr)
