@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-fourth session) lists them.  Each part fits
-# one call's 10 minutes; run from the repository root on the GPU machine, most urgent first:
+# The next device calls, as benchmarks/NOTES.md (thirty-fifth session) lists them.  Each part fits
+# one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
+# COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
+# carry a stale git HEAD (thirty-fifth session: it read 663acdf, dirty, under 7a1db43's files).
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh gather
+#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh gather-ab
+#       (the stepped wgrad gather against 268db0d's, twice on one machine: three rows 6-8% slower across days)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh gather
 #       (every GPU wgrad test, stream-K's too; the suites whose im2col wgrads changed, timed; stream-K memcheck)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh quick
 #       (stream-K's and the wgrad gather's GPU tests, the stem's wgrad bench and tuning, stream-K memcheck)
@@ -246,8 +250,32 @@ mini() {  # for a nearly spent budget (about 250 s): the new kernels' GPU tests 
         $BENCH --out "$OUT/stem-wgrad" 2>&1 | grep -E "^ *conv1 "
 }
 
+gather_ab() {  # the stepped wgrad gather against the templates before it (268db0d), twice, on one machine:
+    # the 35th session's cross-day comparison left cifar-resnet res1, darknet down1 and unet enc2a 6-8% slower
+    install
+    git worktree add -q /tmp/before 268db0d 2>&1 | tail -1
+    for run in 1 2; do
+        for side in before after; do
+            for s in cifar-resnet darknet53-down unet; do
+                if [ $side = before ]; then
+                    (cd /tmp/before && PYTHONPATH=/tmp/before CONVGEN_CACHE_DIR=/tmp/cg-ab-$side timeout 45 python3 -m convgen.cli bench --suite $s \
+                        --pass wgrad $BENCH --out "$OUT/gab/$side-$run-$s" 2>&1 | grep -E "geomean speedup.*GPU" | sed "s/^/$side $run $s /")
+                else
+                    CONVGEN_CACHE_DIR=/tmp/cg-ab-$side timeout 45 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
+                        --out "$OUT/gab/$side-$run-$s" 2>&1 | grep -E "geomean speedup.*GPU" | sed "s/^/$side $run $s /"
+                fi
+            done
+        done
+    done
+    for s in cifar-resnet darknet53-down unet; do
+        python3 scripts/bench_compare.py "$OUT/gab/before-1-$s/"*.json "$OUT/gab/after-1-$s/"*.json | tail -1
+        python3 scripts/bench_compare.py "$OUT/gab/before-2-$s/"*.json "$OUT/gab/after-2-$s/"*.json | tail -1
+    done
+}
+
 case "${1:-}" in
     gather) gather ;;
+    gather-ab) gather_ab ;;
     mini) mini ;;
     halo) halo ;;
     streamk) streamk ;;
@@ -262,5 +290,5 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
-    *) echo "usage: $0 gather|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
