@@ -78,12 +78,13 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
 
 def _stream_k_note(problem: ConvProblem, pass_: Pass, target: Target, us: float) -> str:
     """What stream-K (convgen/stream_k.py) would be predicted to take where the cost model puts it
-    well under this plan: a tuning candidate, not a default, until a GPU has timed it."""
-    if pass_ is not Pass.WGRAD or problem.groups > 1:
+    well under this plan: a tuning candidate, not a default, until a bench has compared them."""
+    if pass_ is not Pass.WGRAD:
         return ""
-    best = stream_k.offered(problem, target)
-    if not best or best[0][0] > 0.9 * us:
+    best = stream_k.predicted_faster(problem, target, us)
+    if best is None:
         return ""
-    cost, plan = best[0]
+    cost, plan = best
     return (f"not stream-K: its {plan.block_m}x{plan.block_n} tile is predicted {cost:.0f} us against {us:.0f}, "
-            "but no GPU has timed the kind yet; `convgen tune` offers it")
+            "but no bench has compared the two yet; tuning on first use times it second, and `convgen tune` "
+            "offers it")
