@@ -24,7 +24,6 @@ It also checks that the padded result equals the plain one (same reduction, zero
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 
 import cupy as cp
@@ -32,7 +31,7 @@ import numpy as np
 
 import convgen
 from convgen.suites import SUITES
-from convgen.tools.timing import CudaDevice, time_interleaved
+from probe_timing import medians, one_stream, torch_with_cudnn
 
 LAYERS = [("resnet50", "conv1"), ("resnet18", "conv1"), ("vgg16", "conv1_1"), ("unet", "enc1a"),
           ("darknet53-down", "stem"), ("speech", "ds2-conv1"), ("speech", "spec-5x20"),
@@ -64,18 +63,9 @@ def pad(x, cpad, out):
 
 
 def main() -> int:
-    torch = None
-    try:
-        import torch as _t
-        torch = _t if _t.cuda.is_available() else None
-        if torch is not None:
-            torch.backends.cudnn.benchmark = True
-    except ImportError:
-        pass
-    stream = cp.cuda.Stream(non_blocking=True)
+    torch = torch_with_cudnn()
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 15
-    with stream:
-        dev = CudaDevice(cp, stream)
+    with one_stream(cp, torch) as dev:  # cuDNN on the timed stream too (probe_timing.py; not so before)
         print(f"{'layer':22s} {'pass':5s} {'as is':>8s} {'pad 4':>8s} {'pad 8':>8s} {'pad kern':>8s} {'library':>8s} "
               f"{'cuDNN':>8s}  check (norm-relative, against as is)")
         for suite, name in LAYERS:
@@ -134,10 +124,7 @@ def main() -> int:
                     else:
                         ops.append(("cuDNN", lambda: torch.ops.aten.convolution_backward(
                             tdy, tx, tw, None, _pair(st), _pair(pd), (1, 1), False, (0, 0), 1, [False, True, False])))
-                for _, fn in ops:  # warm: compile, module load, cuDNN's own tuning
-                    fn(); fn()
-                t = time_interleaved(dev, ops, reps)
-                med = {k_: statistics.median(v) for k_, v in t.items()}
+                med = medians(dev, ops, reps)
                 print(f"{suite + '/' + name:22s} {pass_:5s} " + " ".join(f"{med.get(k_, float('nan')):8.1f}"
                       for k_ in ("as is", "pad 4", "pad 8", "pad kern", "library", "cuDNN")) + "  " + " ".join(checks), flush=True)
     return 0

@@ -23,14 +23,13 @@ write float32 outputs (dW too), as a float32 framework wants them.
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 import cupy as cp
 
 import convgen
 from convgen.suites import SUITES
-from convgen.tools.timing import CudaDevice, time_interleaved
+from probe_timing import medians, one_stream, torch_with_cudnn
 
 LAYERS = [("resnet50", "conv1"), ("resnet18", "conv1"), ("vgg16", "conv1_1"), ("unet", "enc1a"),
           ("darknet53-down", "stem"), ("cifar-resnet", "conv1"), ("cifar-vgg", "conv1")]
@@ -46,18 +45,9 @@ def _dw(res):
 
 
 def main() -> int:
-    torch = None
-    try:
-        import torch as _t
-        torch = _t if _t.cuda.is_available() else None
-        if torch is not None:
-            torch.backends.cudnn.benchmark = True
-    except ImportError:
-        pass
+    torch = torch_with_cudnn()
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 15
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        dev = CudaDevice(cp, stream)
+    with one_stream(cp, torch) as dev:
         print(f"{'layer':22s} {'pass':5s} " + " ".join(f"{c:>8s}" for c in COLUMNS) + "  fp32 vs cast+16 (norm-relative)")
         for suite, name in LAYERS:
             g = next(l for l in SUITES[suite] if l.name == name).problem
@@ -89,10 +79,7 @@ def main() -> int:
                     else:
                         ops.append(("cuDNN", lambda: torch.ops.aten.convolution_backward(
                             tdy, tx, tw, None, st, pd, (1, 1), False, (0, 0), 1, [False, True, False])))
-                for _, fn in ops:  # warm: compile, module load, cuDNN's own tuning
-                    fn(); fn()
-                t = time_interleaved(dev, ops, reps)
-                med = {k: statistics.median(v) for k, v in t.items()}
+                med = medians(dev, ops, reps)
                 print(f"{suite + '/' + name:22s} {pass_:5s} " + " ".join(f"{med.get(c, float('nan')):8.1f}" for c in COLUMNS)
                       + f"  {diff:.1e}", flush=True)
     return 0

@@ -21,7 +21,6 @@ It checks the library's result against ``as is`` (norm-relative; the same sums, 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 
 import cupy as cp
@@ -31,7 +30,8 @@ from convgen.compile import compile_async
 from convgen.group_pack import expand_weights
 from convgen.ir import Epilogue, Pass
 from convgen.suites import SUITES
-from convgen.tools.timing import CudaDevice, time_interleaved
+from convgen.tools.timing import CudaDevice
+from probe_timing import medians
 
 SLABS = (16, 32, 64, 128)
 
@@ -112,11 +112,7 @@ def main() -> int:
                 ref = (ref[0] if isinstance(ref, tuple) else ref).astype(cp.float32)
                 got = lib().astype(cp.float32)
                 err = float(cp.linalg.norm(got - ref) / cp.linalg.norm(ref))
-                for _, fn in ops:  # warm: module load, cuDNN's own tuning
-                    fn()
-                    fn()
-                t = time_interleaved(dev, ops, reps)
-                med = {k: statistics.median(v) for k, v in t.items()}
+                med = medians(dev, ops, reps)
                 print(f"{layer.name:18s} {pass_:5s} " + " ".join(f"{med.get(c, float('nan')):9.1f}" for c in cols)
                       + f"  {err:.1e}", flush=True)
     return 0
