@@ -12,6 +12,9 @@ with the bench's method (L2 flushed, host hidden, interleaved, median of reps):
 * ``cast+16``: the same arrays cast to float16 first (the casts timed), then the library's
   float16 path (the pad where its rule takes the stem);
 * ``cast``: the casts alone;
+* ``fp32 8w`` (fprop): the float32 plan with twice the warps (8 instead of 4, the same tile),
+  where its warps hold 8 fragments: such kernels with a one-step reduction sat at 248-255
+  registers (`convgen sass`), 8 warps at about 145;
 * cuDNN (PyTorch, channels_last, float16) on the layer, for scale.
 
 Both convgen columns round the inputs to float16 (the float32 path in its gather), so they
@@ -23,17 +26,19 @@ write float32 outputs (dW too), as a float32 framework wants them.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import cupy as cp
 
 import convgen
+from convgen.compile import detect_target
 from convgen.suites import SUITES
 from probe_timing import medians, one_stream, torch_with_cudnn
 
 LAYERS = [("resnet50", "conv1"), ("resnet18", "conv1"), ("vgg16", "conv1_1"), ("unet", "enc1a"),
           ("darknet53-down", "stem"), ("cifar-resnet", "conv1"), ("cifar-vgg", "conv1")]
-COLUMNS = ("fp32", "cast+16", "cast", "cuDNN")
+COLUMNS = ("fp32", "fp32 8w", "cast+16", "cast", "cuDNN")
 
 
 def _pair(v):
@@ -61,6 +66,10 @@ def main() -> int:
                     ops = [("fp32", lambda: convgen.conv2d(x, w, **kw)),
                            ("cast+16", lambda: convgen.conv2d(x.astype(cp.float16), w.astype(cp.float16), **kw)),
                            ("cast", lambda: (x.astype(cp.float16), w.astype(cp.float16)))]
+                    p = convgen.plan(g, "fprop", detect_target(), "float32")
+                    if p.warps == 4 and p.block_m // p.warps_m * p.block_n // p.warps_n >= 8 * 256 and not p.tma:
+                        p8 = dataclasses.replace(p, warps_m=p.warps_m * 2, reasons=())
+                        ops.append(("fp32 8w", lambda p8=p8: convgen.conv2d(x, w, plan=p8, **kw)))
                 else:
                     ops = [("fp32", lambda: convgen.conv2d_wgrad(x, dy, w.shape, bias=False, **kw)),
                            ("cast+16", lambda: convgen.conv2d_wgrad(x.astype(cp.float16), dy.astype(cp.float16),
