@@ -4,7 +4,7 @@
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD (thirty-fifth session: it read 663acdf, dirty, under 7a1db43's files).
 #
-#   COMMIT=$(git rev-parse --short HEAD) OUT=... bash benchmarks/next_device_call.sh gather-ab
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh gather-ab
 #       (the stepped wgrad gather against 268db0d's, twice on one machine: three rows 6-8% slower across days)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh gather
 #       (every GPU wgrad test, stream-K's too; the suites whose im2col wgrads changed, timed; stream-K memcheck)
@@ -258,7 +258,7 @@ gather_ab() {  # the stepped wgrad gather against the templates before it (268db
         for side in before after; do
             for s in cifar-resnet darknet53-down unet; do
                 if [ $side = before ]; then
-                    (cd /tmp/before && PYTHONPATH=/tmp/before CONVGEN_CACHE_DIR=/tmp/cg-ab-$side timeout 45 python3 -m convgen.cli bench --suite $s \
+                    (cd /tmp/before && PYTHONPATH=/tmp/before CONVGEN_BENCH_COMMIT=268db0d CONVGEN_CACHE_DIR=/tmp/cg-ab-$side timeout 45 python3 -m convgen.cli bench --suite $s \
                         --pass wgrad $BENCH --out "$OUT/gab/$side-$run-$s" 2>&1 | grep -E "geomean speedup.*GPU" | sed "s/^/$side $run $s /")
                 else
                     CONVGEN_CACHE_DIR=/tmp/cg-ab-$side timeout 45 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
