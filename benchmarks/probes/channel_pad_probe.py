@@ -31,7 +31,7 @@ import numpy as np
 
 import convgen
 from convgen.suites import SUITES
-from probe_timing import medians, one_stream, torch_with_cudnn
+from probe_timing import cudnn_op, medians, one_stream, torch_with_cudnn
 
 LAYERS = [("resnet50", "conv1"), ("resnet18", "conv1"), ("vgg16", "conv1_1"), ("unet", "enc1a"),
           ("darknet53-down", "stem"), ("speech", "ds2-conv1"), ("speech", "spec-5x20"),
@@ -118,20 +118,11 @@ def main() -> int:
                     tx = torch.as_tensor(x, device="cuda").permute(0, 3, 1, 2)
                     tw = torch.as_tensor(wt, device="cuda").permute(0, 3, 1, 2)
                     tdy = torch.as_tensor(dy, device="cuda").permute(0, 3, 1, 2)
-                    st, pd = kw["stride"], kw["padding"]
-                    if pass_ == "fprop":
-                        ops.append(("cuDNN", lambda: torch.nn.functional.conv2d(tx, tw, stride=st, padding=pd)))
-                    else:
-                        ops.append(("cuDNN", lambda: torch.ops.aten.convolution_backward(
-                            tdy, tx, tw, None, _pair(st), _pair(pd), (1, 1), False, (0, 0), 1, [False, True, False])))
+                    ops.append(("cuDNN", cudnn_op(torch, pass_, tx, tw, tdy, g)))
                 med = medians(dev, ops, reps)
                 print(f"{suite + '/' + name:22s} {pass_:5s} " + " ".join(f"{med.get(k_, float('nan')):8.1f}"
                       for k_ in ("as is", "pad 4", "pad 8", "pad kern", "library", "cuDNN")) + "  " + " ".join(checks), flush=True)
     return 0
-
-
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
 if __name__ == "__main__":

@@ -34,15 +34,11 @@ import cupy as cp
 import convgen
 from convgen.compile import detect_target
 from convgen.suites import SUITES
-from probe_timing import medians, one_stream, torch_with_cudnn
+from probe_timing import cudnn_op, medians, one_stream, torch_with_cudnn
 
 LAYERS = [("resnet50", "conv1"), ("resnet18", "conv1"), ("vgg16", "conv1_1"), ("unet", "enc1a"),
           ("darknet53-down", "stem"), ("cifar-resnet", "conv1"), ("cifar-vgg", "conv1")]
 COLUMNS = ("fp32", "fp32 8w", "cast+16", "cast", "cuDNN")
-
-
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
 def _dw(res):
@@ -82,12 +78,7 @@ def main() -> int:
                     tx = torch.as_tensor(x, device="cuda").half().permute(0, 3, 1, 2)
                     tw = torch.as_tensor(w, device="cuda").half().permute(0, 3, 1, 2)
                     tdy = torch.as_tensor(dy, device="cuda").half().permute(0, 3, 1, 2)
-                    st, pd = _pair(g.stride), _pair(g.padding)
-                    if pass_ == "fprop":
-                        ops.append(("cuDNN", lambda: torch.nn.functional.conv2d(tx, tw, stride=st, padding=pd)))
-                    else:
-                        ops.append(("cuDNN", lambda: torch.ops.aten.convolution_backward(
-                            tdy, tx, tw, None, st, pd, (1, 1), False, (0, 0), 1, [False, True, False])))
+                    ops.append(("cuDNN", cudnn_op(torch, pass_, tx, tw, tdy, g)))
                 med = medians(dev, ops, reps)
                 print(f"{suite + '/' + name:22s} {pass_:5s} " + " ".join(f"{med.get(c, float('nan')):8.1f}" for c in COLUMNS)
                       + f"  {diff:.1e}", flush=True)

@@ -31,7 +31,7 @@ from convgen.group_pack import expand_weights
 from convgen.ir import Epilogue, Pass
 from convgen.suites import SUITES
 from convgen.tools.timing import CudaDevice
-from probe_timing import medians
+from probe_timing import cudnn_op, medians
 
 SLABS = (16, 32, 64, 128)
 
@@ -95,19 +95,11 @@ def main() -> int:
                 lk = dict(kw, groups=g.groups)
                 if pass_ == "fprop":
                     lib = lambda: convgen.conv2d(x, w, **lk)  # noqa: E731
-                    cud = lambda: torch.nn.functional.conv2d(tx, tw, stride=g.stride, padding=g.padding,  # noqa: E731
-                                                             groups=g.groups)
                 elif pass_ == "dgrad":
                     lib = lambda: convgen.conv2d_dgrad(dy, w, g.x_shape, **lk)  # noqa: E731
-                    cud = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-                        tdy, tx, tw, None, list(g.stride), list(g.padding), list(g.dilation), False, [0, 0],
-                        g.groups, [True, False, False])
                 else:
                     lib = lambda: convgen.conv2d_wgrad(x, dy, g.w_shape, bias=False, **lk)[0]  # noqa: E731
-                    cud = lambda: torch.ops.aten.convolution_backward(  # noqa: E731
-                        tdy, tx, tw, None, list(g.stride), list(g.padding), list(g.dilation), False, [0, 0],
-                        g.groups, [False, True, False])
-                ops += [("library", lib), ("cuDNN", cud)]
+                ops += [("library", lib), ("cuDNN", cudnn_op(torch, pass_, tx, tw, tdy, g))]
                 ref = ops[0][1]()
                 ref = (ref[0] if isinstance(ref, tuple) else ref).astype(cp.float32)
                 got = lib().astype(cp.float32)

@@ -45,3 +45,16 @@ def medians(dev: CudaDevice, ops: Sequence[tuple[str, Callable[[], Any]]], reps:
         fn()
         fn()
     return {name: statistics.median(times) for name, times in time_interleaved(dev, ops, reps).items()}
+
+
+def cudnn_op(torch: Any, pass_: str, tx: Any, tw: Any, tdy: Any, problem: Any) -> Callable[[], Any]:
+    """cuDNN's side of one pass on NCHW views of the probe's tensors, the same work as convgen's:
+    fprop conv(x, w) without bias, dgrad dx alone, wgrad dW alone (`convolution_backward`'s mask)."""
+    g = problem
+    stride, padding, dilation = list(g.stride), list(g.padding), list(g.dilation)
+    if pass_ == "fprop":
+        return lambda: torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding, dilation=dilation,
+                                                  groups=g.groups)
+    mask = [True, False, False] if pass_ == "dgrad" else [False, True, False]
+    return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, stride, padding, dilation, False, [0, 0],
+                                                       g.groups, mask)
