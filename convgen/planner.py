@@ -42,9 +42,10 @@ RDNA_SCALAR_FRAGMENTS = 4
 # (scripts/compile_fuzz.py, then a sweep of C x K x filter; benchmarks/NOTES.md).  Narrower
 # gathers keep the 32-deep step, as one-channel gathers always have.
 WIDE_STEP_VEC = 4
-# wgrad's one-channel (register-staged) accesses a thread and K-step from which a block of 4 warps
-# takes 8: 40 spilled; 32 (x alone, dy in 16-byte copies: the speech stems) held 168-196.
-REGISTER_GATHER_ACCESSES = 33
+# The most one-channel (register-staged) wgrad accesses a thread and K-step that a block of 4 warps
+# keeps; past it the block takes 8: 40 spilled, 32 (x alone, dy in 16-byte copies: the speech
+# stems) held 168-196.
+REGISTER_GATHER_ACCESSES = 32
 
 
 def vector_width(channels: int) -> int:
@@ -179,7 +180,7 @@ def plan(
     # a pixel's decomposition across a row and held 128-170 at 40 accesses: left as they are.
     threads = warps * target.warp_size
     scalar_accesses = ((bm * bk if va == 1 else 0) + (bn * bk if vb == 1 else 0)) // threads
-    if pass_ is Pass.WGRAD and warps == 4 and scalar_accesses >= REGISTER_GATHER_ACCESSES:
+    if pass_ is Pass.WGRAD and warps == 4 and scalar_accesses > REGISTER_GATHER_ACCESSES:
         crowded = crowded or f"{scalar_accesses} one-channel accesses a thread and step, staged through registers"
     if crowded:
         warps = 8
