@@ -19,7 +19,7 @@ from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
 from .footprint import halo_images
-from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_cheapest_tile, tma_eligible, tma_split, tma_tail_fill, tma_tiles
+from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -150,8 +150,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
              + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
              + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box)
     streamk = _stream_k_candidates(problem, pass_, target, in_dtype, seen)
-    early = streamk[:1] if streamk and _stream_k_predicted_faster(problem, target, base) else []
-    return out[:1] + early + out[1:limit + halo] + sliced[:SLICED_PER_LAYER] + later + streamk[len(early):]
+    return out[:limit + halo] + sliced[:SLICED_PER_LAYER] + later + streamk
 
 
 # TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has
@@ -310,22 +309,12 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
 
 
 # Stream-K wgrad (TmaWgmma(persistent=True) in wgrad): the tiles' steps dealt out evenly to one
-# wave of blocks.  Written without a GPU (benchmarks/NOTES.md, thirty-third session): offered
-# last, so tuning on first use (autotune.CANDIDATES) never runs them before `convgen tune` has,
-# the tiles in the order of their predicted time, the deepest ring that fits beside the
-# epilogue's strips.
+# wave of blocks.  Offered last, so tuning on first use (autotune.CANDIDATES) never reaches it:
+# on the GPU it ran slower than the planner's split-K on all 12 ResNet-50 wgrad rows, 0.56-1.00x
+# (H100 at 2562d41; benchmarks/NOTES.md, thirty-sixth session), l4-3x3 too, where the cost model
+# had put it at 0.83x split-K's time.  `convgen tune` still times it, the tiles in the order of
+# their predicted time, on the deepest ring that fits beside the epilogue's strips.
 STREAM_K_PER_LAYER = 3
-
-
-def _stream_k_predicted_faster(problem: ConvProblem, target: Target, base: Plan) -> bool:
-    """Whether the default is the TMA loop's split-K wgrad plan and the cost model puts stream-K
-    well under it (stream_k.predicted_faster: what `convgen plan` notes).  Its fastest candidate
-    then comes second, within tuning on first use's few (autotune.CANDIDATES): the kind ran
-    correct on the H200 (tests, fuzz, sanitizers), and the tuner times it before trusting it."""
-    if not (isinstance(base.loop, TmaWgmma) and not base.loop.persistent):
-        return False
-    (_, _, us), *_ = tma_cheapest_tile(problem, Pass.WGRAD, target)
-    return stream_k.predicted_faster(problem, target, us) is not None
 
 
 def _stream_k_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,

@@ -11,10 +11,10 @@ block runs whole goes straight to dW.  The parts of the cut tiles go to workspac
 reduction kernel sums in block order (deterministic, as split-K is).  The walk is
 ``templates/parts/streamk.j2``; tests/test_stream_k.py runs its C++ on the host.
 
-Its GPU tests, fuzz and sanitizers first ran on the H200 in the thirty-fifth session (correct;
-benchmarks/NOTES.md); no bench has compared its speed with split-K's yet, so it is a tuning
-candidate, never a default: timed second (within tuning on first use's few) where the cost
-model puts it well under the split-K default (:func:`predicted_faster`), last otherwise.
+Its GPU tests, fuzz and sanitizers ran clean on the H200 (thirty-fifth session), but it ran
+slower than the planner's split-K on all 12 of ResNet-50's wgrad rows, 0.56-1.00x (H100 at
+2562d41, thirty-sixth session; benchmarks/NOTES.md), so it is a tuning candidate offered last,
+never a default.
 """
 
 from __future__ import annotations
@@ -58,20 +58,6 @@ def layout(plan: Plan, geometry: ConvGeometry, target: Target, name: str) -> Str
     return StreamK(blocks=target.sm_count * resident_blocks(plan, Pass.WGRAD, target, geometry),
                    tiles=math.ceil(geometry.k / plan.block_m) * math.ceil(n / plan.block_n),
                    reduce_name=name + "_reduce", vec=reduce_vec(n), threads=REDUCE_THREADS)
-
-
-# Stream-K is tried early where the cost model predicts it under this share of split-K's time.
-PREDICTED_MARGIN = 0.9
-
-
-def predicted_faster(problem: ConvProblem, target: Target, split_k_us: float,
-                     in_dtype: str = "float16") -> tuple[float, Plan] | None:
-    """The fastest stream-K plan and its predicted microseconds where the cost model puts it
-    under PREDICTED_MARGIN times the split-K plan's ``split_k_us``, else None."""
-    if problem.groups > 1:
-        return None
-    best = offered(problem, target, in_dtype)
-    return best[0] if best and best[0][0] <= PREDICTED_MARGIN * split_k_us else None
 
 
 def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> list[tuple[float, Plan]]:

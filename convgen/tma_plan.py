@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from . import stream_k
 from .footprint import smem_bytes
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan
@@ -70,21 +69,7 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
         + (" beside the epilogue's own scratch" if persistent else ""),
         (f"split-K {split}: the batch's pixels in {split} slices, reduced in fixed order (deterministic)"
          if split > 1 else "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers"),
-        _stream_k_note(problem, pass_, target, us) if short_tile is None and not persistent else "",
         f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",
     ]
     return dataclasses.replace(chosen, reasons=tuple(r for r in reasons if r))
 
-
-def _stream_k_note(problem: ConvProblem, pass_: Pass, target: Target, us: float) -> str:
-    """What stream-K (convgen/stream_k.py) would be predicted to take where the cost model puts it
-    well under this plan: a tuning candidate, not a default, until a bench has compared them."""
-    if pass_ is not Pass.WGRAD:
-        return ""
-    best = stream_k.predicted_faster(problem, target, us)
-    if best is None:
-        return ""
-    cost, plan = best
-    return (f"not stream-K: its {plan.block_m}x{plan.block_n} tile is predicted {cost:.0f} us against {us:.0f}, "
-            "but no bench has compared the two yet; tuning on first use times it second, and `convgen tune` "
-            "offers it")

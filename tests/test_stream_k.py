@@ -164,44 +164,28 @@ def test_plans_stream_k_cannot_run_are_refused_by_name(problem, plan, match):
         Plan(128, 128, 64, 8, 1, 4, 8, 8, split_k=2, loop=TmaWgmma(persistent=True))
 
 
-def test_tuning_times_stream_k_second_where_predicted_faster_else_last_and_never_by_default():
-    """Dense TMA wgrad layers get up to three stream-K candidates.  Where the cost model puts the
-    fastest well under the split-K default (the layers `convgen plan` notes it on: VGG-16's
-    conv4_2, ResNet-50's l4-3x3), that one comes second, within tuning on first use's few
-    (autotune.CANDIDATES), and the rest last; elsewhere (ResNet-50's l2-3x3, l4-1x1) all come
-    last.  The planner's default is never one; grouped layers get none."""
+def test_tuning_offers_stream_k_last_and_never_by_default():
+    """Dense TMA wgrad layers get up to three stream-K candidates, after every other candidate:
+    it ran slower than split-K on all of ResNet-50's wgrad rows (H100, thirty-sixth session),
+    l4-3x3 too, where the cost model put it well under, so tuning on first use's few
+    (autotune.CANDIDATES) never reach it and `convgen plan` does not bring it up.  The
+    planner's default is never one; grouped layers get none."""
     from convgen.autotune import CANDIDATES
     from convgen.planner import plan
 
-    for suite, name, early in (("large", "vgg-conv4_2", True), ("resnet50", "l4-3x3", True),
-                               ("resnet50", "l2-3x3", False), ("resnet50", "l4-1x1", False)):
+    for suite, name in (("large", "vgg-conv4_2"), ("resnet50", "l4-3x3"), ("resnet50", "l2-3x3"),
+                        ("resnet50", "l4-1x1")):
         problem = _layer(suite, name)
         plans = candidates(problem, Pass.WGRAD, H200)
         streamk = [i for i, p in enumerate(plans) if isinstance(p.loop, TmaWgmma) and p.loop.persistent]
         assert 1 <= len(streamk) <= 3, name
-        late = streamk[1:] if early else streamk
-        assert late == list(range(len(plans) - len(late), len(plans))), name
-        assert (streamk[0] == 1 < CANDIDATES) is early, (name, streamk)
-        noted = any(r.startswith("not stream-K") for r in plan(problem, Pass.WGRAD, H200).reasons)
-        assert noted is early, name  # the plan's note and the tuner's order come from one rule
+        assert streamk == list(range(len(plans) - len(streamk), len(plans))), name
+        assert streamk[0] >= CANDIDATES, (name, streamk, len(plans))
+        assert not any("stream-K" in r for r in plan(problem, Pass.WGRAD, H200).reasons), name
         assert not (isinstance(plans[0].loop, TmaWgmma) and plans[0].loop.persistent)
     grouped = SUITES["resnext50-grouped"][0].problem
     assert not any(isinstance(p.loop, TmaWgmma) and p.loop.persistent
                    for p in candidates(grouped, Pass.WGRAD, H200))
-
-
-def test_the_plan_says_when_stream_k_is_predicted_faster_and_why_it_is_not_taken():
-    """VGG-16's conv4_2 wgrad: split-K stays the default, and the plan's reasons name the
-    stream-K tile the cost model predicts well under it; ResNet-50's l2-3x3, where the model
-    has them within 10%, says nothing of it."""
-    from convgen.planner import plan
-
-    default = plan(_layer("large", "vgg-conv4_2"), Pass.WGRAD, H200)
-    assert default.tma and not default.loop.persistent and default.split_k > 1
-    reasons = default.reasons
-    note = [r for r in reasons if r.startswith("not stream-K")]
-    assert len(note) == 1 and "128x256 tile is predicted" in note[0] and "times it second" in note[0], reasons
-    assert not any(r.startswith("not stream-K") for r in plan(_layer("resnet50", "l2-3x3"), Pass.WGRAD, H200).reasons)
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["dw", "dw+db"])
