@@ -273,6 +273,27 @@ gather_ab() {  # the stepped wgrad gather against the templates before it (268db
     done
 }
 
+l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) against the copies without it, on one machine:
+    # BEFORE is the commit before the hint; the suites are the memory-bound ones it is for and two checks
+    install
+    git worktree add -q /tmp/before "${BEFORE:?set BEFORE to the commit before the hint}" 2>&1 | tail -1
+    for run in ${RUNS:-1}; do
+        for s in ${L2_SUITES:-mobilenetv2-pw mobilenetv2-dw resnet50 cifar-resnet}; do
+            for side in before after; do
+                local dir=. commit=$COMMIT
+                [ $side = before ] && dir=/tmp/before commit=$BEFORE
+                (cd $dir && PYTHONPATH=$dir CONVGEN_BENCH_COMMIT=$commit CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout 100 \
+                    python3 -m convgen.cli bench --suite $s $BENCH --out "$OUT/l2/$side-$run-$s" 2>&1 \
+                    | grep -E "geomean speedup.*GPU" | sed "s/^/$side $run $s /")
+            done
+            python3 scripts/bench_compare.py "$OUT/l2/before-$run-$s/"*.json "$OUT/l2/after-$run-$s/"*.json \
+                > "$OUT/l2/compare-$run-$s.txt" 2>&1
+            tail -4 "$OUT/l2/compare-$run-$s.txt"
+        done
+    done
+    (cd "$OUT" && tar czf l2.tgz l2 && rm -rf l2)  # the device returns 8 files a call
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -290,5 +311,6 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
+    l2-ab) l2_ab ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac

@@ -80,10 +80,20 @@ template <int V> __device__ __forceinline__ typename HalfVec<V>::T to_halves(con
 // ---- cp.async (sm_80+): global -> shared without a register round trip;
 //      src_bytes = 0 zero-fills, which is how the padding halo and tile edges are staged ----
 // .ca keeps the line in L1: an im2col gather reads each input pixel once per filter tap.
+// A real copy also asks L2 to fetch the aligned CONVGEN_L2_PREFETCH around it (PTX's
+// .level::prefetch_size, a hint): an NHWC tile reads a pixel's channels a k-step at a time
+// (64 bytes of a 1x1 dgrad's 192-byte pixel a step), and the steps after it then find their
+// bytes in L2 instead of waiting on DRAM again.  A zero-filling copy's address may lie outside
+// the tensor (the gathers form it anyway): it gets no hint, and reads nothing.
+#ifndef CONVGEN_L2_PREFETCH
+#define CONVGEN_L2_PREFETCH ".L2::256B"
+#endif
 template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool pred) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = pred ? BYTES : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(BYTES), "r"(src_bytes));
+  if (pred)
+    asm volatile("cp.async.ca.shared.global" CONVGEN_L2_PREFETCH " [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(BYTES));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, 0;\n" ::"r"(dst), "l"(gmem), "n"(BYTES));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
