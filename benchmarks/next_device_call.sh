@@ -273,16 +273,19 @@ gather_ab() {  # the stepped wgrad gather against the templates before it (268db
     done
 }
 
-l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) against the copies without it, on one machine:
-    # BEFORE is the commit before the hint; the suites are the memory-bound ones it is for and two checks
+l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) on and off, on one machine: the before side is
+    # this tree with CONVGEN_L2_PREFETCH defined empty (the device's git may not hold the commit before)
     install
-    git worktree add -q /tmp/before "${BEFORE:?set BEFORE to the commit before the hint}" 2>&1 | tail -1
+    rm -rf /tmp/before && mkdir -p /tmp/before && cp -r convgen templates pyproject.toml /tmp/before/
+    sed -i 's|^#define CONVGEN_L2_PREFETCH ".L2::256B"$|#define CONVGEN_L2_PREFETCH ""|' /tmp/before/templates/include/convgen/device.h
+    grep -c '^#define CONVGEN_L2_PREFETCH ""$' /tmp/before/templates/include/convgen/device.h
+    (cd /tmp/before && PYTHONPATH=/tmp/before python3 -c "import convgen.resources as r; print(r.include_dir())")
     for run in ${RUNS:-1}; do
         for s in ${L2_SUITES:-mobilenetv2-pw mobilenetv2-dw resnet50 cifar-resnet}; do
             for side in before after; do
-                local dir=. commit=$COMMIT
-                [ $side = before ] && dir=/tmp/before commit=$BEFORE
-                (cd $dir && PYTHONPATH=$dir CONVGEN_BENCH_COMMIT=$commit CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout 100 \
+                local dir=$PWD
+                [ $side = before ] && dir=/tmp/before
+                (cd $dir && PYTHONPATH=$dir CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout 100 \
                     python3 -m convgen.cli bench --suite $s $BENCH --out "$OUT/l2/$side-$run-$s" 2>&1 \
                     | grep -E "geomean speedup.*GPU" | sed "s/^/$side $run $s /")
             done
