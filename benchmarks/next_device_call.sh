@@ -297,6 +297,29 @@ l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) on and off, on o
     (cd "$OUT" && tar czf l2.tgz l2 && rm -rf l2)  # the device returns 8 files a call
 }
 
+l2_check() {  # the hint where it stays (pointwise dgrad's dy, depthwise wgrad's boxes): GPU tests, then on/off twice
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-l2c timeout 170 $PYTEST tests/test_depthwise_gpu.py tests/test_kernels_gpu.py -k "dgrad or depthwise" \
+        2>&1 | tee "$OUT/l2-gpu-tests.log" | tail -4
+    rm -rf /tmp/before && mkdir -p /tmp/before && cp -r convgen templates pyproject.toml /tmp/before/
+    sed -i 's|^#define CONVGEN_L2_PREFETCH ".L2::256B"$|#define CONVGEN_L2_PREFETCH ""|' /tmp/before/templates/include/convgen/device.h
+    for run in 1 2; do
+        for sp in mobilenetv2-pw:dgrad mobilenetv2-dw:wgrad convnext-dw:wgrad; do
+            local s=${sp%%:*} p=${sp#*:}
+            for side in before after; do
+                local dir=$PWD
+                [ $side = before ] && dir=/tmp/before
+                (cd $dir && PYTHONPATH=$dir CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout 40 python3 -m convgen.cli bench --suite $s \
+                    --pass $p $BENCH --out "$OUT/l2c/$side-$run-$s" 2>&1 | grep -E "rror" | head -2)
+            done
+            python3 scripts/bench_compare.py "$OUT/l2c/before-$run-$s/"*.json "$OUT/l2c/after-$run-$s/"*.json \
+                > "$OUT/l2c/compare-$run-$s.txt" 2>&1
+            tail -1 "$OUT/l2c/compare-$run-$s.txt"
+        done
+    done
+    (cd "$OUT" && tar czf l2c.tgz l2c && rm -rf l2c)
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -315,5 +338,6 @@ case "${1:-}" in
     quick) quick ;;
     ncu) ncu_layers ;;
     l2-ab) l2_ab ;;
+    l2-check) l2_check ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac

@@ -80,26 +80,34 @@ template <int V> __device__ __forceinline__ typename HalfVec<V>::T to_halves(con
 // ---- cp.async (sm_80+): global -> shared without a register round trip;
 //      src_bytes = 0 zero-fills, which is how the padding halo and tile edges are staged ----
 // .ca keeps the line in L1: an im2col gather reads each input pixel once per filter tap.
-// A real copy also asks L2 to fetch the aligned CONVGEN_L2_PREFETCH around it (PTX's
-// .level::prefetch_size, a hint): an NHWC tile reads a pixel's channels a k-step at a time
-// (64 bytes of a 1x1 dgrad's 192-byte pixel a step), and the steps after it then find their
-// bytes in L2 instead of waiting on DRAM again.  A zero-filling copy's address may lie outside
-// the tensor (the gathers form it anyway): it gets no hint, and reads nothing.
+// L2_PREFETCH also asks L2 for the aligned CONVGEN_L2_PREFETCH around a copy that reads (PTX's
+// .level::prefetch_size, a hint), for the copies whose block reads the rest of those bytes
+// soon: on an H100 it made depthwise wgrad's staged boxes 1.05-1.13x faster on MobileNetV2's
+// three largest layers, and a pointwise dgrad's dy (64 bytes of a 192-byte pixel a step)
+// 1.11x, but it cost depthwise fprop and dgrad up to 21% (their halos' 256 bytes hold other
+// blocks' channels), and changed nothing elsewhere (benchmarks/NOTES.md, thirty-sixth
+// session).  A zero-filling copy's address may lie outside the tensor: it gets no hint.
 #ifndef CONVGEN_L2_PREFETCH
 #define CONVGEN_L2_PREFETCH ".L2::256B"
 #endif
-template <int BYTES> __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool pred) {
+template <int BYTES, bool L2_PREFETCH = false>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool pred) {
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if (pred)
-    asm volatile("cp.async.ca.shared.global" CONVGEN_L2_PREFETCH " [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(BYTES));
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, 0;\n" ::"r"(dst), "l"(gmem), "n"(BYTES));
+  if constexpr (L2_PREFETCH) {
+    if (pred)
+      asm volatile("cp.async.ca.shared.global" CONVGEN_L2_PREFETCH " [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(BYTES));
+    else
+      asm volatile("cp.async.ca.shared.global [%0], [%1], %2, 0;\n" ::"r"(dst), "l"(gmem), "n"(BYTES));
+  } else {
+    const int src_bytes = pred ? BYTES : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(gmem), "n"(BYTES), "r"(src_bytes));
+  }
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 #else
 // No asynchronous copies on this target: every operand is staged through registers.
-template <int BYTES> __device__ __forceinline__ void cp_async(void*, const void*, bool) {}
+template <int BYTES, bool L2_PREFETCH = false> __device__ __forceinline__ void cp_async(void*, const void*, bool) {}
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N> __device__ __forceinline__ void cp_async_wait() {}
 #endif
@@ -110,6 +118,12 @@ template <class Gather>
 __device__ __forceinline__ auto begin_step(Gather& g, int kt, int) -> decltype(g.begin(kt)) { return g.begin(kt); }
 template <class Gather>
 __device__ __forceinline__ void begin_step(Gather&, int, long) {}
+
+// A gather whose copies should carry the L2 prefetch hint (see cp_async) says so with a
+// static constexpr bool L2_PREFETCH; the others need not mention it.
+template <class Gather, class = void> struct L2Prefetch { static constexpr bool value = false; };
+template <class Gather>
+struct L2Prefetch<Gather, decltype(void(Gather::L2_PREFETCH))> { static constexpr bool value = Gather::L2_PREFETCH; };
 
 // ---- Stager: moves one operand's tile from its gather to a shared-memory stage ----
 // A Gather (defined per pass, like CUTLASS's conv iterators) says where access i of
@@ -128,7 +142,7 @@ struct Stager {
       if (!g.slot_valid(i)) continue;
       bool ok;
       const typename Gather::T* src = g.address(i, kt, ok);
-      cp_async<2 * Gather::V>(stage + g.smem_offset(i), src, ok);
+      cp_async<2 * Gather::V, L2Prefetch<Gather>::value>(stage + g.smem_offset(i), src, ok);
     }
   }
 
