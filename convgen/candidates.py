@@ -40,6 +40,13 @@ _SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 
 
 MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
+# A wgrad of one or two output tiles and a long reduction (UNet's 32 -> 1 head: one 16x32 tile,
+# 32,768 K-steps) stops at MAX_SPLIT slices, 512 blocks of 2 warps where 8 an SM would be
+# resident: about 4 an SM, too few bytes in flight to stream x (55 us against cuDNN's 35 on the
+# H200, 3.4x its floor).  Tuning also times the split that fills 8 blocks an SM, up to this many
+# slices (benchmarks/NOTES.md, thirty-sixth session; not timed yet, so not a default).
+FILL_BLOCKS_PER_SM = 8
+MAX_FILL_SPLIT = 2048
 # Sliced-K candidates per layer (fprop and dgrad im2col plans with few blocks per SM), on top
 # of `limit`.  The first im2col shapes that leave at most two blocks per SM get warps_k = 2.
 SLICED_PER_LAYER = 6
@@ -128,6 +135,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
         if tiles < 2 * target.sm_count and steps >= 8:  # one, two and four waves of slices
             for waves in (1, 2, 4):
                 splits.add(max(1, min(math.ceil(waves * target.sm_count / tiles), steps // 4, MAX_SPLIT)))
+            if pass_ is Pass.WGRAD and tiles * MAX_SPLIT < FILL_BLOCKS_PER_SM * target.sm_count:
+                splits.add(min(math.ceil(FILL_BLOCKS_PER_SM * target.sm_count / tiles), steps // 4, MAX_FILL_SPLIT))
         if not target.info.cp_async:
             stages = 2
         for split in sorted(splits):

@@ -343,6 +343,22 @@ def test_wgrad_split_k_is_deterministic(target):
             np.testing.assert_array_equal(cp.asnumpy(a), cp.asnumpy(b))
 
 
+def test_wgrad_fill_split_past_max_split_exact(target):
+    """A one-tile wgrad with a long reduction (UNet's 32 -> 1 head, at a smaller batch) on
+    tuning's fill split, more slices than candidates.MAX_SPLIT (one 16x32 tile, 2 warps, 8
+    blocks an SM): exact integers, so a slice summed twice or left out shows, with and
+    without db."""
+    from convgen.candidates import MAX_SPLIT, candidates
+
+    problem = ConvProblem(128, 128, 32, 1, 1, 1, 1, 0, 1, n=16)
+    fill = [p for p in candidates(problem, Pass.WGRAD, target) if p.split_k > MAX_SPLIT]
+    assert fill, "no candidate splits past MAX_SPLIT on this GPU"
+    for bias in (False, True):
+        rng = _seed("fill-split", bias)
+        res = run_pass(problem, Pass.WGRAD, rng, out_dtype="float32", bias=bias, plan=fill[0], exact=True)
+        check(res, "float32", exact=True, what=f"wgrad {fill[0].brief()} bias={bias}")
+
+
 def test_bad_arguments_name_the_problem():
     import cupy as cp
 

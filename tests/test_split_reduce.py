@@ -221,3 +221,24 @@ def test_any_split_wgrad_sums_in_the_kernel_with_the_same_workspace_and_grid(pro
     assert one.source.count("cooperative_groups::this_grid().sync();") == 1
     rows = int(one.source.split("constexpr int RED_ROWS = ")[1].split(",")[0])
     assert 1 <= rows <= min(8, g.warps - g.loop.producer_warps)
+
+
+def test_tuning_times_a_split_that_fills_the_sms_on_one_tile_wgrads():
+    """UNet's 32 -> 1 head (one 16x32 tile of dW, 32,768 K-steps) stops at MAX_SPLIT = 512
+    slices in the planner's plan: 512 two-warp blocks where 8 an SM fit.  Tuning on first use's
+    few (autotune.CANDIDATES) include a split that fills the SMs' resident blocks, past
+    MAX_SPLIT; ResNet-50's l4-3x3, whose many tiles fill the GPU with fewer slices, gets none past
+    it; nor does fprop.  The planner's default is unchanged (not yet timed)."""
+    from convgen.candidates import FILL_BLOCKS_PER_SM, MAX_SPLIT
+    from convgen.suites import SUITES
+
+    h200 = Target("sm_90", sm_count=132)
+    head = next(l.problem for l in SUITES["unet"] if l.name == "head")
+    plans = candidates(head, Pass.WGRAD, h200)
+    assert plans[0].split_k <= MAX_SPLIT  # the default
+    fill = [i for i, p in enumerate(plans) if p.split_k > MAX_SPLIT]
+    assert fill and fill[0] < CANDIDATES, [p.brief() for p in plans]
+    assert plans[fill[0]].split_k == FILL_BLOCKS_PER_SM * h200.sm_count  # one tile: a slice a resident block
+    l4 = next(l.problem for l in SUITES["resnet50"] if l.name == "l4-3x3")
+    assert all(p.split_k <= MAX_SPLIT for p in candidates(l4, Pass.WGRAD, h200))
+    assert all(p.split_k <= MAX_SPLIT for p in candidates(head, Pass.FPROP, h200))

@@ -52,12 +52,16 @@ def test_candidates_cover_an_exact_fit_for_awkward_n():
 
 def test_split_k_candidates_reach_four_waves_and_many_slices():
     """With one output tile and a long reduction (CIFAR-ResNet shortcut wgrad: 32 x 16 outputs,
-    N*P*Q = 65536), the candidates offer one, two and four waves of slices, up to MAX_SPLIT."""
+    N*P*Q = 65536), the candidates offer one, two and four waves of slices, up to MAX_SPLIT, and
+    the split that fills 8 blocks an SM, past it but never past MAX_FILL_SPLIT, each slice keeping
+    at least four K-steps (4,096 of 64 pixels here: 1,024 slices)."""
+    from convgen.candidates import MAX_FILL_SPLIT
+
     problem = SUITES["cifar-resnet"][0].problem  # conv1 wgrad: 16 x 27 outputs, 262144 pixels
     cands = tune.candidates(problem, Pass.WGRAD, Target("sm_90"), limit=100)
     splits = {c.split_k for c in cands}
-    assert {132, 264, tune.MAX_SPLIT} <= splits, splits
-    assert max(splits) <= tune.MAX_SPLIT
+    assert {132, 264, tune.MAX_SPLIT, 1024} <= splits, splits
+    assert max(splits) <= MAX_FILL_SPLIT
 
 
 def test_split_k_candidates_for_fprop_when_tiles_fill_under_two_waves():
