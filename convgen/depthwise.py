@@ -357,6 +357,25 @@ def chunks_by_padding(c: int, vec: int, lanes_cap: int, sizes: tuple[int, ...] =
     return sorted(fits, key=lambda ch: (math.ceil(c / ch) * ch, -ch))
 
 
+# DRAM is read in whole granules of this many bytes: a block that stages a chunk of each pixel
+# whose bytes do not start and end on granule boundaries pays for the neighbouring chunks' bytes
+# too (the other chunks' blocks run much later: blockIdx.y is the chunk).  MobileNetV2's C = 144
+# (288-byte pixels) in chunks of 64, 64 and 16 channels moved 287 MB of DRAM in dw144-56px's
+# fprop where cuDNN moved 217 (its floor 231; Nsight Compute on an H100, benchmarks/NOTES.md,
+# thirty-sixth session), about what 64-byte granules predict (270 MB); C = 96 (three granules a
+# pixel) moved what cuDNN moved.  A block that owns every channel reads each pixel as one run.
+DRAM_GRANULE = 64
+
+
+def whole_pixel_chunk(problem: ConvProblem, vec: int, elem_bytes: int, chunk: int) -> int | None:
+    """C as a chunk, where ``chunk`` splits a pixel whose bytes are not whole DRAM granules and
+    C's lanes of ``vec`` stay within a block (32); else None."""
+    c = problem.c
+    if c <= chunk or (c * elem_bytes) % DRAM_GRANULE == 0 or c % vec or c // vec > 32:
+        return None
+    return c
+
+
 def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) -> Iterator[Callable[[], Plan]]:
     """Makers of the depthwise plans worth timing after ``base`` (the default), unchecked:
     fprop and dgrad vary the chunk, the run, the tile and the tiles a block, the default's
@@ -373,14 +392,29 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     if long_run is not None:
         yield lambda: long_run
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
-    options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n])),
+    whole = whole_pixel_chunk(problem, vec, 4 if elem == "float32" else 2, base.block_n)
+    options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n,
+                                   *([whole] if whole else [])])),
                [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
                VARIATION_TILES, VARIATION_BLOCK, (2, 3))
     # the default's neighbours first: one choice changed, then two, and so on
+    def threads_of(chunk: int, cols: int, tile: tuple[int, int], block: int, ring: int) -> int:
+        """The block's threads, or 0 where the combination cannot run."""
+        threads = tile[0] * tile[1] // cols * (chunk // vec)
+        if tile[1] % cols or threads % warp or not 64 <= threads <= 512 or (ring == 3 and block < 3):
+            return 0
+        return threads
+
     combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
+    if whole:  # whole pixels nearest the default right after the default's nearest variation (the chunk
+        # that pads C least): the granules they save were measured, not yet their time
+        nearest = next((o for o in combos if o[0] == whole and threads_of(*o)), None)
+        if nearest is not None:
+            combos.remove(nearest)
+            combos.insert(2, nearest)  # combos[0] is the default itself
     for chunk, cols, (tile_h, tile_w), block, ring in combos:
-        threads = tile_h * tile_w // cols * (chunk // vec)
-        if tile_w % cols or threads % warp or not 64 <= threads <= 512 or (ring == 3 and block < 3):
+        threads = threads_of(chunk, cols, (tile_h, tile_w), block, ring)
+        if not threads:
             continue
         yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, ring=ring, threads=threads: Plan(
             tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),

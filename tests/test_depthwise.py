@@ -478,3 +478,23 @@ def test_tuning_variations_emulated_are_exact(problem, pass_):
     for i, pl in enumerate([*plans[::4], plans[1]]):
         got, ref = _emulate_stencil(problem, pass_, pl, np.random.default_rng(i))
         np.testing.assert_array_equal(got, ref, err_msg=pl.brief())
+
+
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", [dw(12, 11, 144, 3, 3, 2, 1, n=1), dw(13, 10, 144, 3, 3, 1, 1)],
+                         ids=lambda p: p.describe().replace(" ", "_"))
+def test_whole_pixel_chunk_is_offered_early_and_walks_exactly(problem, pass_):
+    """C = 144 (288-byte pixels: not whole 64-byte DRAM granules) in the default's 64-channel
+    chunks reads each granule twice, once per chunk's blocks: tuning offers all 144 channels a
+    block (the nearest such variation of the default) within tuning on first use's few, and its walk (18 lanes,
+    9 warps) is exact.  C = 96 (192 bytes, three granules) gets no such candidate."""
+    from convgen.autotune import CANDIDATES
+    from convgen.candidates import candidates
+
+    plans = candidates(problem, pass_, Target())
+    whole = [i for i, p in enumerate(plans) if p.block_n == 144]
+    assert whole and whole[0] < CANDIDATES, [p.brief() for p in plans]
+    got, ref = _emulate_stencil(problem, pass_, plans[whole[0]], np.random.default_rng(7))
+    np.testing.assert_array_equal(got, ref, err_msg=plans[whole[0]].brief())
+    c96 = dataclasses.replace(problem, c=96, k=96, groups=96)
+    assert not any(p.block_n == 96 and p.block_n > plans[0].block_n for p in candidates(c96, pass_, Target()))
