@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-fifth session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (thirty-sixth session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
-# carry a stale git HEAD (thirty-fifth session: it read 663acdf, dirty, under 7a1db43's files).
+# carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
+# device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh gather-ab
-#       (the stepped wgrad gather against 268db0d's, twice on one machine: three rows 6-8% slower across days)
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh verify36
+#       (the fill split and whole-pixel chunk candidates' GPU tests, then the tunes that time them)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # the whole GPU suite (last whole at 7428884)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu        # the depthwise wgrad and stem profiles (tarred now)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-ab      # the hint on every copy, on and off (done on the H100)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh gather-ab  # (done on the H100: no difference)
+#
+# Earlier sessions' parts, still runnable:
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh gather
 #       (every GPU wgrad test, stream-K's too; the suites whose im2col wgrads changed, timed; stream-K memcheck)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh quick
@@ -23,8 +33,9 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
 #
-# `suite` first: the thirty-second session's run of the whole GPU suite was cut at 51% (TmaHalo's
-# own tests, the torch tests and the sanitizers ran in full).
+# `verify36` first: the candidates the thirty-sixth session added without a GPU (the split that
+# fills the SMs on one-tile wgrads, the whole-pixel depthwise chunk) and the tunes that time
+# them; then `suite` (device.h and two gathers changed; 851 of their tests passed on the H100).
 # `halo`: the TMA halo loop (TmaHalo, thirty-second session): its GPU tests, then convgen against
 # cuDNN on the suites' four 64-channel 3x3 layers it takes and on three such layers of networks
 # outside the suites (EDSR's 48x48 and 96x96 training patches, SSD300's conv1_2), fprop and
@@ -205,6 +216,7 @@ ncu_layers() {  # Nsight Compute on the rows furthest under cuDNN (depthwise, po
                 "$OUT/ncu-$name-$side.log" | head -40
         done
     done
+    (cd "$OUT" && tar czf ncu.tgz ncu-*.log && rm -f ncu-*.log)  # the device returns 8 files a call
 }
 
 verify() {  # one call for what has never run: stream-K's tests and sanitizers, then the suite in the rest
@@ -320,6 +332,23 @@ l2_check() {  # the hint where it stays (pointwise dgrad's dy, depthwise wgrad's
     (cd "$OUT" && tar czf l2c.tgz l2c && rm -rf l2c)
 }
 
+verify36() {  # the thirty-sixth session's candidates: their GPU tests, then the tunes that time them (about 8 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 200 $PYTEST tests/test_kernels_gpu.py tests/test_depthwise_gpu.py \
+        -k "fill_split or whole_pixel or tuning_variations" 2>&1 | tee "$OUT/v36-gpu-tests.log" | tail -4
+    mkdir -p "$OUT/v36"
+    CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 90 python3 -m convgen.cli tune --suite unet --layers head --pass wgrad --no-bias \
+        --log "$OUT/v36/tune-unet-head-wgrad.json" > "$OUT/v36/tune-unet-head-wgrad.log" 2>&1
+    tail -2 "$OUT/v36/tune-unet-head-wgrad.log"
+    for p in fprop dgrad; do
+        CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 100 python3 -m convgen.cli tune --suite mobilenetv2-dw \
+            --layers dw144-56px,dw144-56px-s2 --pass $p --no-bias --log "$OUT/v36/tune-mobilenetv2-dw144-$p.json" \
+            > "$OUT/v36/tune-mobilenetv2-dw144-$p.log" 2>&1
+        tail -3 "$OUT/v36/tune-mobilenetv2-dw144-$p.log"
+    done
+    (cd "$OUT" && tar czf v36.tgz v36 && rm -rf v36)  # the device returns 8 files a call
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -339,5 +368,6 @@ case "${1:-}" in
     ncu) ncu_layers ;;
     l2-ab) l2_ab ;;
     l2-check) l2_check ;;
+    verify36) verify36 ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
