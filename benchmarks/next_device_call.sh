@@ -285,12 +285,16 @@ gather_ab() {  # the stepped wgrad gather against the templates before it (268db
     done
 }
 
-l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) on and off, on one machine: the before side is
-    # this tree with CONVGEN_L2_PREFETCH defined empty (the device's git may not hold the commit before)
-    install
+hint_off_tree() {  # /tmp/before: this tree with cp.async's L2 hint defined empty
     rm -rf /tmp/before && mkdir -p /tmp/before && cp -r convgen templates pyproject.toml /tmp/before/
     sed -i 's|^#define CONVGEN_L2_PREFETCH ".L2::256B"$|#define CONVGEN_L2_PREFETCH ""|' /tmp/before/templates/include/convgen/device.h
     grep -c '^#define CONVGEN_L2_PREFETCH ""$' /tmp/before/templates/include/convgen/device.h
+}
+
+l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) on and off, on one machine: the before side is
+    # this tree with CONVGEN_L2_PREFETCH defined empty (the device's git may not hold the commit before)
+    install
+    hint_off_tree
     (cd /tmp/before && PYTHONPATH=/tmp/before python3 -c "import convgen.resources as r; print(r.include_dir())")
     for run in ${RUNS:-1}; do
         for s in ${L2_SUITES:-mobilenetv2-pw mobilenetv2-dw resnet50 cifar-resnet}; do
@@ -313,8 +317,7 @@ l2_check() {  # the hint where it stays (pointwise dgrad's dy, depthwise wgrad's
     install
     CONVGEN_CACHE_DIR=/tmp/cg-l2c timeout 170 $PYTEST tests/test_depthwise_gpu.py tests/test_kernels_gpu.py -k "dgrad or depthwise" \
         2>&1 | tee "$OUT/l2-gpu-tests.log" | tail -4
-    rm -rf /tmp/before && mkdir -p /tmp/before && cp -r convgen templates pyproject.toml /tmp/before/
-    sed -i 's|^#define CONVGEN_L2_PREFETCH ".L2::256B"$|#define CONVGEN_L2_PREFETCH ""|' /tmp/before/templates/include/convgen/device.h
+    hint_off_tree
     for run in 1 2; do
         for sp in mobilenetv2-pw:dgrad mobilenetv2-dw:wgrad convnext-dw:wgrad; do
             local s=${sp%%:*} p=${sp#*:}
