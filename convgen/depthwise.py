@@ -397,7 +397,6 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
                                    *([whole] if whole else [])])),
                [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
                VARIATION_TILES, VARIATION_BLOCK, (2, 3))
-    # the default's neighbours first: one choice changed, then two, and so on
     def threads_of(chunk: int, cols: int, tile: tuple[int, int], block: int, ring: int) -> int:
         """The block's threads, or 0 where the combination cannot run."""
         threads = tile[0] * tile[1] // cols * (chunk // vec)
@@ -405,6 +404,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             return 0
         return threads
 
+    # the default's neighbours first: one choice changed, then two, and so on
     combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
     if whole:  # whole pixels nearest the default right after the default's nearest variation (the chunk
         # that pads C least): the granules they save were measured, not yet their time
