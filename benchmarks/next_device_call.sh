@@ -337,14 +337,14 @@ l2_check() {  # the hint where it stays (pointwise dgrad's dy, depthwise wgrad's
 
 verify36() {  # the thirty-sixth session's candidates: their GPU tests, then the tunes that time them (about 8 min)
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 200 $PYTEST tests/test_kernels_gpu.py tests/test_depthwise_gpu.py \
+    CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 170 $PYTEST tests/test_kernels_gpu.py tests/test_depthwise_gpu.py \
         -k "fill_split or whole_pixel or tuning_variations" 2>&1 | tee "$OUT/v36-gpu-tests.log" | tail -4
     mkdir -p "$OUT/v36"
-    CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 90 python3 -m convgen.cli tune --suite unet --layers head --pass wgrad --no-bias \
+    CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 60 python3 -m convgen.cli tune --suite unet --layers head --pass wgrad --no-bias \
         --log "$OUT/v36/tune-unet-head-wgrad.json" > "$OUT/v36/tune-unet-head-wgrad.log" 2>&1
     tail -2 "$OUT/v36/tune-unet-head-wgrad.log"
     for p in fprop dgrad; do
-        CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 100 python3 -m convgen.cli tune --suite mobilenetv2-dw \
+        CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 150 python3 -m convgen.cli tune --suite mobilenetv2-dw \
             --layers dw144-56px,dw144-56px-s2 --pass $p --no-bias --log "$OUT/v36/tune-mobilenetv2-dw144-$p.json" \
             > "$OUT/v36/tune-mobilenetv2-dw144-$p.log" 2>&1
         tail -3 "$OUT/v36/tune-mobilenetv2-dw144-$p.log"
