@@ -97,6 +97,7 @@ class DwFacts:
     dy_ld: int = 0  # wgrad: halves per staged dy pixel (the chunk's KROW filters and a pad)
     dy_halves: int = 0  # wgrad: the staged dy tile, rounded up to 16 bytes
     stage_vec: int = 0  # wgrad: halves per staging copy (as wide as C and the chunk allow, up to 16 bytes)
+    interleave: bool = False  # fprop, dgrad: blocks ordered chunk first (Depthwise.interleave)
 
 
 def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFacts:
@@ -127,7 +128,8 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
         return _wgrad_facts(plan, g, warp_size)
     halo = -(-halo_h * halo_w * pix_ld // 8) * 8
     return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, row0, col0,
-                   pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, 1 if loop.tiles == 1 else plan.stages, halo, weights)
+                   pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, 1 if loop.tiles == 1 else plan.stages, halo, weights,
+                   interleave=loop.interleave)
 
 
 def _round16(halves: int) -> int:
@@ -139,6 +141,9 @@ def _wgrad_facts(plan: Plan, g: ConvGeometry, warp_size: int) -> DwFacts:
     the pads make a warp's loads of its runs' first columns conflict-free where one allows it."""
     loop = plan.loop
     assert isinstance(loop, Depthwise)
+    if loop.interleave:
+        raise ValueError("Depthwise.interleave orders fprop's and dgrad's blocks; wgrad's grid already puts the "
+                         "channel chunk first (blockIdx.x)")
     (sh, sw), (dh, dw) = g.stride, g.dilation
     mult, vec, chunk, cols = g.kg, plan.vec_a, plan.block_n, loop.cols
     tile_w, tile_h = loop.tile_w, plan.block_m // loop.tile_w
@@ -406,8 +411,10 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
 
     # the default's neighbours first: one choice changed, then two, and so on
     combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
+    nearest = None
     if whole:  # whole pixels nearest the default right after the default's nearest variation (the chunk
-        # that pads C least): the granules they save were measured, not yet their time
+        # that pads C least), then the default with its blocks chunk first: the two ways to the
+        # granules' bytes, measured, not yet their time
         nearest = next((o for o in combos if o[0] == whole and threads_of(*o)), None)
         if nearest is not None:
             combos.remove(nearest)
@@ -420,6 +427,9 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
             reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
+        if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
+            yield lambda: dataclasses.replace(base, loop=dataclasses.replace(loop, interleave=True), reasons=(
+                f"tuning candidate: the default ({base.block_n}-channel chunks) with its blocks chunk first",))
 
 
 def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:

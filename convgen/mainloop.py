@@ -78,6 +78,7 @@ class Flags(NamedTuple):
     pingpong: bool = False
     depthwise: int = 0  # a Depthwise kind's pixels per thread (0: another kind)
     dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
+    dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
 
 
@@ -480,8 +481,14 @@ class Depthwise(MainLoop):
     cols: int = 4
     rows: int = 0
     tiles: int = 1  # fprop, dgrad: pixel tiles a block computes in turn, the next one's halo copied meanwhile
+    # fprop, dgrad: consecutive blocks take one tile group's channel chunks in turn (chunk first)
+    # rather than one chunk's tile groups, so a pixel's chunks are read together and share the
+    # DRAM granules they straddle in L2 (convgen/depthwise.py, DRAM_GRANULE).
+    interleave: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.interleave, bool):
+            raise TypeError(f"Depthwise.interleave must be a bool, got {self.interleave!r}")
         object.__setattr__(self, "tile_w", _positive("Depthwise", "tile_w", self.tile_w))
         object.__setattr__(self, "cols", _positive("Depthwise", "cols", self.cols))
         rows = as_int("Depthwise.rows", self.rows)
@@ -495,7 +502,8 @@ class Depthwise(MainLoop):
 
     @property
     def tag(self) -> str:
-        return f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "") + _tiles_suffix(self.tiles)
+        return (f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "") + _tiles_suffix(self.tiles)
+                + ("i" if self.interleave else ""))
 
     def check(self, plan: "Plan") -> None:
         if (plan.block_k, plan.warps_n) != (FRAG, 1):
@@ -515,7 +523,8 @@ class Depthwise(MainLoop):
             raise ValueError(f"Depthwise.cols={self.cols} does not divide plan.block_m={plan.block_m}")
 
     def flags(self) -> Flags:
-        return Flags(tile_w=self.tile_w, tiles=self.tiles, depthwise=self.cols, dw_rows=self.rows)
+        return Flags(tile_w=self.tile_w, tiles=self.tiles, depthwise=self.cols, dw_rows=self.rows,
+                     dw_interleave=self.interleave)
 
     def layout(self) -> str:
         return " " + self.tag
@@ -526,6 +535,7 @@ class Depthwise(MainLoop):
                 f"block, {plan.warps} warps, {self.cols} pixel(s) x {plan.vec_a} channel(s) a thread"
                 + (f", filter rows {self.rows} a thread" if self.rows else "")
                 + (f", {self.tiles} tiles a block in turn" if self.tiles > 1 else "")
+                + (", blocks chunk first" if self.interleave else "")
                 + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else "")
                 + (" summed in the kernel" if plan.split_reduce == "grid" else ""))
 
@@ -535,12 +545,13 @@ KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, TmaHalo, HaloTile,
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
                tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
-               dw_rows: Any = 0, halo_pitch: Any = 0, *, staged: bool = False) -> MainLoop:
+               dw_rows: Any = 0, halo_pitch: Any = 0, dw_interleave: Any = False, *, staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
     narrower than a fragment)."""
-    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent), ("pingpong", pingpong)):
+    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent), ("pingpong", pingpong),
+                    ("dw_interleave", dw_interleave)):
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
@@ -548,12 +559,14 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
         if not tma or wgmma or flat or tile_w or persistent or pingpong or warps_k != 1 or tiles != 1 or depthwise:
             raise ValueError(f"plan.halo_pitch={halo_pitch} names the TMA halo loop: tma=True and no other flag")
         return TmaHalo(halo_pitch)
+    if dw_interleave and not as_int("plan.depthwise", depthwise):
+        raise ValueError("plan.dw_interleave=True orders a depthwise stencil's blocks: it needs plan.depthwise > 0")
     if as_int("plan.dw_rows", dw_rows) and not as_int("plan.depthwise", depthwise):
         raise ValueError(f"plan.dw_rows={dw_rows} splits a depthwise wgrad's filter rows: it needs plan.depthwise > 0")
     if as_int("plan.depthwise", depthwise):
         if flat or wgmma or tma or persistent or pingpong or warps_k != 1:
             raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w and tiles")
-        return Depthwise(tile_w, depthwise, dw_rows, tiles)
+        return Depthwise(tile_w, depthwise, dw_rows, tiles, dw_interleave)
     if tile_w < 0 or tile_w % 8:
         raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
     halo = bool(tile_w) or flat

@@ -410,6 +410,9 @@ def _emulate_stencil(problem, pass_, pl, rng):
     assert grid[0] * f.tiles_pb >= total and grid[1] * f.chunk >= g.c, "the grid covers every tile and channel"
     wide = f.chunk * m  # staged channels a pixel (dgrad: the chunk's dy channels)
     for by, bx in np.ndindex(grid[1], grid[0]):
+        if f.interleave:  # block_work's order: consecutive blocks take one group's chunks in turn
+            b = by * grid[0] + bx
+            by, bx = b % grid[1], b // grid[1]
         c0 = by * f.chunk
         wts = np.zeros((wide, g.r, g.s))
         k1 = min(g.k, (c0 + f.chunk) * m)
@@ -485,16 +488,43 @@ def test_tuning_variations_emulated_are_exact(problem, pass_):
                          ids=lambda p: p.describe().replace(" ", "_"))
 def test_whole_pixel_chunk_is_offered_early_and_walks_exactly(problem, pass_):
     """C = 144 (288-byte pixels: not whole 64-byte DRAM granules) in the default's 64-channel
-    chunks reads each granule twice, once per chunk's blocks: tuning offers all 144 channels a
-    block (the nearest such variation of the default) within tuning on first use's few, and its walk (18 lanes,
-    9 warps) is exact.  C = 96 (192 bytes, three granules) gets no such candidate."""
+    chunks reads each granule twice, once per chunk's blocks.  Tuning offers the two ways to
+    read it once, within tuning on first use's few: all 144 channels a block (the default's
+    nearest such variation), and the default with its blocks chunk first (a tile group's
+    chunks side by side).  Each walks its layer exactly, every output written once; C = 96
+    (192 bytes, three granules) gets neither."""
     from convgen.autotune import CANDIDATES
     from convgen.candidates import candidates
 
     plans = candidates(problem, pass_, Target())
     whole = [i for i, p in enumerate(plans) if p.block_n == 144]
-    assert whole and whole[0] < CANDIDATES, [p.brief() for p in plans]
-    got, ref = _emulate_stencil(problem, pass_, plans[whole[0]], np.random.default_rng(7))
-    np.testing.assert_array_equal(got, ref, err_msg=plans[whole[0]].brief())
+    inter = [i for i, p in enumerate(plans) if p.loop.interleave]
+    assert whole and whole[0] < CANDIDATES and inter == [whole[0] + 1], [p.brief() for p in plans]
+    assert plans[inter[0]] == dataclasses.replace(plans[0], loop=dataclasses.replace(plans[0].loop, interleave=True),
+                                                  reasons=plans[inter[0]].reasons)
+    for i in (whole[0], inter[0]):
+        got, ref = _emulate_stencil(problem, pass_, plans[i], np.random.default_rng(7 + i))
+        np.testing.assert_array_equal(got, ref, err_msg=plans[i].brief())
     c96 = dataclasses.replace(problem, c=96, k=96, groups=96)
-    assert not any(p.block_n == 96 and p.block_n > plans[0].block_n for p in candidates(c96, pass_, Target()))
+    others = candidates(c96, pass_, Target())
+    assert not any(p.block_n == 96 and p.block_n > others[0].block_n or p.loop.interleave for p in others)
+
+
+def test_interleave_is_a_depthwise_fprop_and_dgrad_flag_that_round_trips():
+    """Depthwise.interleave survives a plan dict (a tuning entry) and names its kernel; no
+    other kind takes it, nor depthwise wgrad, whose grid already puts the chunk first."""
+    problem = dw(13, 10, 144, 3, 3, 1, 1)
+    inter = Plan(64, 64, 16, 4, 1, 2, 8, 1, loop=Depthwise(8, 4, 0, 2, True))
+    d = inter.as_dict()
+    assert d["dw_interleave"] is True and Plan.from_dict(d).loop.interleave
+    assert "dw_interleave" not in dataclasses.replace(inter, loop=Depthwise(8, 4, 0, 2)).as_dict()
+    assert emit(make_spec(problem, Pass.FPROP, plan_=inter)).main.kernel != emit(make_spec(
+        problem, Pass.FPROP, plan_=dataclasses.replace(inter, loop=Depthwise(8, 4, 0, 2)))).main.kernel
+    with pytest.raises(ValueError, match="needs plan.depthwise"):
+        from_flags(dw_interleave=True)
+    with pytest.raises(TypeError, match="must be a bool"):
+        Depthwise(8, 4, 0, 2, 1)
+    wgrad = plan(problem, Pass.WGRAD)
+    with pytest.raises(ValueError, match="wgrad's grid already puts"):
+        emit(make_spec(problem, Pass.WGRAD, plan_=dataclasses.replace(
+            wgrad, loop=dataclasses.replace(wgrad.loop, interleave=True))))

@@ -167,16 +167,18 @@ def test_depthwise_tuning_variations_exact(problem, pass_):
 
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(28, 28, 144, 3, 3, 1, 1, n=4), dw(28, 28, 144, 3, 3, 2, 1, n=4)], ids=_ids)
-def test_depthwise_whole_pixel_chunk_exact(problem, pass_):
-    """The whole-pixel chunk tuning offers where C = 144's 288-byte pixels are not whole DRAM
-    granules (depthwise.whole_pixel_chunk: 144 channels a block, 18 lanes), bit for bit."""
+def test_depthwise_whole_pixel_chunk_and_interleave_exact(problem, pass_):
+    """The two plans tuning offers where C = 144's 288-byte pixels are not whole DRAM granules:
+    144 channels a block (depthwise.whole_pixel_chunk, 18 lanes) and the default with its blocks
+    chunk first (Depthwise.interleave: block_work's order), bit for bit."""
     from convgen.candidates import candidates
     from convgen.ir import Target
 
-    plan = next(p for p in candidates(problem, pass_, Target("sm_90")) if p.block_n == 144)
-    res = run_pass(problem, pass_, seeded("dw-whole", problem, pass_), out_dtype="float32", exact=True, plan=plan,
-                   **(dict(bias=True) if pass_ is Pass.FPROP else {}))
-    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
+    plans = candidates(problem, pass_, Target("sm_90"))
+    for plan in (next(p for p in plans if p.block_n == 144), next(p for p in plans if p.loop.interleave)):
+        res = run_pass(problem, pass_, seeded("dw-whole", problem, pass_, plan.brief()), out_dtype="float32",
+                       exact=True, plan=plan, **(dict(bias=True) if pass_ is Pass.FPROP else {}))
+        check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
 
 
 # Several filters a channel, at the plans the register limits give (narrower chunks, fewer rows
