@@ -16,7 +16,7 @@ from .dtypes import MMA_DTYPES, mma_dtype_for
 from .limits import check_index_limits
 from . import depthwise
 from .mainloop import FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, StagedHalo, TmaHalo, TmaWgmma, Wgmma, fit_tile
-from .short_reduction_rules import exact_n_tile
+from .short_reduction_rules import exact_n_tile, narrow_stream_tile
 from .small_layer_rules import halo_default, split_k
 from .footprint import gathered_channels, reduction_steps, smem_bytes, staged_halo_halves, tiles_per_block
 from . import tma_halo
@@ -147,21 +147,31 @@ def plan(
         reasons.append(f"block M {bm}: covers wgrad's M=K={gemm.m} (cap 128)")
     else:
         bm = 128
-        reasons.append(f"block M 128: M={gemm.m} pixels is the long axis")
-
     ca, cb = gathered_channels(problem, pass_)
     if scalar:
         va = vb = 1
     else:
         va, vb = vector_width(ca), vector_width(cb)
+    # The deep-step tile only as it was measured: cp.async's ring of 3 stages (on sm_75 the stages
+    # go through registers), in this target's shared memory.
+    narrow = None if scalar or not target.info.cp_async else narrow_stream_tile(problem, pass_)
+    if narrow is not None and smem_bytes(Plan(narrow[0], bn, narrow[1], 4, 1, 3, va, vb), pass_,
+                                         target.warp_size) > target.smem_limit:
+        narrow = None
+    if narrow is not None:
+        bm = narrow[0]
+        reasons.append(f"block M {bm}, K-step {narrow[1]}: {narrow[2]}")
+    elif pass_ is not Pass.WGRAD:
+        reasons.append(f"block M 128: M={gemm.m} pixels is the long axis")
     big_k = gemm.k >= 1024 and min(va, vb) >= WIDE_STEP_VEC
-    bk = 64 if big_k else 32
-    reasons.append(
-        f"K-step {bk}: "
-        + ("long reduction, fewer barriers per FLOP" if big_k else "two k16 MMAs per fragment per barrier"
-           + (f" (a {'scalar' if min(va, vb) == 1 else 'two-channel'} gather keeps the step short: fewer accesses "
-              "in flight per thread)" if min(va, vb) < WIDE_STEP_VEC else ""))
-    )
+    bk = 64 if big_k or narrow is not None else 32
+    if narrow is None:
+        reasons.append(
+            f"K-step {bk}: "
+            + ("long reduction, fewer barriers per FLOP" if big_k else "two k16 MMAs per fragment per barrier"
+               + (f" (a {'scalar' if min(va, vb) == 1 else 'two-channel'} gather keeps the step short: fewer accesses "
+                  "in flight per thread)" if min(va, vb) < WIDE_STEP_VEC else ""))
+        )
 
     warps = 8 if bm * bn >= 128 * 128 else 4
     crowded = None  # a warp of many fragments whose gather or MMA inputs hold many registers too

@@ -52,3 +52,31 @@ def exact_n_tile(problem: ConvProblem, pass_: Pass) -> tuple[int, int, int, int,
         f"exactly N={gemm.n} wide replaces {columns // pow2} power-of-two tile(s) of {pow2} ({columns} columns): "
         "each row of A read once, no padding drained (measured 1.01-1.61x on the pointwise suites: "
         "short_reduction_rules)")
+
+
+# A tile one fragment wide (N <= 16) streams its rows of A: a block's bytes in flight are A's
+# stage, 8 KB on the general 128x16x32 tile.  On the H200 (f26ee2e) MobileNetV2's pw112-16to96
+# dgrad (N = C = 16, a reduction of 96) ran 1.49x faster on 256x16x64 with 4 warps (103.5 us
+# against the default's 154.0; cuDNN 99.8): 32 KB a stage, two steps instead of three, one
+# block an SM holding two stages of copies in flight.  The only such layer the suites hold;
+# pw112-32to16 fprop (N = 16, a reduction of 32) has nothing to gain from a 64-deep step.
+NARROW_N = 16
+NARROW_BLOCK = (256, 64)  # block_m, block_k
+NARROW_MIN_REDUCTION = 64  # more than one 64-deep step's worth
+
+
+def narrow_stream_tile(problem: ConvProblem, pass_: Pass) -> tuple[int, int, str] | None:
+    """(block_m, block_k, why) of the deep-step tile for a one-fragment-wide pointwise fprop or
+    dgrad whose short reduction is longer than one 64-channel step, or None.  (4 warps, 4 x 1:
+    what the planner gives a 256 x 16 tile.)"""
+    if pass_ is Pass.WGRAD or problem.groups > 1 or (problem.r, problem.s) != (1, 1) or problem.stride != (1, 1) \
+            or problem.padding != (0, 0):
+        return None
+    gemm = problem.gemm(pass_)
+    if gemm.n > NARROW_N or not NARROW_MIN_REDUCTION < gemm.k <= MAX_SHORT_REDUCTION:
+        return None
+    bm, bk = NARROW_BLOCK
+    return bm, bk, (
+        f"N={gemm.n} is one fragment wide, so a block streams its rows of A: a {bm}x{bk} stage keeps 4x a "
+        f"128x32 one's bytes in flight, over {math.ceil(gemm.k / bk)} steps (measured 1.49x on MobileNetV2's "
+        "pw112-16to96 dgrad: short_reduction_rules)")
