@@ -338,7 +338,7 @@ l2_check() {  # the hint where it stays (pointwise dgrad's dy, depthwise wgrad's
 verify36() {  # the thirty-sixth session's candidates: their GPU tests, then the tunes that time them (about 8 min)
     install
     CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 170 $PYTEST tests/test_kernels_gpu.py tests/test_depthwise_gpu.py \
-        -k "fill_split or whole_pixel or tuning_variations" 2>&1 | tee "$OUT/v36-gpu-tests.log" | tail -4
+        -k "fill_split or whole_pixel or tuning_variations or (suite_layers and pw112-16to96)" 2>&1 | tee "$OUT/v36-gpu-tests.log" | tail -4
     mkdir -p "$OUT/v36"
     CONVGEN_CACHE_DIR=/tmp/cg-v36 timeout 60 python3 -m convgen.cli tune --suite unet --layers head --pass wgrad --no-bias \
         --log "$OUT/v36/tune-unet-head-wgrad.json" > "$OUT/v36/tune-unet-head-wgrad.log" 2>&1
