@@ -154,12 +154,12 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                     p, loop=Im2col(warps_k=2), reasons=(p.reasons[0] + ", K sliced 2 ways",)))
                 if q is not None:
                     sliced.append(q)
-    later = ((_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
-             + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
-             + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
-             + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box)
-    streamk = _stream_k_candidates(problem, pass_, target, in_dtype, seen)
-    return out[:limit + halo] + sliced[:SLICED_PER_LAYER] + later + streamk
+    return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
+            + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
+            + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
+            + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
+            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box
+            + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
 # TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has
