@@ -291,48 +291,42 @@ hint_off_tree() {  # /tmp/before: this tree with cp.async's L2 hint defined empt
     grep -c '^#define CONVGEN_L2_PREFETCH ""$' /tmp/before/templates/include/convgen/device.h
 }
 
-l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) on and off, on one machine: the before side is
-    # this tree with CONVGEN_L2_PREFETCH defined empty (the device's git may not hold the commit before)
-    install
+hint_ab() {  # NAME RUNS TIMEOUT SUITE[:PASS]...: each suite (one pass, or all) benched with the hint off
+    # (/tmp/before) and on, RUNS times, compared; the results tarred as $OUT/NAME.tgz
+    local name=$1 runs=$2 limit=$3
+    shift 3
     hint_off_tree
-    (cd /tmp/before && PYTHONPATH=/tmp/before python3 -c "import convgen.resources as r; print(r.include_dir())")
-    for run in ${RUNS:-1}; do
-        for s in ${L2_SUITES:-mobilenetv2-pw mobilenetv2-dw resnet50 cifar-resnet}; do
+    mkdir -p "$OUT/$name"
+    for run in $(seq "$runs"); do
+        for sp in "$@"; do
+            local s=${sp%%:*} pass=()
+            [ "$sp" != "$s" ] && pass=(--pass "${sp#*:}")
             for side in before after; do
                 local dir=$PWD
                 [ $side = before ] && dir=/tmp/before
-                (cd $dir && PYTHONPATH=$dir CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout 100 \
-                    python3 -m convgen.cli bench --suite $s $BENCH --out "$OUT/l2/$side-$run-$s" 2>&1 \
-                    | grep -E "geomean speedup.*GPU" | sed "s/^/$side $run $s /")
+                (cd $dir && PYTHONPATH=$dir CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout "$limit" python3 -m convgen.cli bench \
+                    --suite $s "${pass[@]}" $BENCH --out "$OUT/$name/$side-$run-$s" 2>&1 \
+                    | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$side $run $s /")
             done
-            python3 scripts/bench_compare.py "$OUT/l2/before-$run-$s/"*.json "$OUT/l2/after-$run-$s/"*.json \
-                > "$OUT/l2/compare-$run-$s.txt" 2>&1
-            tail -4 "$OUT/l2/compare-$run-$s.txt"
+            python3 scripts/bench_compare.py "$OUT/$name/before-$run-$s/"*.json "$OUT/$name/after-$run-$s/"*.json \
+                > "$OUT/$name/compare-$run-$s.txt" 2>&1
+            tail -4 "$OUT/$name/compare-$run-$s.txt"
         done
     done
-    (cd "$OUT" && tar czf l2.tgz l2 && rm -rf l2)  # the device returns 8 files a call
+    (cd "$OUT" && tar czf "$name.tgz" "$name" && rm -rf "$name")  # the device returns 8 files a call
+}
+
+l2_ab() {  # cp.async's L2 prefetch hint (thirty-sixth session) on and off, on one machine: the before side is
+    # this tree with CONVGEN_L2_PREFETCH defined empty (the device's git may not hold the commit before)
+    install
+    hint_ab l2 "${RUNS:-1}" 100 ${L2_SUITES:-mobilenetv2-pw mobilenetv2-dw resnet50 cifar-resnet}
 }
 
 l2_check() {  # the hint where it stays (pointwise dgrad's dy, depthwise wgrad's boxes): GPU tests, then on/off twice
     install
     CONVGEN_CACHE_DIR=/tmp/cg-l2c timeout 170 $PYTEST tests/test_depthwise_gpu.py tests/test_kernels_gpu.py -k "dgrad or depthwise" \
         2>&1 | tee "$OUT/l2-gpu-tests.log" | tail -4
-    hint_off_tree
-    for run in 1 2; do
-        for sp in mobilenetv2-pw:dgrad mobilenetv2-dw:wgrad convnext-dw:wgrad; do
-            local s=${sp%%:*} p=${sp#*:}
-            for side in before after; do
-                local dir=$PWD
-                [ $side = before ] && dir=/tmp/before
-                (cd $dir && PYTHONPATH=$dir CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout 40 python3 -m convgen.cli bench --suite $s \
-                    --pass $p $BENCH --out "$OUT/l2c/$side-$run-$s" 2>&1 | grep -E "rror" | head -2)
-            done
-            python3 scripts/bench_compare.py "$OUT/l2c/before-$run-$s/"*.json "$OUT/l2c/after-$run-$s/"*.json \
-                > "$OUT/l2c/compare-$run-$s.txt" 2>&1
-            tail -1 "$OUT/l2c/compare-$run-$s.txt"
-        done
-    done
-    (cd "$OUT" && tar czf l2c.tgz l2c && rm -rf l2c)
+    hint_ab l2c 2 40 mobilenetv2-pw:dgrad mobilenetv2-dw:wgrad convnext-dw:wgrad
 }
 
 verify36() {  # the thirty-sixth session's candidates: their GPU tests, then the tunes that time them (about 8 min)
