@@ -287,7 +287,6 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     sh, sw = g.stride
     vec = _vec(g.c, m, 8)
     chunk = _chunk(g.c, vec, 8)
-    lanes = chunk // vec
     dgrad = pass_ is Pass.DGRAD
     out_h, out_w = (g.h, g.w) if dgrad else (g.p, g.q)
     widest = STENCIL_TILE  # 8x8 pixels (a strided dgrad: whole strides), 128 threads of 64 channels
@@ -296,17 +295,35 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
     # (else, as before the register bound, the first tile of runs of 4 that fits: it may spill)
     runs = [4 if not dgrad or 4 % sw == 0 else sw * math.ceil(4 / sw)] + [c for c in (2, 1) if not dgrad or c % sw == 0]
     tries = [(cols, True) for cols in runs] + [(runs[0], False)]
-    for i, (cols, registers) in enumerate(tries):
-        unit_w = math.lcm(cols, sw) if dgrad else cols
-        tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
-        tile_h = unit_h * max(1, math.ceil(min(out_h, STENCIL_TILE) / unit_h))
+
+    def fit(chunk: int) -> tuple[int, int, int, bool]:
+        """(tile rows, tile columns, run, registers bound kept) of the first try that fits."""
+        for i, (cols, registers) in enumerate(tries):
+            unit_w = math.lcm(cols, sw) if dgrad else cols
+            tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
+            tile_h = unit_h * max(1, math.ceil(min(out_h, STENCIL_TILE) / unit_h))
+            try:
+                return (*_fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk,
+                                   registers), cols, registers)
+            except ValueError:
+                if i == len(tries) - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    tile_h, tile_w, cols, registers = fit(chunk)
+    whole = whole_pixel_chunk(g, vec, 4 if elem == "float32" else 2, chunk)
+    if whole:  # the same runs over every channel, within 512 threads (what tuning timed; wave64 seldom fits)
         try:
-            tile_h, tile_w = _fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk,
-                                       registers)
-            break
+            w_h, w_w, w_cols, w_registers = fit(whole)
         except ValueError:
-            if i == len(tries) - 1:
-                raise
+            w_cols = 0
+        if w_cols == cols and w_registers and w_h * w_w // w_cols * (whole // vec) <= 512:
+            reasons.append(f"all {whole} channels a block: {chunk}-channel chunks would split each "
+                           f"{whole * (4 if elem == 'float32' else 2)}-byte pixel across {DRAM_GRANULE}-byte DRAM "
+                           "granules that every chunk's blocks read again (MobileNetV2's C = 144: 1.27-1.53x "
+                           "slower, timed on an H100)")
+            chunk, tile_h, tile_w = whole, w_h, w_w
+    lanes = chunk // vec
     if not registers:
         reasons.append("no tile gives each thread the registers its sums need (depthwise.stencil_registers: at least "
                        f"{stencil_registers(cols, vec, m, 0)}): this one may spill")
@@ -412,13 +429,17 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     # the default's neighbours first: one choice changed, then two, and so on
     combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
     nearest = None
-    if whole:  # whole pixels nearest the default right after the default's nearest variation (the chunk
-        # that pads C least), then the default with its blocks chunk first: the two ways to the
-        # granules' bytes, measured, not yet their time
+    if whole:  # the default falls back to split pixels only where whole ones do not fit: those nearest
+        # the default right after its nearest variation (the chunk that pads C least), then the
+        # default with its blocks chunk first, the two ways to read the granules once
         nearest = next((o for o in combos if o[0] == whole and threads_of(*o)), None)
         if nearest is not None:
             combos.remove(nearest)
             combos.insert(2, nearest)  # combos[0] is the default itself
+    interleave = dataclasses.replace(base, loop=dataclasses.replace(loop, interleave=True), reasons=(
+        f"tuning candidate: the default ({base.block_n}-channel chunks) with its blocks chunk first",))
+    if nearest is None and base.block_n < problem.c and (problem.c * (4 if elem == "float32" else 2)) % DRAM_GRANULE:
+        yield lambda: interleave  # split pixels straddle granules and no whole-pixel block fits
     for chunk, cols, (tile_h, tile_w), block, ring in combos:
         threads = threads_of(chunk, cols, (tile_h, tile_w), block, ring)
         if not threads:
@@ -428,8 +449,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
         if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
-            yield lambda: dataclasses.replace(base, loop=dataclasses.replace(loop, interleave=True), reasons=(
-                f"tuning candidate: the default ({base.block_n}-channel chunks) with its blocks chunk first",))
+            yield lambda: interleave
 
 
 def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
@@ -441,6 +461,8 @@ def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
     loop = base.loop
     assert isinstance(loop, Depthwise)
     if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
+        return None
+    if base.block_n // 4 > 32:  # a whole pixel of C = 144 would take 36 lanes of 4 channels
         return None
     if pass_ is Pass.DGRAD and 8 % problem.stride[1]:
         return None

@@ -486,28 +486,36 @@ def test_tuning_variations_emulated_are_exact(problem, pass_):
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(12, 11, 144, 3, 3, 2, 1, n=1), dw(13, 10, 144, 3, 3, 1, 1)],
                          ids=lambda p: p.describe().replace(" ", "_"))
-def test_whole_pixel_chunk_is_offered_early_and_walks_exactly(problem, pass_):
-    """C = 144 (288-byte pixels: not whole 64-byte DRAM granules) in the default's 64-channel
-    chunks reads each granule twice, once per chunk's blocks.  Tuning offers the two ways to
-    read it once, within tuning on first use's few: all 144 channels a block (the default's
-    nearest such variation), and the default with its blocks chunk first (a tile group's
-    chunks side by side).  Each walks its layer exactly, every output written once; C = 96
-    (192 bytes, three granules) gets neither."""
+def test_whole_pixel_chunk_is_the_default_where_it_fits_and_walks_exactly(problem, pass_, monkeypatch):
+    """C = 144 (288-byte pixels: not whole 64-byte DRAM granules) in 64-channel chunks reads each
+    granule twice, once per chunk's blocks (1.27-1.53x slower on an H100).  The default takes
+    all 144 channels a block, the default's tile otherwise, and walks its layer exactly; C = 96
+    (192 bytes, three granules) keeps 64-channel chunks, and C = 272 (34 lanes: no whole-pixel
+    block) keeps them too, with tuning offering them chunk first (Depthwise.interleave) within
+    tuning on first use's few, also exact."""
     from convgen.autotune import CANDIDATES
     from convgen.candidates import candidates
 
     plans = candidates(problem, pass_, Target())
-    whole = [i for i, p in enumerate(plans) if p.block_n == 144]
-    inter = [i for i, p in enumerate(plans) if p.loop.interleave]
-    assert whole and whole[0] < CANDIDATES and inter == [whole[0] + 1], [p.brief() for p in plans]
-    assert plans[inter[0]] == dataclasses.replace(plans[0], loop=dataclasses.replace(plans[0].loop, interleave=True),
-                                                  reasons=plans[inter[0]].reasons)
-    for i in (whole[0], inter[0]):
-        got, ref = _emulate_stencil(problem, pass_, plans[i], np.random.default_rng(7 + i))
-        np.testing.assert_array_equal(got, ref, err_msg=plans[i].brief())
+    assert plans[0].block_n == 144 and not any(p.loop.interleave for p in plans), [p.brief() for p in plans]
+    from convgen import depthwise
+    with monkeypatch.context() as m:  # the tile, run and tiles a block are those of split pixels
+        m.setattr(depthwise, "whole_pixel_chunk", lambda *a: None)
+        split = plan(problem, pass_, Target())
+    assert split.block_n == 64 and (plans[0].loop.cols, plans[0].loop.tiles) == (split.loop.cols, split.loop.tiles)
+    got, ref = _emulate_stencil(problem, pass_, plans[0], np.random.default_rng(7))
+    np.testing.assert_array_equal(got, ref, err_msg=plans[0].brief())
     c96 = dataclasses.replace(problem, c=96, k=96, groups=96)
     others = candidates(c96, pass_, Target())
-    assert not any(p.block_n == 96 and p.block_n > others[0].block_n or p.loop.interleave for p in others)
+    assert others[0].block_n == 64 and not any(p.loop.interleave for p in others)
+    c272 = dataclasses.replace(problem, c=272, k=272, groups=272)
+    wide = candidates(c272, pass_, Target())
+    inter = [i for i, p in enumerate(wide) if p.loop.interleave]
+    assert wide[0].block_n == 64 and len(inter) == 1 and inter[0] < CANDIDATES, [p.brief() for p in wide]
+    assert wide[inter[0]] == dataclasses.replace(wide[0], loop=dataclasses.replace(wide[0].loop, interleave=True),
+                                                 reasons=wide[inter[0]].reasons)
+    got, ref = _emulate_stencil(c272, pass_, wide[inter[0]], np.random.default_rng(8))
+    np.testing.assert_array_equal(got, ref, err_msg=wide[inter[0]].brief())
 
 
 def test_interleave_is_a_depthwise_fprop_and_dgrad_flag_that_round_trips():

@@ -4,6 +4,8 @@ plans that split wgrad's pixels (or not), bf16, and a Hypothesis fuzz over shape
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -70,8 +72,6 @@ def test_depthwise_normal_fp16(problem, pass_):
 def test_depthwise_wgrad_split(problem, split):
     """wgrad's pixel slices, with and without the split-K reduction, in exact arithmetic."""
     base = make_plan(problem, Pass.WGRAD)
-    import dataclasses
-
     plan = dataclasses.replace(base, split_k=split)
     res = run_pass(problem, Pass.WGRAD, seeded("dw-split", problem, split), out_dtype="float32", exact=True,
                    bias=True, plan=plan)
@@ -168,17 +168,21 @@ def test_depthwise_tuning_variations_exact(problem, pass_):
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(28, 28, 144, 3, 3, 1, 1, n=4), dw(28, 28, 144, 3, 3, 2, 1, n=4)], ids=_ids)
 def test_depthwise_whole_pixel_chunk_and_interleave_exact(problem, pass_):
-    """The two plans tuning offers where C = 144's 288-byte pixels are not whole DRAM granules:
-    144 channels a block (depthwise.whole_pixel_chunk, 18 lanes) and the default with its blocks
-    chunk first (Depthwise.interleave: block_work's order), bit for bit."""
+    """Where pixels are not whole DRAM granules: the default's 144 channels a block
+    (depthwise.whole_pixel_chunk, 18 lanes) and, where C = 272's 34 lanes allow no whole-pixel
+    block, 64-channel chunks taken chunk first (Depthwise.interleave: block_work's order), bit
+    for bit."""
     from convgen.candidates import candidates
     from convgen.ir import Target
 
-    plans = candidates(problem, pass_, Target("sm_90"))
-    for plan in (next(p for p in plans if p.block_n == 144), next(p for p in plans if p.loop.interleave)):
-        res = run_pass(problem, pass_, seeded("dw-whole", problem, pass_, plan.brief()), out_dtype="float32",
+    wide = dataclasses.replace(problem, c=272, k=272, groups=272)
+    default = candidates(problem, pass_, Target("sm_90"))[0]
+    inter = next(p for p in candidates(wide, pass_, Target("sm_90")) if p.loop.interleave)
+    assert default.block_n == 144
+    for prob, plan in ((problem, default), (wide, inter)):
+        res = run_pass(prob, pass_, seeded("dw-whole", prob, pass_, plan.brief()), out_dtype="float32",
                        exact=True, plan=plan, **(dict(bias=True) if pass_ is Pass.FPROP else {}))
-        check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
+        check(res, "float32", exact=True, what=f"{pass_.value} {prob.describe()} {plan.brief()}")
 
 
 # Several filters a channel, at the plans the register limits give (narrower chunks, fewer rows

@@ -18,17 +18,20 @@ from test_short_reduction_rules import _problem
 H200 = Target("sm_90", 132)
 TUNING = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning"
 LOGS = sorted(TUNING.glob("nvidia-h200_*-tune-*-dw-*.json"))
+# C = 144's layers, tuned again with whole-pixel blocks among the candidates (thirty-sixth session's
+# code, timed on an H100 in the thirty-seventh): the default moved to what these logs timed best
+LATER = sorted(TUNING.glob("nvidia-h100_*-tune-mobilenetv2-dw144-*.json"))
 
 
 def _key(p: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in p.items() if k not in ("read_a", "read_b")))
 
 
-def _timed() -> list[tuple[str, str, ConvProblem, dict, float]]:
+def _timed(logs: list[Path] = LOGS) -> list[tuple[str, str, ConvProblem, dict, float]]:
     """(suite, pass, problem, plan key -> us, best us) per tuned layer and pass."""
     out = []
-    for path in LOGS:
-        suite = path.name.split("-tune-")[1].split("-dw-")[0] + "-dw"
+    for path in logs:
+        suite = path.name.split("-tune-")[1].split("-dw")[0] + "-dw"
         for layer in json.loads(path.read_text())["layers"]:
             problem = _problem(layer["problem"])
             times = {_key(r["plan"]): r["us"] for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])}
@@ -47,12 +50,15 @@ def test_the_default_block_is_within_10_percent_of_the_tuned_best(suite, pass_):
     """The planner's plan, where the tuning run timed it, takes at most 1.10x the best
     candidate's time as a geometric mean over the suite's layers (the 8x16 tiles of 256
     threads with blocks for 8 an SM took 1.08-1.21x), and the run timed it on all layers but
-    at most one."""
+    at most one, besides the layers a later log timed (test below)."""
     ratios, unmeasured = [], 0
+    later = {(p, problem) for _, p, problem, _, _ in _timed(LATER)}
     for s, p, problem, times, best in _timed():
         if (s, p) != (suite, pass_):
             continue
         us = times.get(_key(plan(problem, Pass(p), H200).as_dict()))
+        if us is None and (p, problem) in later:
+            continue
         if us is None:
             unmeasured += 1
             continue
@@ -60,6 +66,19 @@ def test_the_default_block_is_within_10_percent_of_the_tuned_best(suite, pass_):
     assert ratios and unmeasured <= 1
     geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
     assert geomean <= 1.10, f"{suite} {pass_}: the default takes {geomean:.3f}x the best ({len(ratios)} layers)"
+
+
+def test_whole_pixel_blocks_are_the_timed_best_where_pixels_straddle_granules():
+    """MobileNetV2's C = 144 layers (288-byte pixels), tuned on an H100 with whole-pixel blocks
+    among the candidates: the default is the plan timed, within 1.05x of the best on each layer
+    and pass (64-channel chunks took 1.27-1.53x)."""
+    rows = _timed(LATER)
+    assert {(p, problem.stride) for _, p, problem, _, _ in rows} == {
+        (p, s) for p in ("fprop", "dgrad") for s in ((1, 1), (2, 2))}
+    for _, p, problem, times, best in rows:
+        default = plan(problem, Pass(p), Target("sm_90", 132))
+        us = times.get(_key(default.as_dict()))
+        assert us is not None and us <= 1.05 * best, (p, problem.describe(), default.brief(), us, best)
 
 
 def test_a_ring_of_three_halos_only_where_it_costs_no_resident_block(monkeypatch):

@@ -143,7 +143,7 @@ def _cases() -> list[Case]:
 
 HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
 # runs of 8 over 4 channels; a ring of 3 halos (three 7x7 halos pass AMD's 64 KiB of shared memory)
-DW_LAYERS = (("mobilenetv2-dw", "dw144-56px", ("dw-long-run", "dw-ring3")),
+DW_LAYERS = (("mobilenetv2-dw", "dw192-28px", ("dw-long-run", "dw-ring3")),
              ("convnext-dw", "dw384-14px", ("dw-long-run",)))
 HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloTile(16))  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()

@@ -457,7 +457,7 @@ def test_narrow_stride1_layers_do_not_spill(pass_, c, k, f, dtype):
 
 
 LONG_RUNS = [(suite, layer, pass_)
-             for suite, layer in (("mobilenetv2-dw", "dw144-56px"), ("mobilenetv2-dw", "dw144-56px-s2"),
+             for suite, layer in (("mobilenetv2-dw", "dw192-28px"), ("mobilenetv2-dw", "dw192-28px-s2"),
                                   ("convnext-dw", "dw96-56px"))
              for pass_ in (Pass.FPROP, Pass.DGRAD)]
 
