@@ -346,6 +346,18 @@ verify36() {  # the thirty-sixth session's candidates: their GPU tests, then the
     (cd "$OUT" && tar czf v36.tgz v36 && rm -rf v36)  # the device returns 8 files a call
 }
 
+verify37() {  # the thirty-seventh session's defaults: whole-pixel depthwise blocks, the head's 64-deep step (about 5 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v37 timeout 200 $PYTEST tests/test_depthwise_gpu.py tests/test_kernels_gpu.py \
+        -k "whole_pixel or tuning_variations or (suite_layers and (dw144 or head))" 2>&1 | tee "$OUT/v37-gpu-tests.log" | tail -4
+    mkdir -p "$OUT/v37"
+    CONVGEN_CACHE_DIR=/tmp/cg-v37 timeout 150 python3 -m convgen.cli bench --suite mobilenetv2-dw $BENCH \
+        --out "$OUT/v37/mobilenetv2-dw" 2>&1 | grep -E "^ *dw144|geomean speedup"
+    CONVGEN_CACHE_DIR=/tmp/cg-v37 timeout 90 python3 -m convgen.cli bench --suite unet --layers head $BENCH \
+        --out "$OUT/v37/unet-head" 2>&1 | grep -E "^ *head"
+    (cd "$OUT" && tar czf v37.tgz v37 && rm -rf v37)  # the device returns 8 files a call
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -366,5 +378,6 @@ case "${1:-}" in
     l2-ab) l2_ab ;;
     l2-check) l2_check ;;
     verify36) verify36 ;;
+    verify37) verify37 ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac

@@ -164,11 +164,19 @@ def plan(
     elif pass_ is not Pass.WGRAD:
         reasons.append(f"block M 128: M={gemm.m} pixels is the long axis")
     big_k = gemm.k >= 1024 and min(va, vb) >= WIDE_STEP_VEC
-    bk = 64 if big_k or narrow is not None else 32
+    # a wgrad whose dy is one fragment of scalar rows (K < 8 filters: a 1x1 head) gathers a few
+    # values a step whatever its depth; x's vector rows are the stream, and a 64-deep step puts
+    # twice their bytes in flight a barrier (UNet's head: 57.4 -> 47.9 us, tuned on an H100); as
+    # measured, with cp.async's ring (elsewhere the stages go through registers)
+    thin_scalar = (pass_ is Pass.WGRAD and gemm.k >= 1024 and va == 1 and vb >= WIDE_STEP_VEC
+                   and gemm.m <= FRAG and target.info.cp_async)
+    bk = 64 if big_k or thin_scalar or narrow is not None else 32
     if narrow is None:
         reasons.append(
             f"K-step {bk}: "
-            + ("long reduction, fewer barriers per FLOP" if big_k else "two k16 MMAs per fragment per barrier"
+            + ("long reduction, fewer barriers per FLOP" if big_k else
+               f"dy's K={gemm.m} scalar row(s) are a few accesses a step at any depth; a 64-deep step doubles x's "
+               "16-byte loads in flight a barrier" if thin_scalar else "two k16 MMAs per fragment per barrier"
                + (f" (a {'scalar' if min(va, vb) == 1 else 'two-channel'} gather keeps the step short: fewer accesses "
                   "in flight per thread)" if min(va, vb) < WIDE_STEP_VEC else ""))
         )

@@ -215,3 +215,23 @@ def test_a_one_fragment_wide_pointwise_tile_takes_deep_steps_where_measured():
     assert narrow_stream_tile(ConvProblem(112, 112, 32, 16, 1, 1, 1, 0, 1, n=128), Pass.FPROP) is None
     assert narrow_stream_tile(ConvProblem(56, 56, 16, 96, 3, 3, 1, 1, 1, n=64), Pass.DGRAD) is None
     assert narrow_stream_tile(pw, Pass.WGRAD) is None
+
+
+def test_a_one_row_scalar_dy_wgrad_takes_the_64_deep_step_the_tuner_timed_best():
+    """UNet's head wgrad (32 -> 1, 1x1, 256x256 at batch 16): dy's K = 1 is a scalar row, a few
+    accesses a step at any depth, and x's 16-byte rows are the stream.  Tuned on an H100
+    (benchmarks/results/tuning/nvidia-h100_2026-12-06_d05fd8e-tune-unet-head-wgrad.json): the
+    32-deep default took 57.4 us, the same tile 64 deep 47.9.  The default is a timed plan within
+    1.05x of the best; the stems' scalar x (C = 3: a fragment of columns gathered one channel at
+    a time) keep the 32-deep step."""
+    from convgen.suites import SUITES
+
+    log = json.loads((TUNING / "nvidia-h100_2026-12-06_d05fd8e-tune-unet-head-wgrad.json").read_text())
+    (layer,) = log["layers"]
+    times = {json.dumps(_bare(r["plan"]), sort_keys=True): r["us"] for r in layer["rows"] if r["ok"]}
+    default = plan(_problem(layer["problem"]), Pass.WGRAD, Target("sm_90", 132))
+    us = times.get(json.dumps(_bare(default.as_dict()), sort_keys=True))
+    assert us is not None and us <= 1.05 * min(times.values()), (default.brief(), us, min(times.values()))
+    for suite, name in (("cifar-resnet", "conv1"), ("resnet50", "conv1"), ("speech", "spec-5x20")):
+        stem = next(l.problem for l in SUITES[suite] if l.name == name)
+        assert plan(stem, Pass.WGRAD, Target("sm_90", 132)).block_k == 32, (suite, name)
