@@ -358,6 +358,18 @@ verify37() {  # the thirty-seventh session's defaults: whole-pixel depthwise blo
     (cd "$OUT" && tar czf v37.tgz v37 && rm -rf v37)  # the device returns 8 files a call
 }
 
+verify37b() {  # depthwise wgrad's slices for 4 blocks an SM, its grid twin second: GPU tests, then both suites timed
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v37b timeout 200 $PYTEST tests/test_depthwise_gpu.py tests/test_split_reduce.py \
+        tests/test_kernels_gpu.py -k "(depthwise and wgrad) or split_reduce or (suite_layers and (mobilenetv2-dw or convnext-dw))" 2>&1 | tee "$OUT/v37b-gpu-tests.log" | tail -4
+    mkdir -p "$OUT/v37b"
+    for s in mobilenetv2-dw convnext-dw; do
+        CONVGEN_CACHE_DIR=/tmp/cg-v37b timeout 150 python3 -m convgen.cli bench --suite $s $BENCH \
+            --out "$OUT/v37b/$s" 2>&1 | grep -E "geomean speedup"
+    done
+    (cd "$OUT" && tar czf v37b.tgz v37b && rm -rf v37b)
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -379,5 +391,6 @@ case "${1:-}" in
     l2-check) l2_check ;;
     verify36) verify36 ;;
     verify37) verify37 ;;
+    verify37b) verify37b ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac

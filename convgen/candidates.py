@@ -98,13 +98,18 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise.py)
         out, seen = [base], {dataclasses.replace(base, reasons=())}
+        # wgrad's slices summed in the main kernel, where the GPU holds them at once, right after
+        # the default: on an H100 they won 12 of both depthwise suites' 14 wgrad rows (1.05-1.55x
+        # the default of 8 blocks an SM; thirty-seventh session); those that may not fit, last
+        fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)
+        out += fits
         for make in depthwise.variations(problem, pass_, target, base):
             p = _feasible(problem, pass_, target, in_dtype, make)
             if p is not None:
                 _add_unique(p, seen, out)
             if len(out) > depthwise.MAX_VARIATIONS:
                 break
-        return out + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)
+        return out + late
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them
     out: list[Plan] = [base]
     seen = {dataclasses.replace(base, reasons=())}
@@ -158,7 +163,9 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
             + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
             + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
-            + _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen) + sliced_box
+            + sorted(sum(_grid_reduce_twins(problem, pass_, target, in_dtype, base, seen), []),
+                     key=lambda p: -p.split_k)  # untimed here: last, the most slices first
+            + sliced_box
             + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
@@ -200,21 +207,23 @@ GRID_REDUCE_REGS = 128
 
 
 def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
-                       seen: set[Plan]) -> list[Plan]:
+                       seen: set[Plan]) -> tuple[list[Plan], list[Plan]]:
     """The default split-K plan with its slices summed in the main kernel (split_reduce "grid":
     one launch, not two): with the default's slices, half of them, and as many as the GPU
     holds at once if each thread keeps GRID_REDUCE_REGS registers (the default's count comes
     from shared memory and threads, and a cooperative launch must fit: the runtime refuses one
-    that does not, and tuning skips it).  Last in the list: not yet timed on a GPU, so tuning on
-    first use, which times the first few, leaves them to `convgen tune`."""
+    that does not, and tuning skips it).  Returned as those whose blocks fit that estimate and
+    those that may not: the im2col kinds offer both last (tuning on first use, which times the
+    first few, leaves them to `convgen tune`), depthwise wgrad the first right after its default."""
     from .emit import emit
     from .footprint import smem_bytes
     from .planner import make_spec
 
-    out: list[Plan] = []
+    fits: list[Plan] = []
+    late: list[Plan] = []
     if base.split_k == 1 or _feasible(problem, pass_, target, in_dtype,
                                       lambda: dataclasses.replace(base, split_reduce="grid")) is None:
-        return out
+        return fits, late
     gx, gy, _ = emit(make_spec(problem, pass_, target=target, in_dtype=in_dtype, plan_=base)).grid(problem.n)
     threads = base.warps * target.warp_size
     per_sm = max(1, min(target.info.smem_limit // (smem_bytes(base, pass_, target.warp_size, problem) + 1024),
@@ -227,8 +236,8 @@ def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dty
             base, split_k=split, split_reduce="grid",
             reasons=(f"tuning candidate: the default plan, split-K {split} summed in the main kernel",)))
         if p is not None:
-            _add_unique(p, seen, out)
-    return out
+            _add_unique(p, seen, fits if split <= fit else late)
+    return fits, late
 
 
 def _feasible(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
