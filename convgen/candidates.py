@@ -13,7 +13,7 @@ import itertools
 import math
 from typing import Callable
 
-from . import depthwise, stream_k, tma_halo
+from . import depthwise_variations, stream_k, tma_halo
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
@@ -42,9 +42,10 @@ _SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 MAX_SPLIT = 512  # slices of one output tile; each still runs at least four K-steps
 # A wgrad of one or two output tiles and a long reduction (UNet's 32 -> 1 head: one 16x32 tile,
 # 32,768 K-steps) stops at MAX_SPLIT slices, 512 blocks of 2 warps where 8 an SM would be
-# resident: about 4 an SM, too few bytes in flight to stream x (55 us against cuDNN's 35 on the
-# H200, 3.4x its floor).  Tuning also times the split that fills 8 blocks an SM, up to this many
-# slices (benchmarks/NOTES.md, thirty-sixth session; not timed yet, so not a default).
+# resident: about 4 an SM (55 us against cuDNN's 35 on the H200, 3.4x its floor).  Tuning also
+# times the split that fills 8 blocks an SM, up to this many slices.  Timed on an H100
+# (thirty-seventh session) it tied 512 slices (47.8 against 47.9 us, both 64-deep): the head's
+# lever was the K-step (now the planner's, 57.4 -> 47.9), not the blocks in flight.
 FILL_BLOCKS_PER_SM = 8
 MAX_FILL_SPLIT = 2048
 # Sliced-K candidates per layer (fprop and dgrad im2col plans with few blocks per SM), on top
@@ -96,18 +97,18 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     WMMA plans on every suite layer (benchmarks/NOTES.md)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
-    if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise.py)
+    if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise_variations.py)
         out, seen = [base], {dataclasses.replace(base, reasons=())}
         # wgrad's slices summed in the main kernel, where the GPU holds them at once, right after
         # the default: on an H100 they won 12 of both depthwise suites' 14 wgrad rows (1.05-1.55x
         # the default of 8 blocks an SM; thirty-seventh session); those that may not fit, last
         fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)
         out += fits
-        for make in depthwise.variations(problem, pass_, target, base):
+        for make in depthwise_variations.variations(problem, pass_, target, base):
             p = _feasible(problem, pass_, target, in_dtype, make)
             if p is not None:
                 _add_unique(p, seen, out)
-            if len(out) > depthwise.MAX_VARIATIONS:
+            if len(out) > depthwise_variations.MAX_VARIATIONS:
                 break
         return out + late
     gemm = problem.group_gemm(pass_)  # a grouped layer's blocks tile one group's GEMM, groups of them

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .spec import Plan
@@ -359,17 +357,6 @@ def _resident(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> int:
     return (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, target.warp_size) + 1024)
 
 
-# What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
-# 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block
-# (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or
-# 144, where 64-channel chunks leave a quarter of the lanes idle); runs of 8 over 4 channels
-# first (_long_run).  Timed on the H200 (e4aaee5) on both depthwise suites: the
-# 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
-# runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
-VARIATION_COLS = (4, 2, 1)  # (runs of 8 over 8 channels took 121-132 registers, and one spilled)
-VARIATION_TILES = ((8, 16), (4, 16), (8, 8), (16, 16), (8, 32), (4, 32), (16, 8))
-VARIATION_BLOCK = (1, 2, 4)
-MAX_VARIATIONS = 48
 
 
 def chunks_by_padding(c: int, vec: int, lanes_cap: int, sizes: tuple[int, ...] = (16, 32, 48, 64)) -> list[int]:
@@ -396,79 +383,6 @@ def whole_pixel_chunk(problem: ConvProblem, vec: int, elem_bytes: int, chunk: in
     if c <= chunk or (c * elem_bytes) % DRAM_GRANULE == 0 or c % vec or c // vec > 32:
         return None
     return c
-
-
-def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) -> Iterator[Callable[[], Plan]]:
-    """Makers of the depthwise plans worth timing after ``base`` (the default), unchecked:
-    fprop and dgrad vary the chunk, the run, the tile and the tiles a block, the default's
-    neighbours first; wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
-    the slices around the default's.  convgen/candidates.py checks them and drops repeats."""
-    if pass_ is Pass.WGRAD:
-        for plan_ in _wgrad_variations(problem, target, base.read_a, base):
-            yield lambda plan_=plan_: plan_
-        return
-    warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
-    assert isinstance(loop, Depthwise)
-    sw = problem.stride[1]
-    long_run = _long_run(problem, pass_, base)
-    if long_run is not None:
-        yield lambda: long_run
-    default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
-    whole = whole_pixel_chunk(problem, vec, 4 if elem == "float32" else 2, base.block_n)
-    options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n,
-                                   *([whole] if whole else [])])),
-               [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
-               VARIATION_TILES, VARIATION_BLOCK, (2, 3))
-    def threads_of(chunk: int, cols: int, tile: tuple[int, int], block: int, ring: int) -> int:
-        """The block's threads, or 0 where the combination cannot run."""
-        threads = tile[0] * tile[1] // cols * (chunk // vec)
-        if tile[1] % cols or threads % warp or not 64 <= threads <= 512 or (ring == 3 and block < 3):
-            return 0
-        return threads
-
-    # the default's neighbours first: one choice changed, then two, and so on
-    combos = sorted(itertools.product(*options), key=lambda o: sum(a != b for a, b in zip(o, default)))
-    nearest = None
-    if whole:  # the default falls back to split pixels only where whole ones do not fit: those nearest
-        # the default right after its nearest variation (the chunk that pads C least), then the
-        # default with its blocks chunk first, the two ways to read the granules once
-        nearest = next((o for o in combos if o[0] == whole and threads_of(*o)), None)
-        if nearest is not None:
-            combos.remove(nearest)
-            combos.insert(2, nearest)  # combos[0] is the default itself
-    interleave = dataclasses.replace(base, loop=dataclasses.replace(loop, interleave=True), reasons=(
-        f"tuning candidate: the default ({base.block_n}-channel chunks) with its blocks chunk first",))
-    if nearest is None and base.block_n < problem.c and (problem.c * (4 if elem == "float32" else 2)) % DRAM_GRANULE:
-        yield lambda: interleave  # split pixels straddle granules and no whole-pixel block fits
-    for chunk, cols, (tile_h, tile_w), block, ring in combos:
-        threads = threads_of(chunk, cols, (tile_h, tile_w), block, ring)
-        if not threads:
-            continue
-        yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, ring=ring, threads=threads: Plan(
-            tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
-            reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
-                     f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
-        if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
-            yield lambda: interleave
-
-
-def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
-    """The default's block with runs of 8 outputs over half its channel vector (vec 8 -> 4): the
-    same 32 sums a thread, for fewer staged-column bytes and conversions per sum (a 7x7 filter
-    row: 14 columns of 8 bytes, 56 conversions, against 10 of 16 bytes and 80) and, on sm_90,
-    fewer registers (benchmarks/NOTES.md, twenty-ninth session: not yet timed).  None where the
-    default is not runs of 4 over 8 channels of one filter each, or a run of 8 does not fit."""
-    loop = base.loop
-    assert isinstance(loop, Depthwise)
-    if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
-        return None
-    if base.block_n // 4 > 32:  # a whole pixel of C = 144 would take 36 lanes of 4 channels
-        return None
-    if pass_ is Pass.DGRAD and 8 % problem.stride[1]:
-        return None
-    return dataclasses.replace(base, vec_a=4, loop=dataclasses.replace(loop, cols=8), reasons=(
-        f"tuning candidate: depthwise runs of 8 over 4 channels (the default's {base.block_m // loop.tile_w}x"
-        f"{loop.tile_w} tile, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
 
 
 def stencil_registers(cols: int, vec: int, m: int, in_cols: int) -> int:
@@ -659,26 +573,3 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
                    f"about {chunks * split / target.sm_count:.0f} an SM (WGRAD_BLOCKS_PER_SM); the next tile staged "
                    "while one is summed, the slices' sums added in a fixed order")
     return dataclasses.replace(plan, split_k=split)
-
-
-WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning
-
-
-def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -> list[Plan]:
-    """The tile search's next-cheapest tiles, each other chunk's cheapest (each with its own
-    slices), and the default's tile at half and twice its slices."""
-    rows, vec = _wgrad_layout(g)
-    out = []
-    for chunk in dict.fromkeys([base.block_n, *sorted(chunks_by_padding(g.c, vec, target.warp_size, WGRAD_CHUNKS))]):
-        ranked = _wgrad_tiles(g, target, elem, rows, vec, chunk)
-        for _, plan, cost, _ in ranked[1:1 + WGRAD_NEXT_TILES] if chunk == base.block_n else ranked[:1]:
-            loop = plan.loop
-            assert isinstance(loop, Depthwise)
-            out.append(dataclasses.replace(plan, split_k=_wgrad_split(g, target, plan), reasons=(
-                f"tuning candidate: depthwise wgrad {plan.block_m // loop.tile_w}x{loop.tile_w} tile, {chunk} "
-                f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)",)))
-    for split in (base.split_k // 2, base.split_k * 2):
-        if 1 <= split <= 4096:
-            out.append(dataclasses.replace(base, split_k=split, reasons=(
-                f"tuning candidate: the default depthwise wgrad plan in {split} slices",)))
-    return out

@@ -152,7 +152,7 @@ def test_depthwise_tiles_per_block(problem, pass_, tiles, ring):
 @pytest.mark.parametrize("pass_", PASSES, ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [SHAPES[3], SHAPES[2], SHAPES[5], SHAPES[7], dw(20, 23, 96, 3, 3, 2, 1)], ids=_ids)
 def test_depthwise_tuning_variations_exact(problem, pass_):
-    """Every tuning variation `convgen tune` offers (depthwise.variations: 48-channel chunks,
+    """Every tuning variation `convgen tune` offers (depthwise_variations.variations: 48-channel chunks,
     runs of 1-4, 4-16-row tiles, several tiles a block; wgrad's other tiles, chunks and
     slices), in exact arithmetic: bit for bit, as the default plan is above."""
     from convgen.candidates import candidates

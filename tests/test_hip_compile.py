@@ -157,12 +157,12 @@ def _halo_plan(geometry, pass_: Pass) -> Plan:
 
 def _dw_variant(problem, pass_: Pass, arch: str, variant: str) -> Plan:
     """The depthwise default's runs of 8 over 4 channels, or its ring of 3 halos (4 tiles a block)."""
-    from convgen import depthwise
+    from convgen import depthwise_variations
     from convgen.planner import plan
 
     base = plan(problem, pass_, Target(arch))
     if variant == "dw-long-run":
-        long_run = depthwise._long_run(problem, pass_, base)
+        long_run = depthwise_variations._long_run(problem, pass_, base)
         assert long_run is not None, f"no runs of 8 for {problem.describe()} on {arch}: the case tests nothing"
         return long_run
     return dataclasses.replace(base, stages=3, loop=dataclasses.replace(base.loop, tiles=4))

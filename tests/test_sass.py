@@ -466,7 +466,7 @@ LONG_RUNS = [(suite, layer, pass_)
 @pytest.mark.parametrize("suite, name, pass_", LONG_RUNS, ids=[f"{s}/{n}/{p.value}" for s, n, p in LONG_RUNS])
 def test_depthwise_long_runs_hold_fewer_registers_and_fewer_conversions(suite, name, pass_):
     """The depthwise variation `convgen tune` and tuning on first use try second (runs of 8
-    outputs over 4 channels, depthwise._long_run): its reason is fewer staged-column reads and
+    outputs over 4 channels, depthwise_variations._long_run): its reason is fewer staged-column reads and
     conversions per sum at no more registers, so on sm_90 it holds no more registers than the
     default, no local memory, as many FFMA and fewer HADD2 conversions."""
     from convgen.candidates import candidates

@@ -361,7 +361,7 @@ DEPTHWISE = [layer for layers in SUITES.values() for layer in layers if layer.pr
 def test_depthwise_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
     """A depthwise layer's candidates are its own kind's variations (no GEMM kind applies), the
     default first, each checked for the part, none twice, at most MAX_VARIATIONS more."""
-    from convgen.depthwise import MAX_VARIATIONS
+    from convgen.depthwise_variations import MAX_VARIATIONS
 
     target = Target(arch)
     for layer in DEPTHWISE:
@@ -380,7 +380,7 @@ def test_depthwise_candidates_are_feasible_unique_and_start_with_the_default(arc
 def test_depthwise_candidates_try_the_chunk_that_pads_c_least_first():
     """C = 96 in 64-channel chunks is 64 + 32: a third of the second chunk's lanes idle (C = 144
     now takes whole pixels: tests/test_depthwise.py).  The first variation of fprop and dgrad
-    after the runs of 8 over 4 channels (depthwise._long_run) keeps the default's tile and takes
+    after the runs of 8 over 4 channels (depthwise_variations._long_run) keeps the default's tile and takes
     48-channel chunks; where 64 already divides C the chunk is not varied."""
     h200 = Target("sm_90", 132)
     odd = ConvProblem(56, 56, 96, 96, 3, 3, 1, 1, groups=96, n=128)
