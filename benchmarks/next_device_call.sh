@@ -370,6 +370,20 @@ verify37b() {  # depthwise wgrad's slices for 4 blocks an SM, its grid twin seco
     (cd "$OUT" && tar czf v37b.tgz v37b && rm -rf v37b)
 }
 
+verify37c() {  # the pointwise wgrad TMA tiles priced with their operands: GPU tests, then the suites' wgrad timed
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v37c timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
+        -k "(suite_layers and wgrad and (pw7 or pw14 or l4-1x1)) or (tma and wgrad)" 2>&1 | tee "$OUT/v37c-gpu-tests.log" | tail -4
+    mkdir -p "$OUT/v37c"
+    for s in mobilenetv2-pw efficientnet-b0-pw; do
+        CONVGEN_CACHE_DIR=/tmp/cg-v37c timeout 120 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
+            --out "$OUT/v37c/$s" 2>&1 | grep -E "^ *pw(7|14)-|geomean speedup"
+    done
+    CONVGEN_CACHE_DIR=/tmp/cg-v37c timeout 60 python3 -m convgen.cli bench --suite resnet50 --layers l4-1x1 --pass wgrad \
+        $BENCH --out "$OUT/v37c/resnet50-l4-1x1" 2>&1 | grep -E "^ *l4-1x1"
+    (cd "$OUT" && tar czf v37c.tgz v37c && rm -rf v37c)
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -392,5 +406,6 @@ case "${1:-}" in
     verify36) verify36 ;;
     verify37) verify37 ;;
     verify37b) verify37b ;;
+    verify37c) verify37c ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
 esac
