@@ -14,8 +14,7 @@ from .footprint import smem_bytes
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan
 from .mainloop import TMA_BLOCK_K, TmaWgmma
-from .tma_rules import (MIN_LONG_PADDING, OPERAND_BYTES_PER_US, column_padding, operand_us, pointwise_wgrad,
-                        tma_cheapest_tile, tma_persistent)
+from .tma_rules import MIN_LONG_PADDING, column_padding, tma_cheapest_tile, tma_persistent
 
 
 def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int,
@@ -48,9 +47,6 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
         Pass.WGRAD: "dy's tiles as A and x's im2col as B, both read transposed (M- and N-major)",
     }[pass_]
     traffic = ", plus the slices' workspace traffic" if pass_ is Pass.WGRAD else ""
-    if pointwise_wgrad(problem, pass_):  # the cost model's tile is the 64-row one priced with its operands' re-reads
-        us += operand_us(problem, pass_, *modelled)
-        traffic += f", plus each tile's re-read of its operands at {OPERAND_BYTES_PER_US / 1e6:.0f} TB/s"
     reasons += [
         f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps"
         f"{' in the heaviest class' if pass_ is Pass.DGRAD and problem.stride != (1, 1) else ''}; {gather}; a "

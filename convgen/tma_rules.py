@@ -239,22 +239,6 @@ def tma_persistent_roofline(problem: ConvProblem, pass_: Pass, target: Target, b
 # im2col default from K = 32 filters (half a warpgroup's rows) up; K = 24 lost.
 POINTWISE_WGRAD_ROWS = 64
 MIN_POINTWISE_WGRAD_K = 32
-# ... and whose column tiles each read all of dy again (and row tiles x): a cost the rate-based
-# model leaves out, which decides between tiles it prices within a few percent (pw7-960to320:
-# 64x128 on 3 slices 10.5 us predicted against 64x256 on 6 at 10.8; timed 27.3 against 24.3 on
-# the H200, 25.3 against 22.0 on an H100).  Priced at this rate (re-reads land partly in L2),
-# the defaults took 1.008-1.055x the best plan as a geometric mean on the four pointwise wgrad
-# tuning logs (H200 5bf5603, H100 4608fd8) where the rate alone gave 1.030-1.100x (better on
-# three, 1% worse on the fourth); 4.2e6 (HBM) and 10e6 each did worse on one log
-# (tests/test_short_reduction_rules.py; thirty-seventh session).
-OPERAND_BYTES_PER_US = 6e6
-
-
-def operand_us(problem: ConvProblem, pass_: Pass, bm: int, bn: int) -> float:
-    """The microseconds a ``bm`` x ``bn`` tiling spends reading its operands, each once per tile
-    of the other axis, at OPERAND_BYTES_PER_US (fp16)."""
-    g = problem.gemm(pass_)
-    return 2 * g.k * (g.m * math.ceil(g.n / bn) + g.n * math.ceil(g.m / bm)) / OPERAND_BYTES_PER_US
 
 
 def pointwise_wgrad(problem: ConvProblem, pass_: Pass) -> bool:
@@ -265,14 +249,12 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
                       target: Target) -> tuple[tuple[int, int, float], int, int, int, float]:
     """((split-K, blocks, predicted us), block_m, block_n, stages, rate) of the TMA tile the
     cost model predicts fastest on this layer: the planner's tile before tma_persistent.  A
-    1x1 layer's wgrad takes the 64-row tiles alone (POINTWISE_WGRAD_ROWS), priced with their
-    operands' re-reads (operand_us)."""
-    pointwise = pointwise_wgrad(problem, pass_)
+    1x1 layer's wgrad takes the 64-row tiles alone (POINTWISE_WGRAD_ROWS)."""
     costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
               for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)
-              if (not pointwise or bm == POINTWISE_WGRAD_ROWS)
+              if (not pointwise_wgrad(problem, pass_) or bm == POINTWISE_WGRAD_ROWS)
               and tma_group_tile(problem.geometry, pass_, bm, bn) is None]
-    return min(costed, key=lambda c: c[0][2] + (operand_us(problem, pass_, c[1], c[2]) if pointwise else 0.0))
+    return min(costed, key=lambda c: c[0][2])
 
 
 def tma_group_tile(geometry: ConvGeometry, pass_: Pass, block_m: int, block_n: int) -> str | None:
