@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-sixth session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (thirty-seventh session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh verify36
-#       (the fill split and whole-pixel chunk candidates' GPU tests, then the tunes that time them)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # the whole GPU suite (last whole at 7428884)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # the whole GPU suite (last whole at d05fd8e, H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu        # the depthwise wgrad and stem profiles (tarred now)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
+#   (done on the H100 in the thirty-seventh session: verify36, verify37, verify37b, verify37c)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-ab      # the hint on every copy, on and off (done on the H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh gather-ab  # (done on the H100: no difference)
 #
@@ -33,9 +32,9 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ab
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
 #
-# `verify36` first: the candidates the thirty-sixth session added without a GPU (the split that
-# fills the SMs on one-tile wgrads, the whole-pixel depthwise chunk) and the tunes that time
-# them; then `suite` (device.h and two gathers changed; 851 of their tests passed on the H100).
+# `l2-check` first where an H200 comes (the thirty-seventh session's ten calls all got H100s); then
+# `suite` (the depthwise defaults and wgrad slices changed since its last whole run; their 350
+# GPU tests passed on the H100).
 # `halo`: the TMA halo loop (TmaHalo, thirty-second session): its GPU tests, then convgen against
 # cuDNN on the suites' four 64-channel 3x3 layers it takes and on three such layers of networks
 # outside the suites (EDSR's 48x48 and 96x96 training patches, SSD300's conv1_2), fprop and
@@ -407,5 +406,5 @@ case "${1:-}" in
     verify37) verify37 ;;
     verify37b) verify37b ;;
     verify37c) verify37c ;;
-    *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes" >&2; exit 2 ;;
+    *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes|l2-ab|l2-check|verify36|verify37|verify37b|verify37c" >&2; exit 2 ;;
 esac
