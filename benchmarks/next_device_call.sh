@@ -5,7 +5,8 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh tune-dw7   # ConvNeXt 7x7: the long run, never timed
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # the whole GPU suite (last whole at d05fd8e, H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu        # the depthwise wgrad and stem profiles (tarred now)
@@ -383,6 +384,17 @@ verify37c() {  # the pointwise wgrad TMA tiles priced with their operands: GPU t
     (cd "$OUT" && tar czf v37c.tgz v37c && rm -rf v37c)
 }
 
+tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over 4 channels) never timed (about 4 min)
+    install
+    mkdir -p "$OUT/dw7"
+    for p in fprop dgrad; do
+        CONVGEN_CACHE_DIR=/tmp/cg-dw7 timeout 110 python3 -m convgen.cli tune --suite convnext-dw --pass $p --no-bias \
+            --log "$OUT/dw7/tune-convnext-dw-$p.json" > "$OUT/dw7/tune-convnext-dw-$p.log" 2>&1
+        tail -5 "$OUT/dw7/tune-convnext-dw-$p.log"
+    done
+    (cd "$OUT" && tar czf dw7.tgz dw7 && rm -rf dw7)
+}
+
 case "${1:-}" in
     gather) gather ;;
     gather-ab) gather_ab ;;
@@ -406,5 +418,6 @@ case "${1:-}" in
     verify37) verify37 ;;
     verify37b) verify37b ;;
     verify37c) verify37c ;;
-    *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes|l2-ab|l2-check|verify36|verify37|verify37b|verify37c" >&2; exit 2 ;;
+    tune-dw7) tune_dw7 ;;
+    *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes|l2-ab|l2-check|verify36|verify37|verify37b|verify37c|tune-dw7" >&2; exit 2 ;;
 esac
