@@ -451,7 +451,7 @@ def _resident_threads(threads: int, smem: int, held: int, target: Target) -> int
     return min(target.smem_limit // max(smem, 1), 2048 // threads, 65536 // (_wgrad_registers(held) * threads)) * threads
 
 
-def _wgrad_layout(g: ConvProblem) -> tuple[int, int]:
+def wgrad_layout(g: ConvProblem) -> tuple[int, int]:
     """wgrad's filter rows a thread and channel vector: the most rows (a thread's dy, read and
     converted once, then serves all of their taps), then the widest vector, whose vec x m x
     rows x S sums fit MAX_WGRAD_ACCS; refused by name where not even one row of one channel fits."""
@@ -465,7 +465,7 @@ def _wgrad_layout(g: ConvProblem) -> tuple[int, int]:
     return rows, vec
 
 
-def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: int,
+def wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: int,
                  chunk: int) -> list[tuple[tuple, Plan, float, int]]:
     """Every wgrad tile of this chunk the search admits, as (key, plan, modelled cost, shared
     bytes), best first (unsplit): tile_h rows of per_row runs of cols outputs (block_m a
@@ -514,7 +514,7 @@ def _wgrad_tiles(g: ConvProblem, target: Target, elem: DType, rows: int, vec: in
 
 
 def _past_registers(ranked: list[tuple[tuple, Plan, float, int]]) -> bool:
-    """Whether :func:`_wgrad_tiles`' best tile is past the register bound (its key's first field)."""
+    """Whether :func:`wgrad_tiles`' best tile is past the register bound (its key's first field)."""
     return bool(ranked[0][0][0])
 
 
@@ -525,7 +525,7 @@ def _past_registers(ranked: list[tuple[tuple, Plan, float, int]]) -> bool:
 WGRAD_BLOCKS_PER_SM = 4
 
 
-def _wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
+def wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
     """Enough slices for WGRAD_BLOCKS_PER_SM blocks an SM, at most one a tile: each slice sums its own run of tiles."""
     loop = plan.loop
     assert isinstance(loop, Depthwise)
@@ -537,12 +537,12 @@ def _wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
 def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) -> Plan:
     """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules above."""
     m, warp = g.kg, target.warp_size
-    rows, vec = _wgrad_layout(g)
+    rows, vec = wgrad_layout(g)
     groups = g.r // rows
     acc = vec * m * rows * g.s
     # the chunk that pads C least, else the next whose tiles fit (a narrower chunk has fewer
     # lanes, so blocks small enough for a large multiplier's registers still have whole warps)
-    by_chunk = [(ch, _wgrad_tiles(g, target, elem, rows, vec, ch)) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)]
+    by_chunk = [(ch, wgrad_tiles(g, target, elem, rows, vec, ch)) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)]
     chunk, ranked = next(((ch, r) for ch, r in by_chunk if r and not _past_registers(r)),
                          next(((ch, r) for ch, r in by_chunk if r), (by_chunk[0][0], [])))
     lanes = chunk // vec
@@ -557,7 +557,7 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
     tile_h, threads = plan.block_m // loop.tile_w, plan.warps_m * warp
     tiles = g.n * math.ceil(g.p / tile_h) * math.ceil(g.q / loop.tile_w)
     chunks = math.ceil(g.c / chunk)
-    split = _wgrad_split(g, target, plan)
+    split = wgrad_split(g, target, plan)
     reasons.append(f"{rows} filter row(s) a thread ({groups} row group(s)), vec {vec}: {acc} fp32 sums a thread (at "
                    f"most {MAX_WGRAD_ACCS}); every staged value it reads serves up to {rows * g.s} taps")
     best = _wgrad_chunk(g.c, vec, warp)

@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (DRAM_GRANULE, WGRAD_CHUNKS, _wgrad_layout, _wgrad_split, _wgrad_tiles, chunks_by_padding,
+from .depthwise import (DRAM_GRANULE, WGRAD_CHUNKS, chunks_by_padding, wgrad_layout, wgrad_split, wgrad_tiles,
                         whole_pixel_chunk)
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -107,14 +107,14 @@ WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning
 def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -> list[Plan]:
     """The tile search's next-cheapest tiles, each other chunk's cheapest (each with its own
     slices), and the default's tile at half and twice its slices."""
-    rows, vec = _wgrad_layout(g)
+    rows, vec = wgrad_layout(g)
     out = []
     for chunk in dict.fromkeys([base.block_n, *sorted(chunks_by_padding(g.c, vec, target.warp_size, WGRAD_CHUNKS))]):
-        ranked = _wgrad_tiles(g, target, elem, rows, vec, chunk)
+        ranked = wgrad_tiles(g, target, elem, rows, vec, chunk)
         for _, plan, cost, _ in ranked[1:1 + WGRAD_NEXT_TILES] if chunk == base.block_n else ranked[:1]:
             loop = plan.loop
             assert isinstance(loop, Depthwise)
-            out.append(dataclasses.replace(plan, split_k=_wgrad_split(g, target, plan), reasons=(
+            out.append(dataclasses.replace(plan, split_k=wgrad_split(g, target, plan), reasons=(
                 f"tuning candidate: depthwise wgrad {plan.block_m // loop.tile_w}x{loop.tile_w} tile, {chunk} "
                 f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)",)))
     for split in (base.split_k // 2, base.split_k * 2):
