@@ -309,7 +309,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
         raise AssertionError("unreachable")
 
     tile_h, tile_w, cols, registers = fit(chunk)
-    whole = whole_pixel_chunk(g, vec, 4 if elem == "float32" else 2, chunk)
+    whole = whole_pixel_chunk(g, vec, 4 if elem == "float32" else 2, chunk, target.info.dram_granule)
     if whole:  # the same runs over every channel, within 512 threads (what tuning timed; wave64 seldom fits)
         try:
             w_h, w_w, w_cols, w_registers = fit(whole)
@@ -317,7 +317,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
             w_cols = 0
         if w_cols == cols and w_registers and w_h * w_w // w_cols * (whole // vec) <= 512:
             reasons.append(f"all {whole} channels a block: {chunk}-channel chunks would split each "
-                           f"{whole * (4 if elem == 'float32' else 2)}-byte pixel across {DRAM_GRANULE}-byte DRAM "
+                           f"{whole * (4 if elem == 'float32' else 2)}-byte pixel across {target.info.dram_granule}-byte DRAM "
                            "granules that every chunk's blocks read again (MobileNetV2's C = 144: 1.27-1.53x "
                            "slower, timed on an H100)")
             chunk, tile_h, tile_w = whole, w_h, w_w
@@ -366,21 +366,21 @@ def chunks_by_padding(c: int, vec: int, lanes_cap: int, sizes: tuple[int, ...] =
     return sorted(fits, key=lambda ch: (math.ceil(c / ch) * ch, -ch))
 
 
-# DRAM is read in whole granules of this many bytes: a block that stages a chunk of each pixel
+# DRAM is read in whole granules (Arch.dram_granule): a block that stages a chunk of each pixel
 # whose bytes do not start and end on granule boundaries pays for the neighbouring chunks' bytes
 # too (the other chunks' blocks run much later: blockIdx.y is the chunk).  MobileNetV2's C = 144
 # (288-byte pixels) in chunks of 64, 64 and 16 channels moved 287 MB of DRAM in dw144-56px's
 # fprop where cuDNN moved 217 (its floor 231; Nsight Compute on an H100, benchmarks/NOTES.md,
 # thirty-sixth session), about what 64-byte granules predict (270 MB); C = 96 (three granules a
 # pixel) moved what cuDNN moved.  A block that owns every channel reads each pixel as one run.
-DRAM_GRANULE = 64
+# (On GDDR parts, 32-byte granules, C = 144's pixels are whole granules: no change there.)
 
 
-def whole_pixel_chunk(problem: ConvProblem, vec: int, elem_bytes: int, chunk: int) -> int | None:
-    """C as a chunk, where ``chunk`` splits a pixel whose bytes are not whole DRAM granules and
-    C's lanes of ``vec`` stay within a block (32); else None."""
+def whole_pixel_chunk(problem: ConvProblem, vec: int, elem_bytes: int, chunk: int, granule: int) -> int | None:
+    """C as a chunk, where ``chunk`` splits a pixel whose bytes are not whole DRAM granules of
+    ``granule`` bytes and C's lanes of ``vec`` stay within a block (32); else None."""
     c = problem.c
-    if c <= chunk or (c * elem_bytes) % DRAM_GRANULE == 0 or c % vec or c // vec > 32:
+    if c <= chunk or (c * elem_bytes) % granule == 0 or c % vec or c // vec > 32:
         return None
     return c
 

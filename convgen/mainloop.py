@@ -483,7 +483,7 @@ class Depthwise(MainLoop):
     tiles: int = 1  # fprop, dgrad: pixel tiles a block computes in turn, the next one's halo copied meanwhile
     # fprop, dgrad: consecutive blocks take one tile group's channel chunks in turn (chunk first)
     # rather than one chunk's tile groups, so a pixel's chunks are read together and share the
-    # DRAM granules they straddle in L2 (convgen/depthwise.py, DRAM_GRANULE).
+    # DRAM granules they straddle in L2 (convgen/depthwise.py, whole_pixel_chunk).
     interleave: bool = False
 
     def __post_init__(self) -> None:

@@ -46,6 +46,10 @@ class Arch:
     # Copies of each WMMA input a lane holds: RDNA3 (gfx11) wants A and B replicated in both
     # half-waves (16 halves a lane, twice RDNA4's), so its fragments cost twice the VGPRs.
     wmma_input_copies: int = 1
+    # The fewest bytes one DRAM access moves: an HBM pseudo-channel's burst (64: A100, H100,
+    # H200, MI300X), a GDDR6 channel's (32: T4, RTX 30 and 40, RDNA).  A block reading part of
+    # a granule pays for all of it (convgen/depthwise.py, whole_pixel_chunk).
+    dram_granule: int = 64
 
     @property
     def name(self) -> str:
@@ -92,12 +96,12 @@ def _hip(arch: str, warp_size: int, sms: int) -> Arch:
 
 ARCHES: dict[str, Arch] = {
     # smem limits are the per-block opt-in maxima (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-    "sm_75": _cuda("sm_75", 64, 40, sm=75),  # T4
-    "sm_80": _cuda("sm_80", 163, 108, sm=80),  # A100
-    "sm_86": _cuda("sm_86", 99, 82, sm=86),  # RTX 3090
-    "sm_89": _cuda("sm_89", 99, 128, sm=89),  # RTX 4090
-    "sm_90": _cuda("sm_90", 227, 132, sm=90),  # H100 / H200 SXM
-    "gfx1100": dataclasses.replace(_hip("gfx1100", 32, 96), wmma_input_copies=2),  # RX 7900 XTX (RDNA3)
-    "gfx1201": _hip("gfx1201", 32, 64),  # RX 9070 XT (RDNA4)
-    "gfx942": _hip("gfx942", 64, 304),  # MI300X (CDNA3)
+    "sm_75": dataclasses.replace(_cuda("sm_75", 64, 40, sm=75), dram_granule=32),  # T4 (GDDR6)
+    "sm_80": _cuda("sm_80", 163, 108, sm=80),  # A100 (HBM2e)
+    "sm_86": dataclasses.replace(_cuda("sm_86", 99, 82, sm=86), dram_granule=32),  # RTX 3090 (GDDR6X)
+    "sm_89": dataclasses.replace(_cuda("sm_89", 99, 128, sm=89), dram_granule=32),  # RTX 4090 (GDDR6X)
+    "sm_90": _cuda("sm_90", 227, 132, sm=90),  # H100 / H200 SXM (HBM3, HBM3e)
+    "gfx1100": dataclasses.replace(_hip("gfx1100", 32, 96), wmma_input_copies=2, dram_granule=32),  # RX 7900 XTX
+    "gfx1201": dataclasses.replace(_hip("gfx1201", 32, 64), dram_granule=32),  # RX 9070 XT (RDNA4, GDDR6)
+    "gfx942": _hip("gfx942", 64, 304),  # MI300X (CDNA3, HBM3)
 }

@@ -490,7 +490,8 @@ def test_whole_pixel_chunk_is_the_default_where_it_fits_and_walks_exactly(proble
     """C = 144 (288-byte pixels: not whole 64-byte DRAM granules) in 64-channel chunks reads each
     granule twice, once per chunk's blocks (1.27-1.53x slower on an H100).  The default takes
     all 144 channels a block, the default's tile otherwise, and walks its layer exactly; C = 96
-    (192 bytes, three granules) keeps 64-channel chunks, and C = 272 (34 lanes: no whole-pixel
+    (192 bytes, three granules) keeps 64-channel chunks, as C = 144 does on a GDDR part (32-byte
+    granules, Arch.dram_granule), and C = 272 (34 lanes: no whole-pixel
     block) keeps them too, with tuning offering them chunk first (Depthwise.interleave) within
     tuning on first use's few, also exact."""
     from convgen.autotune import CANDIDATES
@@ -508,6 +509,8 @@ def test_whole_pixel_chunk_is_the_default_where_it_fits_and_walks_exactly(proble
     c96 = dataclasses.replace(problem, c=96, k=96, groups=96)
     others = candidates(c96, pass_, Target())
     assert others[0].block_n == 64 and not any(p.loop.interleave for p in others)
+    gddr = candidates(problem, pass_, Target("sm_86"))  # 32-byte granules: 288-byte pixels are whole ones
+    assert gddr[0].block_n == 64 and not any(p.block_n == 144 or p.loop.interleave for p in gddr)
     c272 = dataclasses.replace(problem, c=272, k=272, groups=272)
     wide = candidates(c272, pass_, Target())
     inter = [i for i, p in enumerate(wide) if p.loop.interleave]
