@@ -180,18 +180,43 @@ def _kernel(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
     with _lock, cupy.cuda.Device(device_id):  # detect, compile for and load on the arrays' device
         k = _cache.get(key)
         if k is None:
-            from .compile import load_kernels, set_max_dynamic_shared_memory
-
             src = _planned_source(problem, pass_, epilogue, in_dtype, device_id, plan, scalar, mma_dtype=mma_dtype)
-            fns = load_kernels(src.source, src.kernel_names, arch=src.compile_arch)
-            main = fns[src.main.kernel]
-            if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
-                set_max_dynamic_shared_memory(main, src.main.shared_mem)
+            fns, main = _load(src)
             if src.main.cooperative:
-                _check_cooperative(src, main, problem.n, device_id)
+                try:
+                    _check_cooperative(src, main, problem.n, device_id)
+                except ValueError as exc:
+                    if plan is not None:
+                        raise  # the caller's own plan: say why it cannot run here
+                    src = _kernel_summed(src, exc)
+                    fns, main = _load(src)
             k = _cache[key] = _Kernel.build(src, main, fns[src.reduce.kernel] if src.reduce else None)
     check_launch(k.source, problem.n)
     return k
+
+
+def _load(src: KernelSource) -> tuple[dict[str, Any], Any]:
+    """The source's kernels, compiled (or read from the cache) and loaded, and its main one."""
+    from .compile import load_kernels, set_max_dynamic_shared_memory
+
+    fns = load_kernels(src.source, src.kernel_names, arch=src.compile_arch)
+    main = fns[src.main.kernel]
+    if src.main.shared_mem > 48 * 1024:  # above 48 KB a block must opt in
+        set_max_dynamic_shared_memory(main, src.main.shared_mem)
+    return fns, main
+
+
+def _kernel_summed(src: KernelSource, why: ValueError) -> KernelSource:
+    """A tuned plan that sums its slices in the kernel, on a GPU that cannot hold its grid at
+    once (a tuning database or tuning on first use timed it where it could: another part of
+    the same name, or before MPS limited the SMs): the same plan with the slices summed by the
+    reduction kernel, with a warning, rather than a call that fails."""
+    import dataclasses
+    import warnings
+
+    warnings.warn(f"convgen: {why}; this shape's tuned plan ({src.spec.plan.brief()}) sums its slices in a second "
+                  "kernel instead", RuntimeWarning, stacklevel=4)
+    return emit(dataclasses.replace(src.spec, plan=dataclasses.replace(src.spec.plan, split_reduce="kernel")))
 
 
 def _check_cooperative(src: KernelSource, main: Any, batch: int, device_id: int) -> None:

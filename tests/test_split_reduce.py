@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -179,6 +180,46 @@ def test_the_runtime_refuses_a_grid_that_is_not_resident_at_once(monkeypatch):
     assert seen == [(src.main.block[0], src.main.shared_mem)]
     monkeypatch.setattr(cc, "resident_blocks", lambda fn, threads, smem, dev: blocks)
     rt._check_cooperative(src, object(), DENSE.n, 0)  # exactly resident: fine
+
+
+def _fake_load(monkeypatch, holds: int):
+    """The runtime's kernel loading without a GPU: every source "loads", and a cooperative
+    grid larger than ``holds`` blocks is refused as the driver's occupancy would refuse it."""
+    import contextlib
+    import types
+
+    import convgen.compile as cc
+
+    loaded = []
+    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=lambda _i: contextlib.nullcontext()))
+    monkeypatch.setattr(rt, "_cupy", lambda: fake_cupy)
+    monkeypatch.setattr(rt, "_cache", {})
+    monkeypatch.setattr(cc, "load_kernels", lambda source, names, arch: loaded.append(source) or {n: n for n in names})
+    monkeypatch.setattr(cc, "set_max_dynamic_shared_memory", lambda fn, smem: None)
+    monkeypatch.setattr(cc, "resident_blocks", lambda fn, threads, smem, dev: holds)
+    return loaded
+
+
+def test_a_tuned_grid_that_is_not_resident_falls_back_to_the_reduction_kernel(monkeypatch):
+    """A tuned plan that sums its slices in the kernel (a database entry, or tuning on first use,
+    timed where its grid fit) on a GPU that holds fewer blocks at once: the same plan with the
+    slices summed by the reduction kernel, and a warning that names the counts; a hand plan
+    still raises, since the caller chose it."""
+    tuned = grid(DEPTHWISE)
+    src = emit(make_spec(DEPTHWISE, "wgrad", target=SM90, plan_=tuned))
+    blocks = math.prod(src.grid(DEPTHWISE.n))
+    loaded = _fake_load(monkeypatch, holds=blocks - 1)
+    monkeypatch.setattr(rt, "_planned_source", lambda *a, **k: src)
+    with pytest.warns(RuntimeWarning, match=rf"launches all {blocks} blocks .* holds {blocks - 1} .* second kernel"):
+        k = rt._kernel(DEPTHWISE, Pass.WGRAD, Epilogue(), "float16", 0, None, False)
+    assert k.source.spec.plan == dataclasses.replace(tuned, split_reduce="kernel")
+    assert not k.source.main.cooperative and k.source.reduce is not None and loaded == [src.source, k.source.source]
+    loaded.clear()
+    with pytest.raises(ValueError, match=f"this GPU holds {blocks - 1}"):
+        rt._kernel(DEPTHWISE, Pass.WGRAD, Epilogue(), "float16", 0, tuned, False)
+    _fake_load(monkeypatch, holds=blocks)  # resident: the grid-summed plan stands
+    k = rt._kernel(DEPTHWISE, Pass.WGRAD, Epilogue(), "float16", 0, None, False)
+    assert k.source is src and k.source.main.cooperative
 
 
 # --------------------------------------------------------------------------- NVRTC

@@ -107,3 +107,22 @@ def test_a_grid_too_large_to_be_resident_is_refused():
 
     with pytest.raises(ValueError, match=r"split_reduce='grid' launches all 8192 blocks"):
         convgen.conv2d_wgrad(cp.asarray(x), cp.asarray(dy), problem.w_shape, plan=p)
+
+
+def test_a_tuned_grid_that_is_not_resident_falls_back_exact(monkeypatch):
+    """A tuned plan summing its slices in the kernel, on a GPU said to hold one block at once:
+    the runtime warns and runs the same plan with the reduction kernel, exactly."""
+    import convgen.compile as cc
+    import convgen.runtime as rt
+
+    problem = CASES[5]  # depthwise: tuning on first use offers its grid-summed twin second
+    tuned = grid_plan(problem)
+    real = rt.kernel_problem
+    monkeypatch.setattr(rt, "kernel_problem", lambda prob, pass_, *a, **k: (
+        real(prob, pass_, *a, **k)[0], tuned if Pass.parse(pass_) is Pass.WGRAD else None))
+    monkeypatch.setattr(cc, "resident_blocks", lambda *a: 1)
+    monkeypatch.setattr(rt, "_cache", {})
+    monkeypatch.setattr(rt, "_calls", {})
+    with pytest.warns(RuntimeWarning, match="sums its slices in a second kernel"):
+        res = run_pass(problem, "wgrad", seeded("grid-fallback", problem), out_dtype="float32", bias=True, exact=True)
+    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {tuned.brief()} -> kernel-summed")
