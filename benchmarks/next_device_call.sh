@@ -5,7 +5,7 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh tune-dw7   # ConvNeXt 7x7: the long run, never timed
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh tune-dw7   # the grid fallback's GPU test; ConvNeXt 7x7: the long run, never timed
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # the whole GPU suite (last whole at d05fd8e, H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
@@ -384,8 +384,10 @@ verify37c() {  # the pointwise wgrad TMA tiles priced with their operands: GPU t
     (cd "$OUT" && tar czf v37c.tgz v37c && rm -rf v37c)
 }
 
-tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over 4 channels) never timed (about 4 min)
+tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over 4 channels) never timed (about 5 min)
     install
+    # first, the thirty-seventh session's one GPU test not yet run: a tuned grid that is not resident falls back
+    CONVGEN_CACHE_DIR=/tmp/cg-dw7 timeout 60 $PYTEST tests/test_split_reduce_gpu.py 2>&1 | tee "$OUT/split-reduce-gpu.log" | tail -3
     mkdir -p "$OUT/dw7"
     for p in fprop dgrad; do
         CONVGEN_CACHE_DIR=/tmp/cg-dw7 timeout 110 python3 -m convgen.cli tune --suite convnext-dw --pass $p --no-bias \
