@@ -160,14 +160,13 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
                     p, loop=Im2col(warps_k=2), reasons=(p.reasons[0] + ", K sliced 2 ways",)))
                 if q is not None:
                     sliced.append(q)
-    return (out[:limit + halo] + sliced[:SLICED_PER_LAYER]
-            + (_wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else [])
-            + _pointwise_tile_candidates(problem, pass_, target, in_dtype)
-            + _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
-            + sorted(sum(_grid_reduce_twins(problem, pass_, target, in_dtype, base, seen), []),
-                     key=lambda p: -p.split_k)  # untimed here: last, the most slices first
-            + sliced_box
-            + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
+    wgmma_plans = _wgmma_candidates(problem, pass_, target, in_dtype, base, seen) if wgmma else []
+    pointwise = _pointwise_tile_candidates(problem, pass_, target, in_dtype)
+    exact = _exact_tma_candidates(problem, pass_, target, in_dtype, seen)
+    fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)  # untimed here: last
+    return (out[:limit + halo] + sliced[:SLICED_PER_LAYER] + wgmma_plans + pointwise + exact
+            + late + fits  # the most slices first
+            + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
 # TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has

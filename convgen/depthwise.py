@@ -296,20 +296,22 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
 
     def fit(chunk: int) -> tuple[int, int, int, bool]:
         """(tile rows, tile columns, run, registers bound kept) of the first try that fits."""
-        for i, (cols, registers) in enumerate(tries):
+        def attempt(cols: int, registers: bool) -> tuple[int, int, int, bool]:
             unit_w = math.lcm(cols, sw) if dgrad else cols
             tile_w = unit_w * max(1, math.ceil(min(out_w, widest) / unit_w))
             tile_h = unit_h * max(1, math.ceil(min(out_h, STENCIL_TILE) / unit_h))
+            return (*_fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk,
+                               registers), cols, registers)
+
+        for cols, registers in tries[:-1]:
             try:
-                return (*_fit_tile(g, pass_, target, elem, (tile_h, unit_h), (tile_w, unit_w), cols, vec, chunk,
-                                   registers), cols, registers)
+                return attempt(cols, registers)
             except ValueError:
-                if i == len(tries) - 1:
-                    raise
-        raise AssertionError("unreachable")
+                pass
+        return attempt(*tries[-1])  # the last try's refusal names the limit
 
     tile_h, tile_w, cols, registers = fit(chunk)
-    whole = whole_pixel_chunk(g, vec, 4 if elem == "float32" else 2, chunk, target.info.dram_granule)
+    whole = whole_pixel_chunk(g, vec, elem, chunk, target)
     if whole:  # the same runs over every channel, within 512 threads (what tuning timed; wave64 seldom fits)
         try:
             w_h, w_w, w_cols, w_registers = fit(whole)
@@ -317,7 +319,7 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
             w_cols = 0
         if w_cols == cols and w_registers and w_h * w_w // w_cols * (whole // vec) <= 512:
             reasons.append(f"all {whole} channels a block: {chunk}-channel chunks would split each "
-                           f"{whole * (4 if elem == 'float32' else 2)}-byte pixel across {target.info.dram_granule}-byte DRAM "
+                           f"{pixel_bytes(whole, elem)}-byte pixel across {target.info.dram_granule}-byte DRAM "
                            "granules that every chunk's blocks read again (MobileNetV2's C = 144: 1.27-1.53x "
                            "slower, timed on an H100)")
             chunk, tile_h, tile_w = whole, w_h, w_w
@@ -376,11 +378,22 @@ def chunks_by_padding(c: int, vec: int, lanes_cap: int, sizes: tuple[int, ...] =
 # (On GDDR parts, 32-byte granules, C = 144's pixels are whole granules: no change there.)
 
 
-def whole_pixel_chunk(problem: ConvProblem, vec: int, elem_bytes: int, chunk: int, granule: int) -> int | None:
-    """C as a chunk, where ``chunk`` splits a pixel whose bytes are not whole DRAM granules of
-    ``granule`` bytes and C's lanes of ``vec`` stay within a block (32); else None."""
+def pixel_bytes(c: int, elem: DType) -> int:
+    """The bytes of a pixel of ``c`` channels read as ``elem``."""
+    return c * (4 if elem == "float32" else 2)
+
+
+def straddles_granules(c: int, elem: DType, target: Target) -> bool:
+    """Whether a pixel of ``c`` channels is not whole DRAM granules of ``target``'s memory, so
+    blocks that each read a chunk of it read some granules twice."""
+    return pixel_bytes(c, elem) % target.info.dram_granule != 0
+
+
+def whole_pixel_chunk(problem: ConvProblem, vec: int, elem: DType, chunk: int, target: Target) -> int | None:
+    """C as a chunk, where ``chunk`` splits a pixel that straddles DRAM granules and C's lanes of
+    ``vec`` stay within a block (32); else None."""
     c = problem.c
-    if c <= chunk or (c * elem_bytes) % granule == 0 or c % vec or c // vec > 32:
+    if c <= chunk or not straddles_granules(c, elem, target) or c % vec or c // vec > 32:
         return None
     return c
 

@@ -9,8 +9,8 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, wgrad_layout, wgrad_split, wgrad_tiles,
-                        whole_pixel_chunk)
+from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, straddles_granules, wgrad_layout, wgrad_split,
+                        wgrad_tiles, whole_pixel_chunk)
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
 from .spec import Plan
@@ -44,8 +44,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     if long_run is not None:
         yield lambda: long_run
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
-    granule = target.info.dram_granule
-    whole = whole_pixel_chunk(problem, vec, 4 if elem == "float32" else 2, base.block_n, granule)
+    whole = whole_pixel_chunk(problem, vec, elem, base.block_n, target)
     options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n,
                                    *([whole] if whole else [])])),
                [c for c in VARIATION_COLS if pass_ is not Pass.DGRAD or c % sw == 0] or [loop.cols],
@@ -69,7 +68,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             combos.insert(2, nearest)  # combos[0] is the default itself
     interleave = dataclasses.replace(base, loop=dataclasses.replace(loop, interleave=True), reasons=(
         f"tuning candidate: the default ({base.block_n}-channel chunks) with its blocks chunk first",))
-    if nearest is None and base.block_n < problem.c and (problem.c * (4 if elem == "float32" else 2)) % granule:
+    if nearest is None and base.block_n < problem.c and straddles_granules(problem.c, elem, target):
         yield lambda: interleave  # split pixels straddle granules and no whole-pixel block fits
     for chunk, cols, (tile_h, tile_w), block, ring in combos:
         threads = threads_of(chunk, cols, (tile_h, tile_w), block, ring)

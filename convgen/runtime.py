@@ -11,7 +11,9 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -211,9 +213,6 @@ def _kernel_summed(src: KernelSource, why: ValueError) -> KernelSource:
     once (a tuning database or tuning on first use timed it where it could: another part of
     the same name, or before MPS limited the SMs): the same plan with the slices summed by the
     reduction kernel, with a warning, rather than a call that fails."""
-    import dataclasses
-    import warnings
-
     warnings.warn(f"convgen: {why}; this shape's tuned plan ({src.spec.plan.brief()}) sums its slices in a second "
                   "kernel instead", RuntimeWarning, stacklevel=4)
     return emit(dataclasses.replace(src.spec, plan=dataclasses.replace(src.spec.plan, split_reduce="kernel")))
