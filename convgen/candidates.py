@@ -13,12 +13,13 @@ import itertools
 import math
 from typing import Callable
 
-from . import depthwise_variations, stream_k, tma_halo
+from . import depthwise, depthwise_variations, stream_k, tma_halo
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
 from .footprint import halo_images
+from .reduction import resident_split
 from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
@@ -99,10 +100,16 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise_variations.py)
         out, seen = [base], {dataclasses.replace(base, reasons=())}
-        # wgrad's slices summed in the main kernel, where the GPU holds them at once, right after
-        # the default: on an H100 they won 12 of both depthwise suites' 14 wgrad rows (1.05-1.55x
-        # the default of 8 blocks an SM; thirty-seventh session); those that may not fit, last
-        fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)
+        # wgrad's default sums its slices in the kernel where the GPU holds them at once (CUDA):
+        # next, the slices for WGRAD_BLOCKS_PER_SM blocks an SM summed by a second kernel, which
+        # it replaced, and its other grid-summed twins; those that may not fit, last
+        summed = base
+        if base.split_reduce == "grid":
+            summed = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
+                base, split_reduce="kernel", split_k=depthwise.wgrad_split(problem, target, base),
+                reasons=("tuning candidate: the default's tile, its slices summed by a second kernel",))) or base
+            _add_unique(summed, seen, out)
+        fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, summed, seen)
         out += fits
         for make in depthwise_variations.variations(problem, pass_, target, base):
             p = _feasible(problem, pass_, target, in_dtype, make)
@@ -200,12 +207,6 @@ def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_
     return out
 
 
-# Registers a thread of a split-K wgrad kernel is assumed to hold when sizing a grid that must
-# be resident at once: NVRTC gave 40-128 on sm_90 (twenty-ninth and thirtieth sessions'
-# `convgen sass` counts), and the runtime checks the real count when it loads a kernel.
-GRID_REDUCE_REGS = 128
-
-
 def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, base: Plan,
                        seen: set[Plan]) -> tuple[list[Plan], list[Plan]]:
     """The default split-K plan with its slices summed in the main kernel (split_reduce "grid":
@@ -225,10 +226,8 @@ def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dty
                                       lambda: dataclasses.replace(base, split_reduce="grid")) is None:
         return fits, late
     gx, gy, _ = emit(make_spec(problem, pass_, target=target, in_dtype=in_dtype, plan_=base)).grid(problem.n)
-    threads = base.warps * target.warp_size
-    per_sm = max(1, min(target.info.smem_limit // (smem_bytes(base, pass_, target.warp_size, problem) + 1024),
-                        65536 // (threads * GRID_REDUCE_REGS)))  # the SM reserves 1 KB a block
-    fit = target.sm_count * per_sm // (gx * gy)
+    fit = resident_split(target.sm_count, target.info.smem_limit, smem_bytes(base, pass_, target.warp_size, problem),
+                         base.warps * target.warp_size, gx * gy)
     for split in sorted({base.split_k, base.split_k // 2, min(fit, base.split_k)}, reverse=True):
         if split < 2:
             continue

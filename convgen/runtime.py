@@ -209,11 +209,12 @@ def _load(src: KernelSource) -> tuple[dict[str, Any], Any]:
 
 
 def _kernel_summed(src: KernelSource, why: ValueError) -> KernelSource:
-    """A tuned plan that sums its slices in the kernel, on a GPU that cannot hold its grid at
-    once (a tuning database or tuning on first use timed it where it could: another part of
-    the same name, or before MPS limited the SMs): the same plan with the slices summed by the
-    reduction kernel, with a warning, rather than a call that fails."""
-    warnings.warn(f"convgen: {why}; this shape's tuned plan ({src.spec.plan.brief()}) sums its slices in a second "
+    """A plan the caller did not choose that sums its slices in the kernel, on a GPU that cannot
+    hold its grid at once (the planner sized it at an estimated register count, or a tuning
+    database or tuning on first use timed it where it fit: another part of the same name, or
+    before MPS limited the SMs): the same plan with the slices summed by the reduction kernel,
+    with a warning, rather than a call that fails."""
+    warnings.warn(f"convgen: {why}; this shape's plan ({src.spec.plan.brief()}) sums its slices in a second "
                   "kernel instead", RuntimeWarning, stacklevel=4)
     return emit(dataclasses.replace(src.spec, plan=dataclasses.replace(src.spec.plan, split_reduce="kernel")))
 

@@ -170,8 +170,9 @@ def _suite_layers(*names):
                          ids=lambda p: p.describe().replace(" ", "_"))
 def test_wgrad_plans_fit_the_h200_rules(problem):
     """Each suite layer's wgrad plan: at most 256 threads, two tiles' buffers within a third of
-    the SM's shared memory, sums and held dy values within the register budget, and about 8
-    blocks an SM (channel chunks x slices), every slice at least one tile."""
+    the SM's shared memory, sums and held dy values within the register budget, and blocks
+    (channel chunks x slices) for 4 to 9 an SM, or, summed in the kernel, all resident at once
+    at 128 registers a thread (2 an SM of 256 threads), every slice at least one tile."""
     from convgen.depthwise import MAX_WGRAD_ACCS, MAX_WGRAD_HELD, facts, smem_bytes
 
     t = Target()
@@ -181,9 +182,14 @@ def test_wgrad_plans_fit_the_h200_rules(problem):
     assert smem_bytes(pl, problem, Pass.WGRAD) <= t.smem_limit // 3
     acc = f.vec * f.mult * (problem.r // f.row_groups) * problem.s
     assert acc <= MAX_WGRAD_ACCS and acc + f.cols * f.vec * f.mult <= MAX_WGRAD_HELD
-    blocks = -(-problem.c // f.chunk) * pl.split_k
+    chunks = -(-problem.c // f.chunk)
+    blocks = chunks * pl.split_k
     tiles = problem.n * f.tiles_h * f.tiles_w
-    assert pl.split_k <= tiles and 4 * t.sm_count <= blocks <= 9 * t.sm_count
+    if pl.split_reduce == "grid":
+        assert (65536 // (pl.warps * 32 * 128) * t.sm_count) - chunks < blocks <= 4 * t.sm_count
+    else:
+        assert 4 * t.sm_count <= blocks <= 9 * t.sm_count
+    assert pl.split_k <= tiles
     assert any("tile" in r and "modelled cost" in r for r in pl.reasons)
 
 
@@ -283,7 +289,7 @@ def test_wgrad_tiling_emulated_is_exact(problem, hand):
     pair exactly once: integer data, equal to the float64 reference."""
     base = hand or plan(problem, Pass.WGRAD)
     for split in sorted({1, 3, base.split_k}):
-        pl = dataclasses.replace(base, split_k=split)
+        pl = dataclasses.replace(base, split_k=split, split_reduce=base.split_reduce if split > 1 else "kernel")
         check_plan(pl, problem, "wgrad", Target(), "float16")
         got_dw, got_db, ref_dw, ref_db = _emulate_wgrad(problem, pl, np.random.default_rng(split))
         np.testing.assert_array_equal(got_dw, ref_dw)
@@ -311,7 +317,7 @@ def test_wgrad_kernels_compile_without_spills():
             if split is not None:
                 spec = make_spec(problem, Pass.WGRAD, target=Target(arch), in_dtype=in_dtype,
                                  epilogue=Epilogue(bias=bias, out_dtype=out),
-                                 plan_=dataclasses.replace(spec.plan, split_k=split))
+                                 plan_=dataclasses.replace(spec.plan, split_k=split, split_reduce="kernel"))
             src = emit(spec)
             binary = compile_binary(src.source, arch=arch, name=src.filename)
             assert binary[:4] == b"\x7fELF"

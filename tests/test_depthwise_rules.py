@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from convgen.ir import ConvProblem, Pass, Target
+from convgen import depthwise
 from convgen.planner import plan
 
 from test_short_reduction_rules import _problem
@@ -106,13 +107,13 @@ def test_a_ring_of_three_halos_only_where_it_costs_no_resident_block(monkeypatch
 WGRAD_LOGS = sorted(TUNING.glob("nvidia-h100_*-tune-*-dw-wgrad.json"))
 
 
-def test_wgrad_slices_for_4_blocks_an_sm_are_within_10_percent_of_the_tuned_best():
-    """Both depthwise suites' wgrad, tuned on an H100 (`convgen tune`, thirty-seventh session):
-    the default's slices (depthwise.WGRAD_BLOCKS_PER_SM) were timed, to within 3% of their
-    count, on every row, and take at most 1.10x the best candidate's time as a geometric mean
-    (the slices for 8 blocks an SM took 1.17x; the best is mostly the grid-summed twin tuning
-    now offers second)."""
-    ratios, old = [], []
+def test_wgrad_summed_in_its_grid_is_within_3_percent_of_the_tuned_best():
+    """Both depthwise suites' wgrad, tuned on an H100 (`convgen tune`, thirty-seventh session).
+    The default's tile summing its slices in the kernel, with as many as the GPU holds at once,
+    was timed on every row, and takes at most 1.03x the best candidate's time as a geometric
+    mean.  The slices for WGRAD_BLOCKS_PER_SM = 4 blocks an SM summed by a second kernel (the
+    default before, timed to within 3% of their count) took 1.05x or more, and 8 an SM 1.17x."""
+    ratios, summed, old = [], [], []
     for path in WGRAD_LOGS:
         suite = path.name.split("-tune-")[1].split("-wgrad")[0]
         assert suite in ("mobilenetv2-dw", "convnext-dw")
@@ -121,13 +122,18 @@ def test_wgrad_slices_for_4_blocks_an_sm_are_within_10_percent_of_the_tuned_best
             rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
             best = min(r["us"] for r in rows)
             default = plan(problem, Pass.WGRAD, H200).as_dict()
+            assert default["split_reduce"] == "grid", (layer["layer"], default)
+            timed = [r for r in rows if _key(r["plan"]) == _key(default)]
+            assert len(timed) == 1, (layer["layer"], default)
+            ratios.append(timed[0]["us"] / best)
+            kernel = {k: v for k, v in default.items() if k != "split_reduce"}
             same = [r for r in rows if r["plan"].get("split_reduce", "kernel") == "kernel"
-                    and _key({**r["plan"], "split_k": 0}) == _key({**default, "split_k": 0})]
-            near = min(same, key=lambda r: abs(r["plan"]["split_k"] - default["split_k"]))
-            assert abs(near["plan"]["split_k"] - default["split_k"]) <= 0.03 * default["split_k"], (
-                layer["layer"], default, [r["plan"]["split_k"] for r in same])
-            ratios.append(near["us"] / best)
+                    and _key({**r["plan"], "split_k": 0}) == _key({**kernel, "split_k": 0})]
+            four = depthwise.wgrad_split(problem, H200, plan(problem, Pass.WGRAD, H200))
+            near = min(same, key=lambda r: abs(r["plan"]["split_k"] - four))
+            assert abs(near["plan"]["split_k"] - four) <= 0.03 * four, (layer["layer"], four)
+            summed.append(near["us"] / best)
             old.append(next(r["us"] for r in rows if r.get("default")) / best)
     assert len(ratios) == 14
-    geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    assert geomean <= 1.10 < math.exp(sum(map(math.log, old)) / len(old)), (geomean, ratios)
+    geomean = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+    assert geomean(ratios) <= 1.03 < 1.05 <= geomean(summed) < geomean(old), (ratios, summed)

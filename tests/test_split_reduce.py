@@ -122,48 +122,53 @@ def test_the_summing_warps_fit_the_block():
 # --------------------------------------------------------------------------- tuning and the runtime
 
 
-@pytest.mark.parametrize("problem", KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize("problem", [k for k in KINDS if not k.depthwise],
+                         ids=[i for k, i in zip(KINDS, KIND_IDS) if not k.depthwise])
 def test_tuning_offers_the_grid_reduction_where_it_was_timed(problem):
     """The default plan summing its slices in the kernel (with its slices, half of them, and as
-    many as fit at 128 registers a thread).  The im2col and TMA kinds offer it after every
-    other candidate (but stream-K's, offered last for the same reason), so tuning on first use
-    (the first few) leaves it to `convgen tune` until a GPU has timed it.  Depthwise wgrad,
-    where an H100 timed it best on 12 of 14 rows, offers the twins that fit that estimate right
-    after the default, within tuning on first use's few, and the others last.  Never on HIP."""
+    many as fit at 128 registers a thread), after every other candidate (but stream-K's, offered
+    last for the same reason), so tuning on first use (the first few) leaves it to `convgen tune`
+    until a GPU has timed it.  Never on HIP."""
     plans = candidates(problem, Pass.WGRAD, SM90)
     grids = [i for i, p in enumerate(plans) if p.split_reduce == "grid"]
     base = plans[0]
     splits = [plans[i].split_k for i in grids]
-    assert base.split_k in splits and base.split_k // 2 in splits and len(set(splits)) == len(splits)
+    assert base.split_reduce == "kernel" and base.split_k in splits and base.split_k // 2 in splits
+    assert len(set(splits)) == len(splits) and splits == sorted(splits, reverse=True)
     tail = len(plans) - sum(1 for p in plans if p.tma and p.loop.flags().persistent)  # stream-K's come after
-    if problem.depthwise:
-        early = [i for i in grids if i < CANDIDATES]
-        assert early and early == list(range(1, 1 + len(early))), [p.brief() for p in plans]
-        late = grids[len(early):]
-        assert late == list(range(tail - len(late), tail)) and min(splits[len(early):]) > max(splits[:len(early)])
-    else:
-        assert splits == sorted(splits, reverse=True)
-        assert grids == list(range(tail - len(grids), tail)) and min(grids) >= CANDIDATES
+    assert grids == list(range(tail - len(grids), tail)) and min(grids) >= CANDIDATES
     assert all(dataclasses.replace(plans[i], split_reduce="kernel", split_k=base.split_k, reasons=())
                == dataclasses.replace(base, reasons=()) for i in grids)
     assert not any(p.split_reduce == "grid" for p in candidates(problem, Pass.WGRAD, Target("gfx942")))
 
 
-def test_one_twin_fits_the_gpu_at_128_registers_a_thread():
-    """MobileNetV2's first depthwise layer splits into 528 slices of 256-thread blocks, which
-    need 4 blocks an SM resident: its registers hold 2 or 3 (80-94 a thread on sm_90).  The
-    one twin whose grid fits 128 registers a thread comes second; the default's own slices,
-    which may not fit, come last."""
-    from convgen.candidates import GRID_REDUCE_REGS
+@pytest.mark.parametrize("problem", [DEPTHWISE, ConvProblem(112, 112, 32, 32, 3, 3, 1, 1, 1, groups=32, n=128),
+                                     ConvProblem(7, 7, 768, 768, 7, 7, 1, 3, 1, groups=768, n=64)],
+                         ids=["dw144-56px", "dw32-112px", "dw768-7px"])
+def test_depthwise_wgrad_sums_in_its_grid_where_it_fits_and_tuning_times_the_second_kernel_next(problem):
+    """Depthwise wgrad's default on CUDA sums its slices in the kernel, with as many slices as
+    the GPU holds at once at 128 registers a thread (at most those for WGRAD_BLOCKS_PER_SM blocks
+    an SM); tuning on first use times next the same tile with those slices summed by a second
+    kernel (the default it replaced, and the runtime's fallback), and last the grid twins that
+    may not fit.  HIP keeps the second kernel."""
+    from convgen import depthwise
+    from convgen.reduction import GRID_REDUCE_REGS
 
-    problem = ConvProblem(112, 112, 32, 32, 3, 3, 1, 1, 1, groups=32, n=128)
     plans = candidates(problem, Pass.WGRAD, SM90)
-    grids = [(i, p) for i, p in enumerate(plans) if p.split_reduce == "grid"]
-    (_, fits), (last, late) = grids
-    per_sm = 65536 // (fits.warps * 32 * GRID_REDUCE_REGS)
-    gx, gy, gz = emit(make_spec(problem, "wgrad", target=SM90, plan_=fits)).grid(problem.n)
-    assert grids[0][0] == 1 and last == len(plans) - 1 and late.split_k == plans[0].split_k
-    assert gx * gy * gz <= SM90.sm_count * per_sm < gx * gy * late.split_k
+    base, summed = plans[0], plans[1]
+    gx, gy, gz = emit(make_spec(problem, "wgrad", target=SM90, plan_=base)).grid(problem.n)
+    per_sm = 65536 // (base.warps * 32 * GRID_REDUCE_REGS)
+    assert base.split_reduce == "grid" and summed.split_reduce == "kernel" and CANDIDATES >= 2
+    assert summed.split_k == depthwise.wgrad_split(problem, SM90, base) >= base.split_k
+    assert dataclasses.replace(summed, split_k=base.split_k, split_reduce="grid", reasons=()) == \
+        dataclasses.replace(base, reasons=())
+    assert gx * gy * gz <= SM90.sm_count * per_sm  # resident at once (the runtime checks the real count)
+    if summed.split_k > base.split_k:  # fewer slices than the second kernel's: each slice a longer run of tiles
+        assert gx * gy * min(summed.split_k, 2 * base.split_k) > SM90.sm_count * per_sm
+    late = [p for p in plans if p.split_reduce == "grid" and p.split_k > base.split_k]
+    assert plans[len(plans) - len(late):] == late
+    hip = plan_for(problem, Pass.WGRAD, Target("gfx942"))
+    assert hip.split_reduce == "kernel" and hip.split_k > 1
 
 
 def test_the_runtime_refuses_a_grid_that_is_not_resident_at_once(monkeypatch):
@@ -262,7 +267,8 @@ def test_any_split_wgrad_sums_in_the_kernel_with_the_same_workspace_and_grid(pro
         return
     if base.split_k == 1:
         return
-    g = dataclasses.replace(base, split_reduce="grid")
+    g = dataclasses.replace(base, split_reduce="grid")  # depthwise's default already is
+    base = dataclasses.replace(base, split_reduce="kernel")
     check_plan(g, problem, Pass.WGRAD, SM90, "float16")
     epi = Epilogue(bias=db)
     one = emit(make_spec(problem, "wgrad", target=SM90, epilogue=epi, plan_=g))
