@@ -384,6 +384,25 @@ verify37c() {  # the pointwise wgrad TMA tiles priced with their operands: GPU t
     (cd "$OUT" && tar czf v37c.tgz v37c && rm -rf v37c)
 }
 
+verify38() {  # depthwise wgrad summed in its grid by default: GPU tests, both suites' wgrad timed; resnext fprop tuned
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v38 timeout 150 $PYTEST tests/test_split_reduce_gpu.py tests/test_depthwise_gpu.py \
+        tests/test_autotune_gpu.py 2>&1 | tee "$OUT/v38-gpu-tests.log" | tail -3
+    CONVGEN_CACHE_DIR=/tmp/cg-v38 timeout 120 $PYTEST tests/test_kernels_gpu.py \
+        -k "suite_layers and (mobilenetv2-dw or convnext-dw)" 2>&1 | tee -a "$OUT/v38-gpu-tests.log" | tail -3
+    mkdir -p "$OUT/v38"
+    for s in mobilenetv2-dw convnext-dw; do
+        CONVGEN_CACHE_DIR=/tmp/cg-v38 timeout 100 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
+            --out "$OUT/v38/$s-wgrad" 2>&1 | grep -E "geomean speedup"
+    done
+    CONVGEN_CACHE_DIR=/tmp/cg-v38 timeout 100 python3 -m convgen.cli bench --suite resnext50-grouped --pass fprop $BENCH \
+        --out "$OUT/v38/resnext50-grouped-fprop" 2>&1 | grep -E "geomean speedup"
+    CONVGEN_CACHE_DIR=/tmp/cg-v38 timeout 180 python3 -m convgen.cli tune --suite resnext50-grouped --pass fprop --no-bias \
+        --log "$OUT/v38/tune-resnext50-grouped-fprop.json" > "$OUT/v38/tune-resnext50-grouped-fprop.log" 2>&1
+    tail -9 "$OUT/v38/tune-resnext50-grouped-fprop.log"
+    (cd "$OUT" && tar czf v38.tgz v38 && rm -rf v38)
+}
+
 tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over 4 channels) never timed (about 5 min)
     install
     # first, the thirty-seventh session's one GPU test not yet run: a tuned grid that is not resident falls back
@@ -421,5 +440,6 @@ case "${1:-}" in
     verify37b) verify37b ;;
     verify37c) verify37c ;;
     tune-dw7) tune_dw7 ;;
+    verify38) verify38 ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes|l2-ab|l2-check|verify36|verify37|verify37b|verify37c|tune-dw7" >&2; exit 2 ;;
 esac
