@@ -118,7 +118,8 @@ def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -
                 f"tuning candidate: depthwise wgrad {plan.block_m // loop.tile_w}x{loop.tile_w} tile, {chunk} "
                 f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)",)))
     for split in (base.split_k // 2, base.split_k * 2):
-        if 1 <= split <= 4096:
-            out.append(dataclasses.replace(base, split_k=split, reasons=(
+        if 1 <= split <= 4096:  # summed in the grid only where it still is resident: at most the default's slices
+            reduce = base.split_reduce if 1 < split <= base.split_k else "kernel"
+            out.append(dataclasses.replace(base, split_k=split, split_reduce=reduce, reasons=(
                 f"tuning candidate: the default depthwise wgrad plan in {split} slices",)))
     return out

@@ -72,7 +72,7 @@ def test_depthwise_normal_fp16(problem, pass_):
 def test_depthwise_wgrad_split(problem, split):
     """wgrad's pixel slices, with and without the split-K reduction, in exact arithmetic."""
     base = make_plan(problem, Pass.WGRAD)
-    plan = dataclasses.replace(base, split_k=split)
+    plan = dataclasses.replace(base, split_k=split, split_reduce=base.split_reduce if split > 1 else "kernel")
     res = run_pass(problem, Pass.WGRAD, seeded("dw-split", problem, split), out_dtype="float32", exact=True,
                    bias=True, plan=plan)
     check(res, "float32", exact=True, what=f"wgrad {problem.describe()} split {split}")

@@ -300,3 +300,19 @@ def test_tuning_times_a_split_that_fills_the_sms_on_one_tile_wgrads():
     l4 = next(l.problem for l in SUITES["resnet50"] if l.name == "l4-3x3")
     assert all(p.split_k <= MAX_SPLIT for p in candidates(l4, Pass.WGRAD, h200))
     assert all(p.split_k <= MAX_SPLIT for p in candidates(head, Pass.FPROP, h200))
+
+
+@given(problem=problems(), mult=st.integers(1, 3), target=st.sampled_from([SM90, Target("sm_80"), Target("gfx942")]))
+def test_any_depthwise_wgrad_offers_only_plans_the_checker_takes(problem, mult, target):
+    """Every depthwise wgrad candidate, its default summing the slices in the grid or not: the
+    variations of a default with 2 slices once offered a grid-summed plan of 1 slice, which the
+    Plan constructor refuses, and `convgen tune` raised instead of skipping it (thirty-eighth
+    session, found on the GPU)."""
+    problem = dataclasses.replace(problem, k=problem.c * mult, groups=problem.c)
+    try:
+        plan_for(problem, Pass.WGRAD, target)
+    except ValueError:  # a layer no wgrad plan runs (refused by name): nothing to offer
+        return
+    for p in candidates(problem, Pass.WGRAD, target):
+        check_plan(p, problem, Pass.WGRAD, target, "float16")
+        assert p.split_reduce == "kernel" or (target.backend == "cuda" and p.split_k > 1)
