@@ -50,6 +50,12 @@ PERSISTENT_TILES: dict[tuple[Pass, int, int], tuple[int, int, int, bool]] = {
     (Pass.DGRAD, 64, 64): (128, 64, 6, True),
 }
 MIN_PERSISTENT_TILES_PER_SM = 2
+# Grouped layers, G GEMMs side by side on the TMA loop (ResNeXt-50's, packed into slabs of
+# 64-channel groups: group_pack.TMA_SLAB): on an H100 (thirty-eighth session,
+# tuning/nvidia-h100_2026-12-06_dd95543-tune-resnext50-grouped-fprop.json) fprop's persistent
+# 128x64 ping-pong on 6 stages ran 1.06-1.43x the 64x64 tile on all six grouped layers, and was
+# each one's best candidate.  Other grouped tiles and passes were not timed persistent.
+GROUPED_PERSISTENT = {(Pass.FPROP, 64, 64)}
 # Below this many 64-channel K-steps (1x1 layers with C < 512) the im2col loops were faster.
 TMA_MIN_STEPS = 8
 # Except through the persistent kernel, which overlaps one tile's drain with the next tile's
@@ -358,8 +364,9 @@ def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
     model's ``bm`` x ``bn`` tile, or None where the one-block-per-tile kernel stays; and why."""
     if pass_ is Pass.WGRAD:
         return None, "one block per tile: wgrad's split-K slices are its blocks"
-    if problem.groups > 1:
-        return None, "one block per tile: the persistent walk was not measured on grouped layers"
+    if problem.groups > 1 and (pass_, bm, bn) not in GROUPED_PERSISTENT:
+        return None, (f"one block per tile: the persistent walk was measured on grouped layers only for "
+                      f"fprop's 64x64 tile, not {pass_.value}'s {bm}x{bn}")
     tile = PERSISTENT_TILES.get((pass_, bm, bn))
     if tile is None:
         return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"
@@ -374,7 +381,8 @@ def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
            "this one's")
     return tile, (f"persistent {named}: {tiles} tiles "
                   f"(at least {MIN_PERSISTENT_TILES_PER_SM} per SM) walked by the blocks the GPU holds at once, "
-                  f"{how} (measured faster on such 3x3 layers: tma_rules.PERSISTENT_TILES)")
+                  f"{how} (measured faster on such 3x3 layers: tma_rules." +
+                  ("GROUPED_PERSISTENT, ResNeXt-50's grouped layers)" if problem.groups > 1 else "PERSISTENT_TILES)"))
 
 
 def tma_eligible(geometry: ConvGeometry, pass_: Pass, target: Target, in_dtype: DType = "float16") -> str | None:

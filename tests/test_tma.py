@@ -325,13 +325,15 @@ TMA_COMPILE_WGRAD = [
 
 def test_grouped_fprop_and_wgrad_take_the_loop_in_whole_boxes_a_group():
     """fprop's and wgrad's TMA kernels take groups whose C/G and K/G are whole 64-channel boxes,
-    on tiles whose filters stay within a group (wgrad's M, fprop's N), one block a tile; dgrad
-    keeps the im2col loop for any grouping."""
+    on tiles whose filters stay within a group (wgrad's M, fprop's N): wgrad one block a tile,
+    fprop the persistent walk (tma_rules.GROUPED_PERSISTENT); dgrad keeps the im2col loop for
+    any grouping."""
     g4 = ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, 4, n=64)
     for pass_ in (Pass.FPROP, Pass.WGRAD):
         assert tma_eligible(g4.geometry, pass_, SM90) is None
         p = make_spec(g4, pass_, target=SM90).plan
-        assert p.tma and not p.loop.persistent and 64 % (p.block_m if pass_ is Pass.WGRAD else p.block_n) == 0
+        assert p.tma and p.loop.persistent == (pass_ is Pass.FPROP)
+        assert 64 % (p.block_m if pass_ is Pass.WGRAD else p.block_n) == 0
         assert "whole 64-channel boxes" in tma_eligible(dataclasses.replace(g4, groups=8).geometry, pass_, SM90)
     assert "fprop's and wgrad's TMA kernels take groups" in tma_eligible(g4.geometry, Pass.DGRAD, SM90)
     with pytest.raises(ValueError, match="must divide K/G=64"):
@@ -430,3 +432,34 @@ def test_strided_dgrad_defaults_follow_the_h200_measurements(monkeypatch):
         assert chosen.tma == ((suite, name) not in even), (suite, name)
         if (suite, name) in persistent:
             assert chosen.loop.persistent, (suite, name, chosen.brief())
+
+
+def test_grouped_fprop_runs_persistent_where_the_tuning_log_timed_it_best():
+    """ResNeXt-50's grouped layers packed into 64-channel groups (group_pack.TMA_SLAB), tuned on
+    an H100 (tma_rules.GROUPED_PERSISTENT): the default fprop plan of every grouped layer is the
+    persistent 128x64 ping-pong, which the log timed fastest on each (1.06-1.43x the 64x64 tile
+    one block a tile, the default before).  Grouped wgrad keeps one block per tile and says why."""
+    import json
+    import math
+    from pathlib import Path
+
+    from convgen.planner import plan as default_plan
+    from test_short_reduction_rules import _bare, _problem
+
+    log = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning" / \
+        "nvidia-h100_2026-12-06_dd95543-tune-resnext50-grouped-fprop.json"
+    gains = []
+    for layer in json.loads(log.read_text())["layers"]:
+        problem = _problem(layer["problem"])
+        if problem.groups == 1:
+            continue
+        rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
+        chosen = default_plan(problem, Pass.FPROP, SM90)
+        assert chosen.loop == TmaWgmma(persistent=True, pingpong=True), (layer["layer"], chosen.brief())
+        timed = [r["us"] for r in rows if _bare(r["plan"]) == _bare(chosen.as_dict())]
+        assert timed and timed[0] == min(r["us"] for r in rows), (layer["layer"], chosen.brief())
+        gains.append(next(r["us"] for r in rows if r.get("default")) / timed[0])
+    assert len(gains) == 6 and min(gains) > 1.05, gains
+    grouped = ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, groups=4, n=64)
+    wgrad = default_plan(grouped, Pass.WGRAD, SM90)
+    assert not (wgrad.tma and wgrad.loop.persistent)
