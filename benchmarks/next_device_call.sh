@@ -403,6 +403,21 @@ verify38() {  # depthwise wgrad summed in its grid by default: GPU tests, both s
     (cd "$OUT" && tar czf v38.tgz v38 && rm -rf v38)
 }
 
+verify38b() {  # grouped fprop persistent, the depthwise fixes: GPU tests; resnext50-grouped and both depthwise suites timed
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v38b timeout 170 $PYTEST tests/test_groups_gpu.py tests/test_group_pack_gpu.py \
+        tests/test_split_reduce_gpu.py tests/test_depthwise_gpu.py tests/test_tma_gpu.py \
+        -k "group or split or depthwise" 2>&1 | tee "$OUT/v38b-gpu-tests.log" | tail -3
+    CONVGEN_CACHE_DIR=/tmp/cg-v38b timeout 90 $PYTEST tests/test_kernels_gpu.py -k "suite_layers and resnext50" 2>&1 \
+        | tee -a "$OUT/v38b-gpu-tests.log" | tail -2
+    mkdir -p "$OUT/v38b"
+    for s in resnext50-grouped mobilenetv2-dw convnext-dw; do
+        CONVGEN_CACHE_DIR=/tmp/cg-v38b timeout 120 python3 -m convgen.cli bench --suite $s $BENCH \
+            --out "$OUT/v38b/$s" 2>&1 | grep -E "geomean speedup"
+    done
+    (cd "$OUT" && tar czf v38b.tgz v38b && rm -rf v38b)
+}
+
 tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over 4 channels) never timed (about 5 min)
     install
     # first, the thirty-seventh session's one GPU test not yet run: a tuned grid that is not resident falls back
@@ -441,5 +456,6 @@ case "${1:-}" in
     verify37c) verify37c ;;
     tune-dw7) tune_dw7 ;;
     verify38) verify38 ;;
+    verify38b) verify38b ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes|l2-ab|l2-check|verify36|verify37|verify37b|verify37c|tune-dw7" >&2; exit 2 ;;
 esac
