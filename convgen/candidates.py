@@ -20,7 +20,8 @@ from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, M
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
 from .footprint import halo_images
 from .reduction import resident_split
-from .tma_rules import PERSISTENT_TILES, TMA_TILES, tma_eligible, tma_split, tma_tail_fill, tma_tiles
+from .tma_rules import (EXACT_TMA_BN, EXACT_TMA_STAGES, PERSISTENT_TILES, exact_tile_fits, exact_tile_rate,
+                        tma_eligible, tma_split, tma_tail_fill, tma_tiles)
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp
@@ -176,29 +177,18 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
-# TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels has
-# N = 576 in wgrad, which 192 columns cover with no padding where 128 pads 64 and 256 pads 192
-# (one tile in 10 or 3 in 12 multiplying nothing).  Not in TMA_TILES, which holds measured rates:
-# their split-K comes from the rate between their neighbours', and they are offered last, so
-# tuning on first use leaves them to `convgen tune` until a GPU has timed them.
-EXACT_TMA_BN = 192
-EXACT_TMA_STAGES = {64: 6, 128: 5}  # the deepest rings that fit (32 and 40 KB a stage)
-
-
 def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
                           seen: set[Plan]) -> list[Plan]:
     if not _tma_offered(problem, pass_, target, in_dtype):
         return []
     gemm = problem.gemm(pass_)
-    padded = lambda bn: math.ceil(gemm.n / bn) * bn  # noqa: E731
-    if padded(EXACT_TMA_BN) >= min(padded(128), padded(256)):
+    if not exact_tile_fits(gemm.n):  # tma_rules.EXACT_TMA_BN: the planner takes 64 rows where it saves enough
         return []
     out: list[Plan] = []
-    rates = {(m, n): r for m, n, _, r in TMA_TILES}
     for bm, stages in EXACT_TMA_STAGES.items():
         if bm > max(fit_tile(gemm.m), 64):
             continue
-        rate = (rates[(bm, 128)] + rates[(bm, 256)]) / 2
+        rate = exact_tile_rate(bm)
         p = _feasible(problem, pass_, target, in_dtype, lambda: _tma_tile(
             problem, pass_, target, in_dtype, bm, EXACT_TMA_BN, stages, rate,
             f"exactly {gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}"))

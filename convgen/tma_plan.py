@@ -14,7 +14,7 @@ from .footprint import smem_bytes
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan
 from .mainloop import TMA_BLOCK_K, TmaWgmma
-from .tma_rules import MIN_LONG_PADDING, column_padding, tma_cheapest_tile, tma_persistent
+from .tma_rules import EXACT_TMA_BN, MIN_LONG_PADDING, column_padding, tma_cheapest_tile, tma_persistent
 
 
 def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[str], steps: int,
@@ -53,6 +53,10 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
         "producer warpgroup feeds the consumers' asynchronous wgmma",
         (f"block N {bn}: the short reduction's persistent tile (below), not the long-reduction cost model's"
          if short_tile is not None else
+         f"block N {bn}: N={gemm.n} in exactly {math.ceil(gemm.n / bn)} tiles where 128 and 256 columns pad it "
+         f"(tma_rules.EXACT_TMA_BN: 1.07x the 64x128 tile over 12 such wgrad layers on an H100); split-K {split}, "
+         f"{blocks} blocks at {rate:.0f} TFLOP/s (between its neighbours' rates), {us:.0f} us predicted"
+         if bn == EXACT_TMA_BN else
          f"block N {modelled[1]}: with block M {modelled[0]}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "")
          + ", the least "
          f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "

@@ -255,12 +255,55 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
                       target: Target) -> tuple[tuple[int, int, float], int, int, int, float]:
     """((split-K, blocks, predicted us), block_m, block_n, stages, rate) of the TMA tile the
     cost model predicts fastest on this layer: the planner's tile before tma_persistent.  A
-    1x1 layer's wgrad takes the 64-row tiles alone (POINTWISE_WGRAD_ROWS)."""
+    1x1 layer's wgrad takes the 64-row tiles alone (POINTWISE_WGRAD_ROWS); a 64-row wgrad tile
+    becomes 192 wide where that covers N exactly (tma_exact_tile)."""
     costed = [(tma_split(problem, pass_, target, bm, bn, rate), bm, bn, stages, rate)
               for bm, bn, stages, rate in tma_tiles(problem.gemm(pass_).n)
               if (not pointwise_wgrad(problem, pass_) or bm == POINTWISE_WGRAD_ROWS)
               and tma_group_tile(problem.geometry, pass_, bm, bn) is None]
-    return min(costed, key=lambda c: c[0][2])
+    cheapest = min(costed, key=lambda c: c[0][2])
+    bm = cheapest[1]
+    if tma_exact_tile(problem, pass_, bm):
+        rate = exact_tile_rate(bm)
+        return tma_split(problem, pass_, target, bm, EXACT_TMA_BN, rate), bm, EXACT_TMA_BN, EXACT_TMA_STAGES[bm], rate
+    return cheapest
+
+
+# TMA tiles as wide as N where N's 64-column boxes come in threes: a 3x3 layer of 64 channels
+# has N = 576 in wgrad, which 192 columns cover with no padding where 128 pads 64 and 256 pads
+# 192 (one tile in 10 or 3 in 12 multiplying nothing).  Their rate is taken between their
+# neighbours' in TMA_TILES (which holds rates measured on fprop), and sizes their split-K.
+# Timed in wgrad on an H100 (thirty-eighth session, `convgen tune --no-bias`,
+# tuning/nvidia-h100_2026-12-06_dc620aa-*-wgrad.json): on the 12 layers with 64 filters (a group)
+# and N = 576 (ResNet-18's, ResNet-50's, UNet's and CIFAR's 64-channel 3x3 layers, VGG-16
+# conv1_2, ResNeXt-50's seven), 64x192 on 6 stages ran 1.07x the 64x128 default as a geomean
+# (0.94-1.28x, faster on 9); 128x192 ran 0.90-0.98x the 128x128 tile on all four 128-filter
+# layers, so 128-row tiles keep theirs, and a 64-row tile of more than 64 filters (CIFAR-VGG's
+# conv3) is untimed and keeps the cost model's.  Where 128 or 256 pad N by less than MIN_EXACT_SAVING
+# more than 192 does (UNet's N = 1728: 4%), untimed: the cost model's tile stays.
+EXACT_TMA_BN = 192
+EXACT_TMA_STAGES = {64: 6, 128: 5}  # the deepest rings that fit (32 and 40 KB a stage)
+EXACT_TMA_ROWS = 64  # the planner's; tuning offers 128 too
+MIN_EXACT_SAVING = 1.10
+
+
+def exact_tile_rate(bm: int) -> float:
+    rates = {(m, n): r for m, n, _, r in TMA_TILES}
+    return (rates[(bm, 128)] + rates[(bm, 256)]) / 2
+
+
+def exact_tile_fits(n: int, saving: float = 1.0) -> bool:
+    """Whether EXACT_TMA_BN covers N with ``saving`` times less padding than 128 and 256 both."""
+    padded = lambda bn: math.ceil(n / bn) * bn  # noqa: E731
+    return min(padded(128), padded(256)) >= saving * padded(EXACT_TMA_BN) and padded(EXACT_TMA_BN) < min(
+        padded(128), padded(256))
+
+
+def tma_exact_tile(problem: ConvProblem, pass_: Pass, bm: int) -> bool:
+    """Whether the planner's wgrad tile of ``bm`` rows becomes EXACT_TMA_BN wide (see above)."""
+    gemm = problem.group_gemm(pass_)  # a group's: 64 filters is all that was timed
+    return (pass_ is Pass.WGRAD and bm == EXACT_TMA_ROWS == gemm.m and not pointwise_wgrad(problem, pass_)
+            and exact_tile_fits(gemm.n, MIN_EXACT_SAVING))
 
 
 def tma_group_tile(geometry: ConvGeometry, pass_: Pass, block_m: int, block_n: int) -> str | None:

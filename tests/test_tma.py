@@ -463,3 +463,36 @@ def test_grouped_fprop_runs_persistent_where_the_tuning_log_timed_it_best():
     grouped = ConvProblem(28, 28, 256, 256, 3, 3, 1, 1, 1, groups=4, n=64)
     wgrad = default_plan(grouped, Pass.WGRAD, SM90)
     assert not (wgrad.tma and wgrad.loop.persistent)
+
+
+def test_wgrad_takes_the_192_wide_tile_where_it_covers_n_exactly_as_timed():
+    """tma_rules.EXACT_TMA_BN, from the H100's wgrad tuning logs (dW alone): every timed layer
+    of 64 filters (a group) and N = 576 takes 64x192 on 6 stages at the split the log timed it
+    with, 1.05x or more the 64x128 default it replaced as a geometric mean over the 12; the
+    128-filter layers keep their tile, whose 128x192 twin the logs timed slower."""
+    import json
+    import math
+    from pathlib import Path
+
+    from convgen.planner import plan as default_plan
+    from test_short_reduction_rules import _bare, _problem
+
+    tuning = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning"
+    gains, kept = [], 0
+    for path in sorted(tuning.glob("nvidia-h100_2026-12-06_dc620aa-tune-*-wgrad.json")):
+        for layer in json.loads(path.read_text())["layers"]:
+            problem = _problem(layer["problem"])
+            rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
+            chosen = default_plan(problem, Pass.WGRAD, SM90).as_dict()
+            old = next(r for r in layer["rows"] if r.get("default"))
+            if problem.group_gemm(Pass.WGRAD).m == 64:
+                assert (chosen["block_m"], chosen["block_n"], chosen["stages"]) == (64, 192, 6), layer["layer"]
+                (us,) = [r["us"] for r in rows if _bare(r["plan"]) == _bare(chosen)]
+                gains.append(old["us"] / us)
+            else:
+                assert chosen["block_n"] != 192 and _bare(chosen) == _bare(old["plan"]), layer["layer"]
+                wide = [r["us"] for r in rows if (r["plan"]["block_m"], r["plan"]["block_n"]) == (128, 192)]
+                assert wide and min(wide) > old["us"], layer["layer"]
+                kept += 1
+    assert len(gains) == 12 and kept == 4
+    assert math.exp(sum(map(math.log, gains)) / len(gains)) >= 1.05, gains

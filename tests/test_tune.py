@@ -439,23 +439,30 @@ def test_a_stopped_tune_keeps_the_layers_it_measured(tmp_path):
 
 def test_tma_tiles_as_wide_as_n_are_offered_last_where_they_pad_less():
     """N = 576 (a 3x3 wgrad of 64 channels): 192 columns cover it in three tiles with no
-    padding, where 128 pads 64 and 256 pads 192; offered after every other candidate but the
-    grid-reduction twins and stream-K's, beyond what tuning on first use times.  N = 384 (three taps of 128
-    channels): 128 already covers it exactly, so no 192-wide tile."""
+    padding, where 128 pads 64 and 256 pads 192.  The default takes 64x192 (tma_rules.EXACT_TMA_BN,
+    timed); the other 192-wide tiles come after every other candidate but the grid-reduction twins
+    and stream-K's, beyond what tuning on first use times.  N = 384 (three taps of 128 channels):
+    128 already covers it exactly, so no 192-wide tile."""
     from convgen.autotune import CANDIDATES
     from convgen.mainloop import TmaWgmma
 
     target = Target("sm_90")
     l1 = ConvProblem(56, 56, 64, 64, 3, 3, 1, 1, 1, n=64)  # ResNet-50's l1-3x3
     cands = tune.candidates(l1, Pass.WGRAD, target)
+    wide = [i for i, c in enumerate(cands)
+            if isinstance(c.loop, TmaWgmma) and c.block_n == 192 and c.split_reduce == "kernel"]  # not grid twins
+    assert wide == [0] and (cands[0].block_m, cands[0].stages) == (64, 6)  # 128 rows: wider than M = 64
+    assert any(isinstance(c.loop, TmaWgmma) and (c.block_m, c.block_n) == (64, 128) for c in cands[1:CANDIDATES])
+    wider = ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=32)  # 128 filters (UNet's enc3a): timed, not taken
+    cands = tune.candidates(wider, Pass.WGRAD, target)
     wide = [i for i, c in enumerate(cands) if isinstance(c.loop, TmaWgmma) and c.block_n == 192]
-    assert wide and min(wide) >= CANDIDATES
+    assert cands[0].block_n != 192 and len(wide) >= 2 and min(wide) >= CANDIDATES
     after = cands[max(wide) + 1:]  # the grid-reduction twins, then stream-K's (untimed too)
     streamk = [isinstance(c.loop, TmaWgmma) and c.loop.persistent for c in after]
     assert all(c.split_reduce == "grid" for c, sk in zip(after, streamk) if not sk)
     assert streamk == sorted(streamk), "stream-K candidates come last"
     for i in wide:
-        check_plan(cands[i], l1, Pass.WGRAD, target, "float16")
+        check_plan(cands[i], wider, Pass.WGRAD, target, "float16")
         assert cands[i].block_m in (64, 128) and cands[i].split_k > 1 and "exactly 3 tiles of N=576" in cands[i].reasons[0]
     exact = ConvProblem(28, 28, 128, 128, 3, 1, 1, (1, 0), 1, n=64)  # N = 3 x 128
     assert not any(c.block_n == 192 for c in tune.candidates(exact, Pass.WGRAD, target))
