@@ -418,6 +418,19 @@ verify38b() {  # grouped fprop persistent, the depthwise fixes: GPU tests; resne
     (cd "$OUT" && tar czf v38b.tgz v38b && rm -rf v38b)
 }
 
+verify38c() {  # wgrad's 192-wide tile on N = 576: GPU tests, then the changed rows timed (about 5 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-v38c timeout 120 $PYTEST tests/test_tma_gpu.py tests/test_kernels_gpu.py \
+        -k "(tma and wgrad) or (suite_layers and wgrad and (l1-3x3 or conv1_2 or enc2b or res3 or resnext50))" 2>&1 \
+        | tee "$OUT/v38c-gpu-tests.log" | tail -3
+    mkdir -p "$OUT/v38c"
+    CONVGEN_CACHE_DIR=/tmp/cg-v38c timeout 90 python3 -m convgen.cli bench --suite resnext50-grouped --pass wgrad $BENCH \
+        --out "$OUT/v38c/resnext50-grouped-wgrad" 2>&1 | grep -E "geomean speedup"
+    CONVGEN_CACHE_DIR=/tmp/cg-v38c timeout 90 python3 -m convgen.cli bench --suite resnet50,resnet18,vgg16,unet,cifar-resnet \
+        --layers l1-3x3,conv1_2,enc2b,res3 --pass wgrad $BENCH --out "$OUT/v38c/n576-wgrad" 2>&1 | grep -E "^ *(l1-3x3|conv1_2|enc2b|res3) "
+    (cd "$OUT" && tar czf v38c.tgz v38c && rm -rf v38c)
+}
+
 tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over 4 channels) never timed (about 5 min)
     install
     # first, the thirty-seventh session's one GPU test not yet run: a tuned grid that is not resident falls back
@@ -457,5 +470,6 @@ case "${1:-}" in
     tune-dw7) tune_dw7 ;;
     verify38) verify38 ;;
     verify38b) verify38b ;;
+    verify38c) verify38c ;;
     *) echo "usage: $0 gather|gather-ab|mini|verify|quick|ncu|suite|streamk|streamk-large|host|halo|halo-tune|tune|tune-wide|ab|probes|l2-ab|l2-check|verify36|verify37|verify37b|verify37c|tune-dw7" >&2; exit 2 ;;
 esac
