@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-seventh session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (thirty-eighth session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh tune-dw7   # the grid fallback's GPU test; ConvNeXt 7x7: the long run, never timed
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh ncu   # ConvNeXt's 7x7 fprop: what bounds it (add its row)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # the whole GPU suite (last whole at d05fd8e, H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu        # the depthwise wgrad and stem profiles (tarred now)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at dc620aa (H100);
+#                                                                     # d40a61a's 192-wide wgrad default ran only in tuning and the bench since
+#   (done on the H100 in the thirty-eighth session: tune-dw7, verify38, verify38b, suite, verify38c's benches)
 #   (done on the H100 in the thirty-seventh session: verify36, verify37, verify37b, verify37c)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-ab      # the hint on every copy, on and off (done on the H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh gather-ab  # (done on the H100: no difference)
@@ -201,7 +202,7 @@ suite() {
 
 ncu_layers() {  # Nsight Compute on the rows furthest under cuDNN (depthwise, pointwise, the stem's wgrad): what bounds each side
     install
-    for layer in "fprop 128 56 56 144 144 3 1 1 144" "fprop 128 112 112 96 96 3 2 1 96" "wgrad 128 56 56 144 144 3 1 1 144" \
+    for layer in "fprop 64 56 56 96 96 7 1 3 96" "fprop 128 56 56 144 144 3 1 1 144" "fprop 128 112 112 96 96 3 2 1 96" "wgrad 128 56 56 144 144 3 1 1 144" \
                  "fprop 128 112 112 16 96 1 1 0" "dgrad 128 112 112 16 96 1 1 0" \
                  "wgrad 64 224 224 3 64 7 2 3"; do  # the last: ResNet-50's stem, 327 us against cuDNN's 174
         local name
