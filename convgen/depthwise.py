@@ -548,6 +548,17 @@ def wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
     return max(1, min(math.ceil(per_sm * target.sm_count / math.ceil(g.c / plan.block_n)), tiles, 4096))
 
 
+def summed_in_grid(g: ConvProblem, target: Target, plan: Plan) -> Plan:
+    """A wgrad plan's slices summed in its own kernel after a grid-wide barrier (CUDA's
+    cooperative launch), as many as the GPU holds at once (reduction.resident_split) and at most
+    ``plan``'s; ``plan`` itself where that leaves fewer than 2 or the target has no such launch."""
+    whole = resident_split(target.sm_count, target.smem_limit, smem_bytes(plan, g, Pass.WGRAD, target.warp_size),
+                           plan.warps_m * target.warp_size, math.ceil(g.c / plan.block_n))
+    if target.backend != "cuda" or min(plan.split_k, whole) < 2:
+        return plan
+    return dataclasses.replace(plan, split_k=min(plan.split_k, whole), split_reduce="grid")
+
+
 def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) -> Plan:
     """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules above."""
     m, warp = g.kg, target.warp_size
@@ -583,9 +594,9 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
                    f"{smem} bytes of shared memory" + (
                        f"; no tile gives its threads the {_wgrad_registers(acc + loop.cols * vec * m)} registers "
                        "their sums need (WGRAD_REG_OVERHEAD): this one may spill" if _past_registers(ranked) else ""))
-    whole = resident_split(target.sm_count, target.smem_limit, smem, threads, chunks)
-    if target.backend == "cuda" and min(split, whole) >= 2:  # summed in this kernel, where every block fits at once
-        split = min(split, whole)
+    summed = summed_in_grid(g, target, dataclasses.replace(plan, split_k=split))
+    if summed.split_reduce == "grid":
+        split = summed.split_k
         reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} "
                        "blocks, as many as the GPU holds at once (reduction.resident_split); the next tile staged "
                        "while one is summed, then the slices' sums added in a fixed order by the same kernel after a "
@@ -593,7 +604,7 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
                        "DRAM. On an H100 this beat the slices for WGRAD_BLOCKS_PER_SM blocks an SM summed by a "
                        "second kernel on 13 of both depthwise suites' 14 wgrad rows (geomean 1.08x, a tie on "
                        "the 14th); where the runtime finds the grid does not fit, it sums them in that second kernel")
-        return dataclasses.replace(plan, split_k=split, split_reduce="grid")
+        return summed
     reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
                    f"about {chunks * split / target.sm_count:.0f} an SM (WGRAD_BLOCKS_PER_SM); the next tile staged "
                    "while one is summed, the slices' sums added in a fixed order" + (

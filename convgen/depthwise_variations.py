@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, straddles_granules, wgrad_layout, wgrad_split,
+from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, straddles_granules, summed_in_grid, wgrad_layout, wgrad_split,
                         wgrad_tiles, whole_pixel_chunk)
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -106,7 +106,8 @@ WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning
 
 def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -> list[Plan]:
     """The tile search's next-cheapest tiles, each other chunk's cheapest (each with its own
-    slices), and the default's tile at half and twice its slices."""
+    slices, summed as the default's are: in the grid on CUDA where it fits), and the default's
+    tile at half and twice its slices."""
     rows, vec = wgrad_layout(g)
     out = []
     for chunk in dict.fromkeys([base.block_n, *sorted(chunks_by_padding(g.c, vec, target.warp_size, WGRAD_CHUNKS))]):
@@ -114,9 +115,12 @@ def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -
         for _, plan, cost, _ in ranked[1:1 + WGRAD_NEXT_TILES] if chunk == base.block_n else ranked[:1]:
             loop = plan.loop
             assert isinstance(loop, Depthwise)
-            out.append(dataclasses.replace(plan, split_k=wgrad_split(g, target, plan), reasons=(
+            # with its slices summed as the default's are (in its grid on CUDA, where it fits)
+            sliced = summed_in_grid(g, target, dataclasses.replace(plan, split_k=wgrad_split(g, target, plan)))
+            out.append(dataclasses.replace(sliced, reasons=(
                 f"tuning candidate: depthwise wgrad {plan.block_m // loop.tile_w}x{loop.tile_w} tile, {chunk} "
-                f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)",)))
+                f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)" + (
+                    f", {sliced.split_k} slices summed in its grid" if sliced.split_reduce == "grid" else ""),)))
     for split in (base.split_k // 2, base.split_k * 2):
         if 1 <= split <= 4096:  # summed in the grid only where it still is resident: at most the default's slices
             reduce = base.split_reduce if 1 < split <= base.split_k else "kernel"
