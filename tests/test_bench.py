@@ -275,6 +275,7 @@ def test_finish_row_derived_fields():
     assert r["convgen"]["tflops"] == pytest.approx(r["flops"] / 10.0 / 1e6)
     fl, _ = rows.floor_us(r["flops"], r["bytes"], 500.0, 4000.0)
     assert r["floor_us"] == pytest.approx(fl) and r["over_floor"] == pytest.approx(10.0 / fl)
+    assert r["cudnn_over_floor"] == pytest.approx(25.0 / fl)  # what a kernel at the floor could gain over cuDNN
     # the constant reference: PROB moves 2992 bytes and does 82,944 FLOPs: memory-bound at 4.2 TB/s
     assert r["bytes"] == 2992 and r["floor_ref_bound"] == "memory"
     assert r["floor_ref_us"] == pytest.approx(2992 / 4200e3)
@@ -282,6 +283,7 @@ def test_finish_row_derived_fields():
     assert r["cudnn_regime"] == "latency/memory"  # a toy layer runs far below 300 TFLOP/s
     only = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, None)
     assert only["speedup"] is None and only["over_floor"] is not None and only["cudnn_regime"] is None
+    assert only["cudnn_over_floor"] is None
 
 
 def test_regime_threshold():
@@ -312,6 +314,11 @@ def test_summarize_per_pass_and_excludes_mismatch():
     assert s["count"] == {"fprop": 2, "dgrad": 1, "wgrad": 0, "all": 3}
     assert s["costs"]["convgen_host_us_median"] == pytest.approx(12.5)
     assert s["costs"]["compile_cold_ms_median"] is None  # not measured: null, not zero
+    fl = rs[0]["floor_us"]  # one layer: one floor; cuDNN's 20 and 80 us over it, the mismatch left out
+    assert s["cudnn_over_floor"]["fprop"] == pytest.approx(40.0 / fl)
+    assert s["cudnn_over_floor"]["all"] == pytest.approx((20 * 80 * 10) ** (1 / 3) / fl)
+    text = "\n".join(report.summary_lines(s))
+    assert f"the most a kernel at this run's floor could gain over cuDNN: fprop {40.0 / fl:.2f}x" in text
 
 
 def test_summary_splits_rows_by_cudnn_regime_and_lists_the_compute_bound():

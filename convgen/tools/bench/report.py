@@ -56,11 +56,12 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     good = [r for r in rows if not mismatch(r)]
     keys = _passes(rows) + ["all"]
     out: dict[str, Any] = _means(good, keys)
-    out.update({"over_floor": {}, "over_floor_ref": {}, "convgen_tflops": {}, "cudnn_tflops": {},
-                "excluded_mismatch": sum(1 for r in rows if mismatch(r))})
+    out.update({"over_floor": {}, "over_floor_ref": {}, "cudnn_over_floor": {}, "convgen_tflops": {},
+                "cudnn_tflops": {}, "excluded_mismatch": sum(1 for r in rows if mismatch(r))})
     for key in keys:
         sel = [r for r in good if key == "all" or r["pass"] == key]
         out["over_floor"][key] = geomean(r.get("over_floor") for r in sel)
+        out["cudnn_over_floor"][key] = geomean(r.get("cudnn_over_floor") for r in sel)
         out["over_floor_ref"][key] = geomean(r.get("over_floor_ref") for r in sel)
         out["convgen_tflops"][key] = geomean(r["convgen"].get("tflops") for r in sel)
         out["cudnn_tflops"][key] = geomean((r.get("cudnn") or {}).get("tflops") for r in sel)
@@ -171,6 +172,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                      f"cuDNN {_f(r['cudnn_tflops'], '.0f')} TFLOP/s, {_x(r['speedup'])}")
     lines.append("geomean convgen/floor, this run's ceilings: " + _by_pass(summary["over_floor"], suffix="")
                  + "; H200 reference: " + _by_pass(summary.get("over_floor_ref") or {}, suffix=""))
+    if any(v is not None for v in (summary.get("cudnn_over_floor") or {}).values()):
+        lines.append("geomean cuDNN/floor, the most a kernel at this run's floor could gain over cuDNN: "
+                     + _by_pass(summary["cudnn_over_floor"]))
     lines.append("geomean TFLOP/s: convgen " + _by_pass(summary["convgen_tflops"], ".1f", "")
                  + "; cuDNN " + _by_pass(summary.get("cudnn_tflops") or {}, ".1f", ""))
     c = summary.get("costs") or {}

@@ -179,6 +179,7 @@ def finish_row(row: dict[str, Any], ceilings: dict[str, Any]) -> dict[str, Any]:
     row["eager_speedup"] = ratio(cd_eager, cg_eager)
     row["over_floor"] = ratio(cg, fl)  # >= 1 normally: how far from the floor
     row["over_floor_ref"] = ratio(cg, row["floor_ref_us"])  # the same against the H200 reference rates
+    row["cudnn_over_floor"] = ratio(cd, fl)  # the most a kernel at the floor could gain over cuDNN
     row["cudnn_regime"] = regime((row.get("cudnn") or {}).get("tflops"))
     return row
 
@@ -263,7 +264,8 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
         "convgen": _side(what["convgen"], cudnn=False),
         "cudnn": _side(what["cudnn"], cudnn=True) if with_cudnn else None,
         "check": None, "floor_us": None, "floor_bound": None, "floor_ref_us": None, "floor_ref_bound": None,
-        "speedup": None, "eager_speedup": None, "over_floor": None, "over_floor_ref": None, "cudnn_regime": None,
+        "speedup": None, "eager_speedup": None, "over_floor": None, "over_floor_ref": None, "cudnn_over_floor": None,
+        "cudnn_regime": None,
         "spin_us": None,
     }
     row["bytes"] = sum(row["traffic"].values())
