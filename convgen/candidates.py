@@ -205,7 +205,8 @@ def _grid_reduce_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dty
     from shared memory and threads, and a cooperative launch must fit: the runtime refuses one
     that does not, and tuning skips it).  Returned as those whose blocks fit that estimate and
     those that may not: the im2col kinds offer both last (tuning on first use, which times the
-    first few, leaves them to `convgen tune`), depthwise wgrad the first right after its default."""
+    first few, leaves them to `convgen tune`); depthwise wgrad, whose default already sums in its
+    grid, offers those of its second-kernel twin that fit right after that twin."""
     from .emit import emit
     from .footprint import smem_bytes
     from .planner import make_spec

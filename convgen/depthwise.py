@@ -595,19 +595,18 @@ def _plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str])
                        f"; no tile gives its threads the {_wgrad_registers(acc + loop.cols * vec * m)} registers "
                        "their sums need (WGRAD_REG_OVERHEAD): this one may spill" if _past_registers(ranked) else ""))
     summed = summed_in_grid(g, target, dataclasses.replace(plan, split_k=split))
+    split = summed.split_k
+    sliced = f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
     if summed.split_reduce == "grid":
-        split = summed.split_k
-        reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} "
-                       "blocks, as many as the GPU holds at once (reduction.resident_split); the next tile staged "
+        reasons.append(sliced + "as many as the GPU holds at once (reduction.resident_split); the next tile staged "
                        "while one is summed, then the slices' sums added in a fixed order by the same kernel after a "
                        "grid-wide barrier (a cooperative launch): one launch and no partials' round trip through "
                        "DRAM. On an H100 this beat the slices for WGRAD_BLOCKS_PER_SM blocks an SM summed by a "
                        "second kernel on 13 of both depthwise suites' 14 wgrad rows (geomean 1.08x, a tie on "
                        "the 14th); where the runtime finds the grid does not fit, it sums them in that second kernel")
-        return summed
-    reasons.append(f"{tiles} tiles in {split} slice(s) of about {math.ceil(tiles / split)}: {chunks * split} blocks, "
-                   f"about {chunks * split / target.sm_count:.0f} an SM (WGRAD_BLOCKS_PER_SM); the next tile staged "
-                   "while one is summed, the slices' sums added in a fixed order" + (
-                       "" if split == 1 or target.backend == "cuda" else
-                       f" by a second kernel ({target.arch} has no cooperative launch to sum them in this one)"))
-    return dataclasses.replace(plan, split_k=split)
+    else:
+        reasons.append(sliced + f"about {chunks * split / target.sm_count:.0f} an SM (WGRAD_BLOCKS_PER_SM); the next "
+                       "tile staged while one is summed, the slices' sums added in a fixed order" + (
+                           "" if split == 1 or target.backend == "cuda" else
+                           f" by a second kernel ({target.arch} has no cooperative launch to sum them in this one)"))
+    return summed

@@ -294,9 +294,9 @@ def exact_tile_rate(bm: int) -> float:
 
 def exact_tile_fits(n: int, saving: float = 1.0) -> bool:
     """Whether EXACT_TMA_BN covers N with ``saving`` times less padding than 128 and 256 both."""
-    padded = lambda bn: math.ceil(n / bn) * bn  # noqa: E731
-    return min(padded(128), padded(256)) >= saving * padded(EXACT_TMA_BN) and padded(EXACT_TMA_BN) < min(
-        padded(128), padded(256))
+    exact = math.ceil(n / EXACT_TMA_BN) * EXACT_TMA_BN
+    nearest = min(math.ceil(n / bn) * bn for bn in (128, 256))
+    return exact < nearest and nearest >= saving * exact
 
 
 def tma_exact_tile(problem: ConvProblem, pass_: Pass, bm: int) -> bool:
