@@ -445,7 +445,27 @@ tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over
     (cd "$OUT" && tar czf dw7.tgz dw7 && rm -rf dw7)
 }
 
+s39a() {  # ConvNeXt's 7x7 fprop under Nsight Compute (what bounds it), then the large suite's wgrad tuned (never tuned)
+    install
+    for layer in "fprop 64 56 56 96 96 7 1 3 96" "fprop 128 112 112 96 96 3 2 1 96"; do
+        local name
+        name=$(echo $layer | tr ' ' '-')
+        timeout 60 python3 benchmarks/probes/layer_profile.py $layer 2>&1 | tail -1
+        for side in convgen cudnn; do
+            timeout 100 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
+                --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+                --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
+                python3 benchmarks/probes/layer_profile.py $layer > "$OUT/ncu-$name-$side.log" 2>&1
+            grep -E "^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size|Issue Slots Busy|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Theoretical Occ|Stall|No Eligible|Eligible Warps" \
+                "$OUT/ncu-$name-$side.log" | head -50
+        done
+    done
+    (cd "$OUT" && tar czf ncu.tgz ncu-*.log && rm -f ncu-*.log)
+    tune_suites 300 large
+}
+
 case "${1:-}" in
+    s39a) s39a ;;
     gather) gather ;;
     gather-ab) gather_ab ;;
     mini) mini ;;
