@@ -105,7 +105,7 @@ class KernelSource:
         if self.spec.plan.split_k == 1:
             return 0
         g = self.spec.geometry.gemm(self.spec.pass_, batch)
-        return self.main.grid_z * g.m * g.n
+        return self.main.grid_z * g.m * g.n // self.spec.pack  # packed groups: each filter's own columns
 
     @property
     def _stream_k(self) -> stream_k.StreamK:
@@ -200,6 +200,7 @@ class Shape:
     groups: int = 1
     c_pix: int = 0
     k_pix: int = 0
+    pack: int = 1  # wgrad: groups of the user's layer a slab (KernelSpec.pack, parts/packed_dw.j2)
 
 
 @dataclass(frozen=True)
@@ -429,6 +430,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         )
     split = None
     if plan.split_k > 1:
+        out_n = gemm.n // spec.pack  # packed groups' slices hold each filter's own columns
         in_kernel = plan.split_reduce == "grid"
         # In the main kernel the summing warps are its first ones, up to REDUCE_ROWS: a TMA
         # kernel's consumers (its producer warpgroup holds few registers after setmaxnreg).
@@ -438,7 +440,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
             ways //= 2
         split = SplitK(
             slices=plan.split_k, reduce_name=spec.name + "_reduce", rows=rows,
-            ways=ways, vec=reduce_vec(gemm.n), db_vec=reduce_vec(g.k), out_n=gemm.n, in_kernel=in_kernel,
+            ways=ways, vec=reduce_vec(out_n), db_vec=reduce_vec(g.k), out_n=out_n, in_kernel=in_kernel,
         )
     (sh, sw), (ph, pw), (dh, dw) = g.stride, g.padding, g.dilation
     return Context(
@@ -451,7 +453,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
         be=be,
         elem=_elem(spec.mma_dtype or "float16", be),
         shape=Shape(h=g.h, w=g.w, c=g.c // side, k=g.k // side, r=g.r, s=g.s, p=g.p, q=g.q, sh=sh, sw=sw, ph=ph,
-                    pw=pw, dh=dh, dw=dw, groups=side, c_pix=g.c, k_pix=g.k),
+                    pw=pw, dh=dh, dw=dw, groups=side, c_pix=g.c, k_pix=g.k, pack=spec.pack),
         tile=Tile(
             block_m=plan.block_m, block_n=plan.block_n, block_k=plan.block_k, warps_m=plan.warps_m,
             warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
@@ -581,11 +583,11 @@ def emit(spec: KernelSpec) -> KernelSource:
     if reduce_args and ctx.split is not None:
         # One block per run of outputs, so every load of the reduction is issued at once;
         # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).
-        full = g.gemm(spec.pass_, 1)  # every group's outputs
-        outputs = full.m * full.n
+        full = g.gemm(spec.pass_, 1)  # every group's outputs (packed groups': each filter's own columns)
+        outputs = full.m * full.n // spec.pack
         per_image = dict(grid_fixed_rows=outputs) if spec.pass_ is Pass.WGRAD else dict(grid_rows_per_image=outputs)
         reduce = Launch(
             kernel=ctx.split.reduce_name, args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
-            grid_m_tile=reduce_outputs_per_block(plan.split_k, full.n), grid_n_tiles=1, grid_z=1, **per_image,
+            grid_m_tile=reduce_outputs_per_block(plan.split_k, full.n // spec.pack), grid_n_tiles=1, grid_z=1, **per_image,
         )
     return KernelSource(spec=spec, source=source, filename=f"{spec.name}.{be.file_ext}", main=main, reduce=reduce)

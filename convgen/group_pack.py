@@ -9,12 +9,14 @@ Packing runs PACK neighbouring groups as one group of PACK times the channels: a
 weights are block-diagonal, each filter's CG channels at its group's place in the slab and
 zeros elsewhere, so the slab's sums are exactly the groups' own: fprop's y and dgrad's dx
 come out as they are, from w copied into that form first (one copy kernel, the weights
-alone: KB, not the activations' MB). wgrad computes the slab's whole dW, and a second copy
-keeps each filter's own CG channels. The MMAs do PACK times the work on zeros, which is cheap
-on layers that ran far below the tensor cores' rate; the gathers read whole 16-byte runs,
-and a block's N tile is full.
+alone: KB, not the activations' MB). wgrad's kernel computes the slab's GEMM and stores each
+filter's own CG channels alone, in the layer's layout (KernelSpec.pack,
+``templates/parts/packed_dw.j2``): no copy follows it, and its split-K slices are 1 / PACK of
+the slab's dW. The MMAs do PACK times the work on zeros, which is cheap on layers that ran
+far below the tensor cores' rate; the gathers read whole 16-byte runs, and a block's N tile
+is full.
 
-This module holds the rule (:func:`packed_groups`: planning) and the two copy kernels
+This module holds the rule (:func:`packed_groups`: planning) and the weights' copy kernel
 (:class:`GroupPack`: launching, built from ``templates/copies/group_pack.j2``), in the
 same shape as the stems' channel pad (convgen/channel_pad.py).
 """
@@ -126,18 +128,17 @@ def expand_weights(w: np.ndarray, groups: int, slabs: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=None)
-def pack_source(k: int, taps: int, cg: int, kg: int, pack: int, in_itemsize: int,
-                out_itemsize: int) -> tuple[str, str, str]:
-    """(source, expand kernel name, extract kernel name) for ``k`` filters of ``taps`` taps
-    whose groups of ``cg`` channels (``kg`` filters each) pack ``pack`` to a slab; the inputs'
-    elements ``in_itemsize`` bytes wide, dW's ``out_itemsize``."""
+def pack_source(k: int, taps: int, cg: int, kg: int, pack: int, itemsize: int) -> tuple[str, str]:
+    """(source, kernel name) of the copy that expands ``k`` filters of ``taps`` taps, whose
+    groups of ``cg`` channels (``kg`` filters each) pack ``pack`` to a slab, elements
+    ``itemsize`` bytes wide, into the slabs' block-diagonal weights."""
     from .emit import _environment
 
     types = {2: "unsigned short", 4: "float"}
-    name = f"convgen_group_pack_k{k}_t{taps}_cg{cg}_kg{kg}_p{pack}_e{in_itemsize}{out_itemsize}"
+    name = f"convgen_group_pack_k{k}_t{taps}_cg{cg}_kg{kg}_p{pack}_e{itemsize}"
     src = _environment().get_template("copies/group_pack.j2").render(
-        name=name, k=k, taps=taps, cg=cg, kg=kg, pack=pack, in_type=types[in_itemsize], out_type=types[out_itemsize])
-    return src, f"{name}_expand", f"{name}_extract"
+        name=name, k=k, taps=taps, cg=cg, kg=kg, pack=pack, elem_type=types[itemsize])
+    return src, f"{name}_expand"
 
 
 def _align4(elems: int) -> int:
@@ -145,44 +146,31 @@ def _align4(elems: int) -> int:
 
 
 class GroupPack:
-    """The copies around one packed op: fprop's and dgrad's w expanded to the slabs'
-    block-diagonal weights before the convolution, wgrad's slab dW cut back to each group's
-    channels after it, in scratch carved from the op's fp32 workspace (:attr:`scratch_elems`
-    elements). The copies read and write one element a thread: the weights are small."""
+    """The copy before one packed fprop or dgrad: w expanded to the slabs' block-diagonal
+    weights, in scratch carved from the op's fp32 workspace (:attr:`scratch_elems`
+    elements). It reads and writes one element a thread: the weights are small. (wgrad
+    needs none: its kernel writes each filter's own channels, KernelSpec.pack.)"""
 
-    def __init__(self, problem: ConvProblem, pass_: Pass, slabs: int, in_itemsize: int, out_itemsize: int) -> None:
+    def __init__(self, problem: ConvProblem, slabs: int, itemsize: int) -> None:
         from .compile import load_kernels
 
         p = problem
         g = p.groups
-        self.pass_ = pass_
         cg, kg, pack = p.c // g, p.k // g, g // slabs
         taps = p.r * p.s
-        self.slab_elems = p.k * taps * cg * pack  # w's or dW's elements in the slab form
-        self.plain_elems = p.k * taps * cg
-        item = out_itemsize if pass_ is Pass.WGRAD else in_itemsize
-        self._scratch = _align4(-(-self.slab_elems * item // 4))
-        src, expand, extract = pack_source(p.k, taps, cg, kg, pack, in_itemsize, out_itemsize)
-        fns = load_kernels(src, (expand, extract))
-        self._expand, self._extract = fns[expand], fns[extract]
-        self._grid_expand = (-(-self.slab_elems // COPY_BLOCK), 1, 1)
-        self._grid_extract = (-(-self.plain_elems // COPY_BLOCK), 1, 1)
+        self.slab_elems = p.k * taps * cg * pack  # w's elements in the slab form
+        self._scratch = _align4(-(-self.slab_elems * itemsize // 4))
+        src, expand = pack_source(p.k, taps, cg, kg, pack, itemsize)
+        self._expand = load_kernels(src, (expand,))[expand]
+        self._grid = (-(-self.slab_elems // COPY_BLOCK), 1, 1)
 
     @property
     def scratch_elems(self) -> int:
         return self._scratch
 
     def pad(self, a: int, b: int, scratch: int, stream: Any = None) -> tuple[int, int, int]:
-        """Before the convolution: fprop's and dgrad's w (``b``) expanded into ``scratch``.
-        Returns what the convolution reads and writes instead: (a, w's slab form or b, the slab
-        dW in ``scratch`` for wgrad or 0)."""
-        if self.pass_ is Pass.WGRAD:
-            return a, b, scratch
+        """Before the convolution: w (``b``) expanded into ``scratch``. Returns what the
+        convolution reads and writes instead: (a, w's slab form, 0: no dW copy after)."""
         u = np.uint64
-        self._expand(self._grid_expand, (COPY_BLOCK, 1, 1), (u(b), u(scratch)), stream=stream)
+        self._expand(self._grid, (COPY_BLOCK, 1, 1), (u(b), u(scratch)), stream=stream)
         return a, scratch, 0
-
-    def unpad(self, slab_dw: int, dw: int, stream: Any = None) -> None:
-        """After wgrad's convolution: each filter's own channels of the slab dW into ``dw``."""
-        u = np.uint64
-        self._extract(self._grid_extract, (COPY_BLOCK, 1, 1), (u(slab_dw), u(dw)), stream=stream)

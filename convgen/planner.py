@@ -455,8 +455,10 @@ def make_spec(
     plan_: Plan | None = None,
     scalar: bool = False,
     mma_dtype: DType | None = None,
+    pack: int = 1,
 ) -> KernelSpec:
-    """The one way to build a :class:`KernelSpec`: plans it unless a plan is given, and checks a given plan."""
+    """The one way to build a :class:`KernelSpec`: plans it unless a plan is given, and checks a given plan.
+    ``pack``: ``problem`` is a grouped wgrad's slabs, each ``pack`` of its groups (KernelSpec.pack)."""
     pass_ = Pass.parse(pass_)
     target = target or Target()
     epilogue = epilogue or Epilogue()
@@ -467,4 +469,4 @@ def make_spec(
     else:
         check_plan(plan_, problem, pass_, target, in_dtype, mma_dtype=elem)
     check_index_limits(problem, pass_, plan_)  # the kernels' 32-bit ints (convgen/limits.py)
-    return KernelSpec(problem.geometry, pass_, epilogue, in_dtype, target, plan_, mma_dtype=elem)
+    return KernelSpec(problem.geometry, pass_, epilogue, in_dtype, target, plan_, mma_dtype=elem, pack=pack)

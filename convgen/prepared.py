@@ -164,7 +164,8 @@ class PreparedConv:
                                                          self.mma_dtype)
         kg = p.geometry if self._kernel is None else self._kernel.source.spec.geometry
         cpad = kg.c if kg.c != p.c else None
-        slabs = kg.groups if kg.groups != p.groups else None
+        # wgrad's kernel writes packed groups' dW as it is (KernelSpec.pack): no copy after it
+        slabs = kg.groups if kg.groups != p.groups and pass_ is not Pass.WGRAD else None
         kp = dataclasses.replace(p, c=kg.c, groups=kg.groups)
         self._ws_elems = self._db_ws_elems = self._pad_at = 0
         self._copies: Optional[ChannelPad | GroupPack] = None
@@ -183,7 +184,7 @@ class PreparedConv:
             reads["x"] = reads["w"] = (in_dtype, 8)
         elif slabs is not None:  # the expand copy reads w, as the kernel will read it, one element at a time
             with _rt._cupy().cuda.Device(device):
-                self._copies = GroupPack(p, pass_, slabs, np_dtype(reads["w"][0]).itemsize, self.out_dtype.itemsize)
+                self._copies = GroupPack(p, slabs, np_dtype(reads["w"][0]).itemsize)
             reads["w"] = (reads["w"][0], 1)
         self._expect = tuple(
             (name, shape, np_dtype(reads[name][0]), _contiguous_strides(shape, np_dtype(reads[name][0]).itemsize),

@@ -278,16 +278,19 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
     grouped layer's for its groups packed (:func:`kernel_problem`): the spec's geometry says
     which, and the op copies around it."""
     target = _target(device_id)
+    layer = problem
     problem, tuned = kernel_problem(problem, pass_, in_dtype, target, _gpu_name(device_id), plan, scalar, mma_dtype)
+    pack = layer.groups // problem.groups if pass_ is Pass.WGRAD else 1  # wgrad writes packed groups' dW as it is
     if tuned is not None:
         plan = tuned
     elif tune and _tunable(plan, scalar, in_dtype, mma_dtype):
         from . import autotune
 
         if autotune.enabled():  # tune on first use (convgen.set_autotune)
+            # (it times the slabs' layer as a layer: packed wgrad's plans with the slabs' whole dW)
             plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
     return emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=plan,
-                          scalar=scalar, mma_dtype=mma_dtype))
+                          scalar=scalar, mma_dtype=mma_dtype, pack=pack))
 
 
 def _empty(shape: Any, dtype: Any) -> Any:

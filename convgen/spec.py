@@ -220,11 +220,25 @@ class KernelSpec:
     target: Target
     plan: Plan
     mma_dtype: DType | None = None  # the MMA's 16-bit input type; None: in_dtype's (convgen/dtypes.py)
+    # wgrad of a layer whose groups run packed, ``pack`` to a slab (convgen/group_pack.py):
+    # ``geometry`` is the slabs' layer, and the kernel writes dW in the layer's own layout
+    # (each filter's C / groups / pack channels), so no copy has to follow it.
+    pack: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.geometry, ConvProblem):  # drop the batch: it is a run-time argument
             object.__setattr__(self, "geometry", self.geometry.geometry)
         object.__setattr__(self, "pass_", Pass.parse(self.pass_))
+        if isinstance(self.pack, bool) or not isinstance(self.pack, int) or self.pack < 1:
+            raise ValueError(f"pack must be a positive integer, got {self.pack!r}")
+        if self.pack > 1:
+            g = self.geometry
+            if self.pass_ is not Pass.WGRAD:
+                raise ValueError(f"pack={self.pack}: only wgrad writes packed groups' outputs in place "
+                                 "(fprop and dgrad read block-diagonal weights copied before them)")
+            if g.depthwise or (g.c // g.groups) % self.pack or (g.k // g.groups) % self.pack:
+                raise ValueError(f"pack={self.pack} must divide each slab's {g.c // g.groups} channels and "
+                                 f"{g.k // g.groups} filters (a layer of {g.groups} slabs, not depthwise)")
         if self.in_dtype not in DTYPES:
             raise ValueError(f"in_dtype must be one of {DTYPES}, got {self.in_dtype!r}")
         object.__setattr__(self, "mma_dtype", resolve_mma_dtype(self.in_dtype, self.mma_dtype))
@@ -242,6 +256,7 @@ class KernelSpec:
             "plan": self.plan.as_dict(),
             # only where not float16, so every earlier kernel keeps its key, name and cache entries
             **({"mma_dtype": self.mma_dtype} if self.mma_dtype != "float16" else {}),
+            **({"pack": self.pack} if self.pack > 1 else {}),
         }
 
     @property
@@ -263,5 +278,6 @@ class KernelSpec:
             f"_{self.target.arch.replace('_', '')}"
             f"_{g.h}x{g.w}_c{g.c}_k{g.k}_{g.r}x{g.s}"
             f"_s{g.stride[0]}{g.stride[1]}_p{g.padding[0]}{g.padding[1]}"
-            f"_d{g.dilation[0]}{g.dilation[1]}" + (f"_g{g.groups}" if g.groups > 1 else "") + f"_{self.key[:8]}"
+            f"_d{g.dilation[0]}{g.dilation[1]}" + (f"_g{g.groups}" if g.groups > 1 else "")
+            + (f"x{self.pack}" if self.pack > 1 else "") + f"_{self.key[:8]}"
         )

@@ -160,19 +160,57 @@ def test_cli_plan_says_it_packs(capsys):
     assert all(r["plan"] is not None for r in rows)
 
 
-@pytest.mark.parametrize("in_item, out_item", [(2, 2), (2, 4), (4, 4)])
-def test_copy_kernels_are_deterministic_and_compile_without_warnings(in_item, out_item):
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_copy_kernel_is_deterministic_and_compiles_without_warnings(itemsize):
     pytest.importorskip("cupy", reason="NVRTC comes with CuPy")
     import warnings
 
     from convgen.compile import compile_binary
 
-    args = (128, 9, 4, 4, 16, in_item, out_item)
-    src, expand, extract = pack_source(*args)
+    args = (128, 9, 4, 4, 16, itemsize)
+    src, expand = pack_source(*args)
     pack_source.cache_clear()
-    assert pack_source(*args) == (src, expand, extract)
-    assert f'extern "C" __global__ void {expand}(' in src and f'extern "C" __global__ void {extract}(' in src
+    assert pack_source(*args) == (src, expand)
+    assert f'extern "C" __global__ void {expand}(' in src
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         binary = compile_binary(src, arch="sm_90", name=f"{expand}.cu")
     assert binary[:4] == b"\x7fELF"
+
+
+def test_packed_wgrad_spec_refuses_what_it_cannot_store():
+    """KernelSpec.pack is wgrad's alone, and must split each slab into whole groups."""
+    from convgen.planner import make_spec
+
+    slabs = grouped(64, 64, 2)  # two slabs of 32 channels and 32 filters
+    make_spec(slabs, Pass.WGRAD, target=H200, pack=8)
+    for pass_, pack, words in ((Pass.FPROP, 2, "only wgrad"), (Pass.DGRAD, 2, "only wgrad"),
+                               (Pass.WGRAD, 3, "must divide"), (Pass.WGRAD, 0, "positive integer")):
+        with pytest.raises(ValueError, match=f"pack.*{words}"):
+            make_spec(slabs, pass_, target=H200, pack=pack)
+
+
+@pytest.mark.parametrize("target", [H200, Target("sm_80")], ids=lambda t: t.arch)
+def test_packed_wgrad_stores_each_filters_own_channels_with_no_copy_after(target):
+    """The kernel a packed wgrad runs is the slabs' plan storing dW in the layer's layout:
+    its split-K slices (where it splits) hold each filter's own columns, 1 / pack of the
+    slabs' dW, and `convgen plan` says no copy follows.  (Their values: test_group_pack_gpu.)"""
+    from convgen.emit import emit
+    from convgen.planner import make_spec
+    from convgen.tools.cli_common import as_run
+
+    split = 0
+    for layer in SUITES["resnext50-grouped"]:
+        kp = kernel_problem(layer.problem, Pass.WGRAD, "float16", target)
+        if kp.groups == layer.problem.groups:
+            continue
+        pack = layer.problem.groups // kp.groups
+        plain = make_spec(kp, Pass.WGRAD, target=target)
+        spec, why = as_run(layer.problem, Pass.WGRAD, make_spec(layer.problem, Pass.WGRAD, target=target),
+                           "float16", "float16")
+        assert spec == dataclasses.replace(plain, pack=pack) and "no copy after" in why, layer.name
+        assert spec.name != plain.name and spec.key != plain.key  # its own kernel and cache entry
+        n = layer.problem.n
+        assert emit(spec).workspace_elems(n) * pack == emit(plain).workspace_elems(n), layer.name
+        split += plain.plan.split_k > 1
+    assert split, "no packed layer splits its reduction: the slices' layout is untested"

@@ -1,7 +1,8 @@
 """Narrow groups packed into slabs (convgen/group_pack.py) on the GPU, against the float64
 reference: every pass through the plain functions (exact integer tier, bit for bit), prepared
-ops given a NaN-filled workspace of the caller's (the slab weights and wgrad's slab dW lie in
-it, so an element a copy leaves unwritten turns the sums it meets into NaN), the pointer path
+ops given a NaN-filled workspace of the caller's (the slab weights and wgrad's split-K slices of
+each filter's own channels lie in it, so an element a copy or the kernel leaves unwritten
+turns the sums it meets into NaN), the pointer path
 on a raw stream, fp32 and bf16 inputs, and the fused epilogue. Each op is checked to pack, so
 a rule that stopped packing would not pass these tests on the plain grouped loop."""
 
@@ -46,10 +47,16 @@ def _ids(p):
 
 
 def _assert_packs(problem: ConvProblem, pass_: Pass, **kw) -> convgen.PreparedConv:
+    """The op runs the slabs' kernel: fprop and dgrad after the weights' copy, wgrad's kernel
+    storing each filter's own channels itself (KernelSpec.pack), with no copy after it."""
     op = convgen.prepare(pass_, problem.x_shape, problem.w_shape, groups=problem.groups, **geo(problem), **kw)
-    assert isinstance(op._copies, GroupPack), "the op does not pack its groups"
-    slabs = op._kernel.source.spec.geometry.groups
+    spec = op._kernel.source.spec
+    slabs = spec.geometry.groups
     assert slabs == packed_groups(problem, pass_, "float16", Target()) and slabs < problem.groups
+    if pass_ is Pass.WGRAD:
+        assert op._copies is None and spec.pack == problem.groups // slabs, "wgrad does not store its groups' own dW"
+    else:
+        assert isinstance(op._copies, GroupPack) and spec.pack == 1, "the op does not pack its groups' weights"
     return op
 
 
@@ -122,3 +129,39 @@ def test_packed_residual_gelu():
     res = run_pass(p, Pass.FPROP, seeded("packed-res"), out_dtype="float32", bias=True, gelu=True,
                    residual=True, alpha=0.5, beta=2.0)
     check(res, "float32", what="fprop residual gelu")
+
+
+PARTS = 4  # each packed shape's candidates in this many tests (every PARTS-th one), so -n spreads them
+
+
+@pytest.mark.parametrize("part", range(PARTS))
+@pytest.mark.parametrize("problem", [SHAPES[0], SHAPES[4]], ids=_ids)
+def test_packed_wgrad_candidates_store_each_filters_own_dw(problem, part, monkeypatch):
+    """Every plan a tuning database may hold for a packed wgrad's slabs runs with the kernel
+    storing each filter's own channels (KernelSpec.pack): split-K reduced by a second kernel
+    or in the kernel's own grid, TMA, im2col, sliced K, stream-K and no split (SHAPES[4]'s 8
+    groups pack into one dense layer, which offers them all).  Exact on integer data, db too;
+    the outputs are poisoned, so a column no store reaches fails."""
+    from convgen import runtime, tuning_db
+    from convgen.candidates import candidates
+    from convgen.group_pack import kernel_problem
+
+    target = runtime._target(0)
+    kp = kernel_problem(problem, Pass.WGRAD, "float16", target)
+    pack = problem.groups // kp.groups
+    assert pack > 1, "the shape does not pack"
+    for i, plan in enumerate(candidates(kp, Pass.WGRAD, target)):
+        if i % PARTS != part:
+            continue
+        # the layer itself has no tuned plan; its slabs' problem has this one
+        monkeypatch.setattr(tuning_db, "tuned_plan", lambda gpu, prob, pass_, dt, tgt, plan=plan:
+                            plan if prob.groups == kp.groups and pass_ is Pass.WGRAD else None)
+        convgen.clear_cache()
+        op = convgen.prepare(Pass.WGRAD, problem.x_shape, problem.w_shape, groups=problem.groups,
+                             bias=True, out_dtype="float32", **geo(problem))
+        spec = op._kernel.source.spec
+        assert spec.pack == pack and op._copies is None and spec.plan.brief() == plan.brief(), plan.brief()
+        res = run_pass(problem, Pass.WGRAD, seeded("packed-cand", problem, i), out_dtype="float32", exact=True,
+                       bias=True)
+        check(res, "float32", exact=True, what=f"wgrad {problem.describe()} as {plan.brief()} {plan.split_reduce}")
+    convgen.clear_cache()

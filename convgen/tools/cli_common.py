@@ -141,9 +141,9 @@ def as_run(problem: ConvProblem, pass_: Pass, spec: Any, in_dtype: str, mma_dtyp
     from ..group_pack import packed_groups
     from ..planner import make_spec
 
-    def respec(**changes: int) -> Any:
+    def respec(pack: int = 1, **changes: int) -> Any:
         return make_spec(dataclasses.replace(problem, **changes), pass_, target=spec.target, epilogue=spec.epilogue,
-                         in_dtype=in_dtype, mma_dtype=mma_dtype)
+                         in_dtype=in_dtype, mma_dtype=mma_dtype, pack=pack)
 
     cp = padded_channels(problem, pass_, in_dtype, spec.target)
     if cp is not None:
@@ -152,12 +152,13 @@ def as_run(problem: ConvProblem, pass_: Pass, spec: Any, in_dtype: str, mma_dtyp
     slabs = packed_groups(problem, pass_, in_dtype, spec.target)
     if slabs is not None:
         g = problem.groups
-        return respec(groups=slabs), (
+        wgrad = pass_ is Pass.WGRAD
+        return respec(groups=slabs, pack=g // slabs if wgrad else 1), (
             (f"packs all {g} groups into one dense layer (convgen/group_pack.py): " if slabs == 1 else
              f"packs its {g} groups into {slabs} slabs of {g // slabs} ({problem.c // slabs} channels, "
              f"{problem.k // slabs} filters each; convgen/group_pack.py): ")
-            + ("w copied to block-diagonal weights first" if pass_ is not Pass.WGRAD else
-               "the slabs' dW computed, each filter's own channels copied out after")
+            + ("w copied to block-diagonal weights first" if not wgrad else
+               "the kernel computes the slabs' GEMMs and stores each filter's own channels alone, no copy after")
             + f"; the plan is for groups={slabs}")
     if kept_for_the_staged_halo(problem, pass_, in_dtype, spec.target):
         return spec, ("keeps C=3 unpadded: the staged halo copies each block's whole input halo once, so padding "

@@ -285,6 +285,14 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 namespace {
 
 constexpr int RSC = R * S * C;
+constexpr int DW_N = GEMM_N;  // a row of dW, and of each split-K slice
+
+// Stores the run v (columns n.. of GEMM row m, one of this kernel's filters) into `row`: that
+// filter's row of dW, or of a split-K slice.
+template <typename OutT>
+__device__ __forceinline__ void store_dw(OutT* row, int m, int n, const float (&v)[EPT]) {
+  store_run<OutT>(row + n, v, n, GEMM_N);
+}
 
 // A = dy^T: dy's rows (output pixels) are contiguous along k, so the tile is staged as
 // [BK pixels][BM channels] and read back through a col-major A fragment: no transpose.
@@ -449,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) convgen_wgrad_im2col_64x12
     const int m = tile_m + row;
     const int n = tile_n + col;
     if (m >= K) return;
-    store_run<float>(workspace + (static_cast<long long>(blockIdx.z) * K_PIX + m) * GEMM_N + n, v, n, GEMM_N);
+    store_dw<float>(workspace + (static_cast<long long>(blockIdx.z) * K_PIX + m) * DW_N, m, n, v);
   });
 }
 

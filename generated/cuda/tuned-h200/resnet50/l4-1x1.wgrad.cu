@@ -161,6 +161,14 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
     }
   }
 }
+constexpr int DW_N = GEMM_N;  // a row of dW, and of each split-K slice
+
+// Stores the run v (columns n.. of GEMM row m, one of this kernel's filters) into `row`: that
+// filter's row of dW, or of a split-K slice.
+template <typename OutT>
+__device__ __forceinline__ void store_dw(OutT* row, int m, int n, const float (&v)[EPT]) {
+  store_run<OutT>(row + n, v, n, GEMM_N);
+}
 
 // ---- the ring: RING stages of STAGE_BYTES, each with two mbarriers.  full[s] completes
 //      when stage s has landed (the producer's arrival and the stage's bytes), empty[s]
@@ -359,7 +367,7 @@ half_t* __restrict__ db, float* __restrict__ db_workspace, float* __restrict__ w
       const int m = tile_m + row;
       const int n = tile_n + col;
       if (m >= K) return;
-      store_run<half_t>(dw + static_cast<long long>(m) * GEMM_N + n, v, n, GEMM_N);
+      store_dw<half_t>(dw + static_cast<long long>(m) * DW_N, m, n, v);
     });
   }
 }
