@@ -294,9 +294,14 @@ hint_off_tree() {  # /tmp/before: this tree with cp.async's L2 hint defined empt
 
 hint_ab() {  # NAME RUNS TIMEOUT SUITE[:PASS]...: each suite (one pass, or all) benched with the hint off
     # (/tmp/before) and on, RUNS times, compared; the results tarred as $OUT/NAME.tgz
+    hint_off_tree
+    trees_ab "$@"
+}
+
+trees_ab() {  # NAME RUNS TIMEOUT SUITE[:PASS]...: each suite (one pass, or all) benched on the tree in
+    # /tmp/before and on this one, RUNS times, compared; the results tarred as $OUT/NAME.tgz
     local name=$1 runs=$2 limit=$3
     shift 3
-    hint_off_tree
     mkdir -p "$OUT/$name"
     for run in $(seq "$runs"); do
         for sp in "$@"; do
@@ -445,9 +450,26 @@ tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over
     (cd "$OUT" && tar czf dw7.tgz dw7 && rm -rf dw7)
 }
 
+s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext's wgrad against the tree before
+    # (764c871's convgen and templates, carried as benchmarks/before-764c871.tgz), twice; ConvNeXt's 7x7 under ncu
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-s39b timeout 200 $PYTEST tests/test_group_pack_gpu.py tests/test_groups_gpu.py \
+        2>&1 | tee "$OUT/packed-gpu-tests.log" | tail -4
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf benchmarks/before-764c871.tgz -C /tmp/before
+    trees_ab packed 2 60 resnext50-grouped:wgrad
+    NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
+}
+
 s39a() {  # ConvNeXt's 7x7 fprop under Nsight Compute (what bounds it), then the large suite's wgrad tuned (never tuned)
     install
-    for layer in "fprop 64 56 56 96 96 7 1 3 96" "fprop 128 112 112 96 96 3 2 1 96"; do
+    NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96;fprop 128 112 112 96 96 3 2 1 96" ncu_rows
+    tune_suites 300 large
+}
+
+ncu_rows() {  # NCU_LAYERS (";"-separated layer_profile.py arguments) under Nsight Compute, both sides, stall reasons too
+    local IFS=";"
+    for layer in $NCU_LAYERS; do
+        IFS=" "
         local name
         name=$(echo $layer | tr ' ' '-')
         timeout 60 python3 benchmarks/probes/layer_profile.py $layer 2>&1 | tail -1
@@ -461,11 +483,11 @@ s39a() {  # ConvNeXt's 7x7 fprop under Nsight Compute (what bounds it), then the
         done
     done
     (cd "$OUT" && tar czf ncu.tgz ncu-*.log && rm -f ncu-*.log)
-    tune_suites 300 large
 }
 
 case "${1:-}" in
     s39a) s39a ;;
+    s39b) s39b ;;
     gather) gather ;;
     gather-ab) gather_ab ;;
     mini) mini ;;
