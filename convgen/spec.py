@@ -270,8 +270,9 @@ class KernelSpec:
         pass, main-loop kind (its tag), block tile, stages and arch, then the shape (H x W,
         C, K, R x S, stride, padding, dilation), e.g.
         ``convgen_fprop_halo16x2_128x64x32_s3_sm90_32x32_c64_k64_3x3_s11_p11_d11_1a2b3c4d``.
-        The key's first 8 hex digits keep apart specs that share all of those (epilogue,
-        dtypes, warps, gather widths, split-K)."""
+        A grouped layer adds ``_g{groups}``, and packed groups' wgrad ``x{pack}`` after it. The
+        key's first 8 hex digits keep apart specs that share all of those (epilogue, dtypes,
+        warps, gather widths, split-K)."""
         g, p = self.geometry, self.plan
         return (
             f"convgen_{self.pass_.value}_{p.loop.tag}_{p.block_m}x{p.block_n}x{p.block_k}_s{p.stages}"
