@@ -460,6 +460,14 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
     NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
 }
 
+s39c() {  # the depthwise halo's walked copies (4f6e59d): depthwise GPU tests, both depthwise suites' fprop and
+    # dgrad against the tree before (489329a, carried as benchmarks/before-dw.tgz), once (about 5 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-s39c timeout 200 $PYTEST tests/test_depthwise_gpu.py 2>&1 | tee "$OUT/dw-gpu-tests.log" | tail -4
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf benchmarks/before-dw.tgz -C /tmp/before
+    trees_ab dwstage 1 45 mobilenetv2-dw:fprop convnext-dw:fprop mobilenetv2-dw:dgrad convnext-dw:dgrad
+}
+
 s39a() {  # ConvNeXt's 7x7 fprop under Nsight Compute (what bounds it), then the large suite's wgrad tuned (never tuned)
     install
     NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96;fprop 128 112 112 96 96 3 2 1 96" ncu_rows
@@ -488,6 +496,7 @@ ncu_rows() {  # NCU_LAYERS (";"-separated layer_profile.py arguments) under Nsig
 case "${1:-}" in
     s39a) s39a ;;
     s39b) s39b ;;
+    s39c) s39c ;;
     gather) gather ;;
     gather-ab) gather_ab ;;
     mini) mini ;;
