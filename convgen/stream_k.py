@@ -14,7 +14,8 @@ reduction kernel sums in block order (deterministic, as split-K is).  The walk i
 Its GPU tests, fuzz and sanitizers ran clean on the H200 (thirty-fifth session), but it ran
 slower than the planner's split-K on all 12 of ResNet-50's wgrad rows, 0.56-1.00x (H100 at
 2562d41, thirty-sixth session; benchmarks/NOTES.md), so it is a tuning candidate offered last,
-never a default.
+and a default only where :func:`default_plan`'s rule, fitted to the large suite's tuning run,
+says.
 """
 
 from __future__ import annotations
@@ -75,3 +76,38 @@ def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> 
                 out.append((tma_stream_k_cost(problem, target, bm, bn, rate, blocks), plan))
                 break
     return sorted(out, key=lambda c: c[0])
+
+
+# Stream-K's 128x256 tile is the default where dW's tiles of that size fill at least half the SMs
+# and each tile's reduction is at least STREAM_K_MIN_STEPS K-steps long.  On an H100 (thirty-ninth
+# session, benchmarks/results/tuning/nvidia-h100_2026-12-06_9e97264-tune-large-wgrad.json) it
+# ran 1.43x the planner's split-K on the large suite's vgg-conv4_2 (72 tiles, 784 K-steps: 339.7
+# against 487.1 us) and 1.10x on vgg-conv5 (72 tiles, 196 K-steps), each layer's fastest plan;
+# with the same 72 tiles and 49 K-steps (ResNet-50's l4-3x3) it ran 0.67x (thirty-sixth
+# session), and on layers of 5 to 18 such tiles it lost three of four (0.52-0.87x, 1.09x on
+# vgg-conv3_2).  Many tiles let split-K fill the SMs only with a part-empty last wave or many
+# fp32 slices; a long reduction pays for stream-K's cut tiles and its shallower ring.
+STREAM_K_TILE = (128, 256)
+STREAM_K_MIN_STEPS = 196
+
+
+def default_plan(problem: ConvProblem, target: Target) -> tuple[Plan | None, str]:
+    """The stream-K plan a wgrad's default takes (its 128x256 tile on the deepest ring that
+    fits), or None where split-K stays; and why, for `convgen plan`."""
+    gemm = problem.gemm(Pass.WGRAD)
+    bm, bn = STREAM_K_TILE
+    tiles = math.ceil(gemm.m / bm) * math.ceil(gemm.n / bn)
+    steps = math.ceil(gemm.k / TMA_BLOCK_K)
+    if problem.groups > 1 or not target.info.tma:
+        return None, ""
+    if 2 * tiles < target.sm_count or steps < STREAM_K_MIN_STEPS:
+        return None, (f"split-K, not stream-K: {tiles} {bm}x{bn} tiles (stream-K needs half the {target.sm_count} "
+                      f"SMs' worth) of {steps} K-steps (and at least {STREAM_K_MIN_STEPS}: stream_k.default_plan)")
+    plan = next((p for _, p in offered(problem, target) if (p.block_m, p.block_n) == STREAM_K_TILE), None)
+    if plan is None:
+        return None, f"split-K: no {bm}x{bn} stream-K plan fits this part's shared memory"
+    blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, problem.geometry)
+    return plan, (f"stream-K {bm}x{bn} on {plan.stages} stages: {tiles} tiles of {steps} K-steps dealt out evenly to "
+                  f"{blocks} blocks, one wave, a cut tile's parts summed in a second kernel (stream_k.default_plan: "
+                  f"1.10-1.43x split-K on the large suite's 72-tile VGG wgrads on an H100; split-K where tiles are "
+                  f"fewer than half the SMs or reductions shorter than {STREAM_K_MIN_STEPS} K-steps)")

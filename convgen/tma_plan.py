@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from . import stream_k
 from .footprint import smem_bytes
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan
@@ -25,6 +26,15 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
     on a short reduction (``short_first``), and on a 1x1 layer's long one where the cost
     model's tile has no persistent kernel and pads N (tma_rules.MIN_LONG_PADDING)."""
     gemm = problem.gemm(pass_)
+    why_stream_k = ""
+    if pass_ is Pass.WGRAD:  # many tiles, long reductions: stream-K's one wave (stream_k.default_plan)
+        stream, why_stream_k = stream_k.default_plan(problem, target)
+        if stream is not None:
+            return dataclasses.replace(stream, reasons=tuple(reasons) + (
+                f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps; dy's tiles as "
+                "A and x's im2col as B, both read transposed (M- and N-major); a producer warpgroup feeds the "
+                "consumers' asynchronous wgmma", why_stream_k,
+                f"shared memory {smem_bytes(stream, pass_, target.warp_size, problem)} bytes"))
     (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
@@ -73,6 +83,7 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
         + (" beside the epilogue's own scratch" if persistent else ""),
         (f"split-K {split}: the batch's pixels in {split} slices, reduced in fixed order (deterministic)"
          if split > 1 else "split-K 1: a block reduces its tile's whole K, the wgmma accumulators never leave registers"),
+        why_stream_k,
         f"shared memory {smem_bytes(chosen, pass_, target.warp_size, problem)} bytes",
     ]
     return dataclasses.replace(chosen, reasons=tuple(r for r in reasons if r))
