@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-eighth session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (thirty-ninth session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh ncu   # ConvNeXt's 7x7 fprop: what bounds it (add its row)
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s40   # stream-K's default on VGG's wgrads, then the
+#                                                                     # staging variant against the walk (build before-s40.tgz first)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 9e97264 (H100)
+#   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh probes
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at dc620aa (H100);
-#                                                                     # d40a61a's 192-wide wgrad default ran only in tuning and the bench since
 #   (done on the H100 in the thirty-eighth session: tune-dw7, verify38, verify38b, suite, verify38c's benches)
 #   (done on the H100 in the thirty-seventh session: verify36, verify37, verify37b, verify37c)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-ab      # the hint on every copy, on and off (done on the H100)
@@ -305,18 +306,18 @@ trees_ab() {  # NAME RUNS TIMEOUT SUITE[:PASS]...: each suite (one pass, or all)
     mkdir -p "$OUT/$name"
     for run in $(seq "$runs"); do
         for sp in "$@"; do
-            local s=${sp%%:*} pass=()
-            [ "$sp" != "$s" ] && pass=(--pass "${sp#*:}")
+            local s=${sp%%:*} pass=() tag=${sp/:/-}  # one folder per suite and pass: a second pass of a suite
+            [ "$sp" != "$s" ] && pass=(--pass "${sp#*:}")  # must not land beside the first (39th session)
             for side in before after; do
                 local dir=$PWD
                 [ $side = before ] && dir=/tmp/before
                 (cd $dir && PYTHONPATH=$dir CONVGEN_CACHE_DIR=/tmp/cg-l2-$side timeout "$limit" python3 -m convgen.cli bench \
-                    --suite $s "${pass[@]}" $BENCH --out "$OUT/$name/$side-$run-$s" 2>&1 \
-                    | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$side $run $s /")
+                    --suite $s "${pass[@]}" $BENCH --out "$OUT/$name/$side-$run-$tag" 2>&1 \
+                    | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$side $run $tag /")
             done
-            python3 scripts/bench_compare.py "$OUT/$name/before-$run-$s/"*.json "$OUT/$name/after-$run-$s/"*.json \
-                > "$OUT/$name/compare-$run-$s.txt" 2>&1
-            tail -4 "$OUT/$name/compare-$run-$s.txt"
+            python3 scripts/bench_compare.py "$OUT/$name/before-$run-$tag/"*.json "$OUT/$name/after-$run-$tag/"*.json \
+                > "$OUT/$name/compare-$run-$tag.txt" 2>&1
+            tail -4 "$OUT/$name/compare-$run-$tag.txt"
         done
     done
     (cd "$OUT" && tar czf "$name.tgz" "$name" && rm -rf "$name")  # the device returns 8 files a call
@@ -460,6 +461,23 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
     NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
 }
 
+s40() {  # stream-K's default (e7f7cd7) and the depthwise staging variant, each checked then timed (about 9 min).
+    # Before the call, on this machine: git archive 9e97264 convgen templates pyproject.toml | gzip > benchmarks/before-s40.tgz
+    # (the tree before stream-K's default; carried as an untracked file, never committed)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-s40 timeout 150 $PYTEST tests/test_stream_k_gpu.py tests/test_kernels_gpu.py \
+        -k "stream_k or (suite_layers and wgrad and (vgg or large))" 2>&1 | tee "$OUT/s40-gpu-tests.log" | tail -4
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf benchmarks/before-s40.tgz -C /tmp/before
+    trees_ab streamk-default 1 150 large:wgrad vgg16:wgrad
+    # The staging variant with independent copies (benchmarks/probes/dw_stage_independent_copies.patch): does
+    # it keep the walk's gains without dw32-112px's 15% loss?  Here /tmp/before is the VARIANT and "after"
+    # this tree (the walk): A/B above 1 means the walk is faster.
+    rm -rf /tmp/before && mkdir -p /tmp/before && cp -r convgen templates tests pyproject.toml /tmp/before/
+    (cd /tmp/before && patch -s -p1 < "$OLDPWD/benchmarks/probes/dw_stage_independent_copies.patch" && \
+        CONVGEN_CACHE_DIR=/tmp/cg-s40v PYTHONPATH=/tmp/before timeout 120 $PYTEST tests/test_depthwise_gpu.py 2>&1 | tail -2)
+    trees_ab dwvariant 1 45 mobilenetv2-dw:fprop mobilenetv2-dw:dgrad convnext-dw:fprop
+}
+
 s39c() {  # the depthwise halo's walked copies (4f6e59d): depthwise GPU tests, both depthwise suites' fprop and
     # dgrad against the tree before (489329a, carried as benchmarks/before-dw.tgz), once (about 5 min)
     install
@@ -497,6 +515,7 @@ case "${1:-}" in
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;
+    s40) s40 ;;
     gather) gather ;;
     gather-ab) gather_ab ;;
     mini) mini ;;
