@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -214,3 +216,57 @@ def test_packed_wgrad_stores_each_filters_own_channels_with_no_copy_after(target
         assert emit(spec).workspace_elems(n) * pack == emit(plain).workspace_elems(n), layer.name
         split += plain.plan.split_k > 1
     assert split, "no packed layer splits its reduction: the slices' layout is untested"
+
+
+PACKED_HOST_MAIN = r"""
+#include <cstdio>
+#define __device__
+#define __forceinline__ inline
+template <typename T> T from_float(float v) { return static_cast<T>(v); }
+constexpr int C = %(c)d, K = %(k)d, R = %(r)d, S = %(s)d, GEMM_N = R * S * C, EPT = 8;
+%(part)s
+int main() {
+  // stdin: G slabs' GEMM rows (K of them a slab, GEMM_N columns each); stdout: dW as the kernel stores it
+  constexpr int G = %(g)d;
+  static float slab[G * K * GEMM_N], dw[G * K * DW_N];
+  for (float& v : slab) std::scanf("%%f", &v);
+  for (float& v : dw) v = -1e30f;  // unwritten
+  for (int grp = 0; grp < G; ++grp)
+    for (int m = 0; m < K; ++m)
+      for (int n = 0; n < GEMM_N; n += EPT) {  // the drain's runs of EPT columns, the last one past GEMM_N
+        float v[EPT];
+        for (int e = 0; e < EPT; ++e) v[e] = n + e < GEMM_N ? slab[(grp * K + m) * GEMM_N + n + e] : 1e30f;
+        store_dw<float>(dw + static_cast<long long>(grp) * K * DW_N + static_cast<long long>(m) * DW_N, m, n, v);
+      }
+  for (float v : dw) std::printf("%%.9g\n", v);
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler (g++) to run the packed store on the CPU")
+@pytest.mark.parametrize("g, slabs, cg, kg", [(8, 2, 4, 4), (6, 3, 3, 5), (4, 1, 2, 6), (32, 2, 4, 4)])
+def test_packed_wgrad_store_keeps_each_filters_own_channels(tmp_path, g, slabs, cg, kg):
+    """parts/packed_dw.j2's stores, run on the host over the slabs' whole dW (from the float64
+    reference, random data) in the drain's runs of 8 columns: what lands in dW is the grouped
+    layer's own dW, every element written."""
+    from types import SimpleNamespace
+
+    from convgen.emit import _environment
+
+    rng = np.random.default_rng(11)
+    p = ConvProblem(7, 8, g * cg, g * kg, 3, 2, (2, 1), (1, 0), (1, 2), groups=g, n=2)
+    x, dy = rng.standard_normal(p.x_shape), rng.standard_normal(p.y_shape)
+    geo = dict(stride=p.stride, padding=p.padding, dilation=p.dilation)
+    pack = g // slabs
+    dws, _ = reference.wgrad(x, dy, (p.k, p.r, p.s, cg * pack), groups=slabs, **geo)
+    want, _ = reference.wgrad(x, dy, p.w_shape, groups=g, **geo)
+    part = _environment().get_template("parts/packed_dw.j2").render(ctx=SimpleNamespace(shape=SimpleNamespace(pack=pack)))
+    src = tmp_path / "packed.cpp"
+    src.write_text(PACKED_HOST_MAIN % dict(c=cg * pack, k=kg * pack, r=p.r, s=p.s, g=slabs, part=part))
+    exe = tmp_path / "packed"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True)
+    out = subprocess.run([str(exe)], input="\n".join(map(repr, dws.astype(np.float32).ravel().tolist())),
+                         capture_output=True, text=True, check=True).stdout.split()
+    got = np.array(out, dtype=np.float64).reshape(p.w_shape)
+    assert (got > -1e29).all(), "an element of dW no store reached"
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
