@@ -267,6 +267,10 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     assert bounds in ("THREADS", str(threads)) or (spec.plan.tma and bounds == "THREADS, 1")
     _check_params(spec, ks.main.args, params, reduce=False)
     assert ks.main.shared_mem == smem_bytes(spec.plan, spec.pass_, spec.target.warp_size, spec.geometry) <= spec.target.smem_limit
+    if ks.main.stream_k:  # a one-wave grid and its own reduction (tests/test_stream_k.py checks both)
+        assert ks.reduce is not None and ks.main.grid_z == 1 and spec.plan.split_k == 1
+        assert ks.reduce.kernel == spec.name + "_reduce" and ks.main.grid_blocks > 0
+        return
     assert (ks.reduce is not None) == (spec.plan.split_k > 1) == (ks.main.grid_z > 1)
     if ks.reduce:
         assert ks.reduce.kernel == spec.name + "_reduce"
@@ -358,7 +362,9 @@ def test_grid_and_workspace_for_a_batch_of_three(name, block_m, grid, grid_x, wo
 
 def _manifest_grid_x(text: str, batch: int) -> int:
     """Evaluates the manifest's grid.x text, "[G * ]ceil(A / B)" with A "batch * R" or "R", or
-    a persistent grid's "min(ceil(A / B) * T, BLOCKS)"."""
+    a persistent grid's "min(ceil(A / B) * T, BLOCKS)", or stream-K's one wave, a number."""
+    if text.isdigit():
+        return int(text)
     persistent = re.fullmatch(r"min\((.*) \* (\d+), (\d+)\)", text)
     if persistent:
         return min(_manifest_grid_x(persistent.group(1), batch) * int(persistent.group(2)), int(persistent.group(3)))
