@@ -545,3 +545,80 @@ def test_interleave_is_a_depthwise_fprop_and_dgrad_flag_that_round_trips():
     with pytest.raises(ValueError, match="wgrad's grid already puts"):
         emit(make_spec(problem, Pass.WGRAD, plan_=dataclasses.replace(
             wgrad, loop=dataclasses.replace(wgrad.loop, interleave=True))))
+
+
+HALO_HOST_MAIN = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#define __device__
+#define __forceinline__ inline
+typedef unsigned short half_t;
+template <int V> struct HalfVec { struct T { half_t h[V]; }; };
+template <int V> typename HalfVec<V>::T load_halves(const half_t* p) { typename HalfVec<V>::T t; std::memcpy(&t, p, sizeof t); return t; }
+// cp.async with zero-fill: BYTES copied where pred, zeros where not (the source is not read then)
+template <int BYTES> void cp_async(void* dst, const void* src, bool pred) {
+  if (pred) std::memcpy(dst, src, BYTES); else std::memset(dst, 0, BYTES);
+}
+void cp_async_commit() {}
+struct { unsigned x; } threadIdx;  // the host runs the block's threads one after another
+constexpr int VEC = %(vec)d, THREADS = %(threads)d, HALO_H = %(hh)d, HALO_W = %(hw)d, PIX_LD = %(ld)d;
+constexpr bool ASYNC_HALO = %(async)s;
+%(fn)s
+int main(int argc, char** argv) {
+  constexpr int CH = %(ch)d, ROWS = %(rows)d, COLS_IMG = %(cols)d, CHANS = %(chans)d;
+  const int row0 = std::atoi(argv[1]), col0 = std::atoi(argv[2]), ch0 = std::atoi(argv[3]);
+  static half_t img[ROWS * COLS_IMG * CHANS], halo[HALO_H * HALO_W * PIX_LD];
+  for (int i = 0; i < ROWS * COLS_IMG * CHANS; ++i) img[i] = static_cast<half_t>(1 + i %% 60000);
+  for (half_t& h : halo) h = 0xFFFF;  // unwritten
+  for (unsigned t = 0; t < THREADS; ++t) {
+    threadIdx.x = t;
+    stage_halo<CH, ROWS, COLS_IMG, CHANS>(halo, img, row0, col0, ch0);
+  }
+  for (int p = 0; p < HALO_H * HALO_W; ++p)
+    for (int c = 0; c < CH; ++c) std::printf("%%d\n", halo[p * PIX_LD + c]);
+}
+"""
+
+
+def _stage_halo_source() -> str:
+    """The stage_halo function as templates/parts/depthwise.j2 writes it (no Jinja inside)."""
+    from convgen.resources import templates_dir
+
+    text = (templates_dir() / "parts" / "depthwise.j2").read_text()
+    start = text.index("template <int CH, int ROWS, int COLS_IMG, int CHANS>\n__device__ __forceinline__ void stage_halo(")
+    return text[start:text.index("\n}\n", start) + 3]
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="no host C++ compiler (g++) for the halo copy")
+@pytest.mark.parametrize("async_", [True, False], ids=["cp.async", "registers"])
+@pytest.mark.parametrize("vec, threads, hh, hw, ch, rows, cols, chans, origins", [
+    (8, 128, 14, 14, 64, 20, 20, 96, [(-3, -3, 0), (10, 10, 64), (3, 9, 32)]),  # ConvNeXt's 7x7, a part chunk
+    (8, 64, 10, 10, 32, 12, 12, 32, [(-1, -1, 0), (7, 3, 0)]),                 # dw32: 64 threads, 4 vectors
+    (8, 128, 17, 17, 64, 30, 30, 64, [(-1, -1, 0), (15, 15, 0)]),              # stride 2: a step shorter than a row
+    (8, 128, 10, 10, 96, 12, 12, 96, [(-1, 5, 0)]),                             # 12 vectors: the flat index
+    (4, 128, 10, 10, 16, 9, 11, 16, [(-1, -1, 0), (2, 4, 0)]),                  # 8-byte copies
+    (2, 32, 6, 9, 8, 5, 7, 8, [(-2, -3, 0), (1, 0, 0)]),                        # 4-byte copies, one warp
+])
+def test_halo_staging_copies_every_pixel_once_on_the_host(tmp_path, async_, vec, threads, hh, hw, ch, rows, cols,
+                                                          chans, origins):
+    """The depthwise halo's copies (parts/depthwise.j2's stage_halo), run on the host thread by
+    thread: every halo pixel and channel holds the image's, zeros outside the image or past
+    its channels, whichever path (a thread's pixels walked, or the flat index) the block's
+    shape takes."""
+    import subprocess
+
+    ld = ch + 8
+    src = tmp_path / "halo.cpp"
+    src.write_text(HALO_HOST_MAIN % dict(vec=vec, threads=threads, hh=hh, hw=hw, ld=ld, ch=ch, rows=rows, cols=cols,
+                                         chans=chans, fn=_stage_halo_source(),
+                                         **{"async": "true" if async_ else "false"}))
+    exe = tmp_path / "halo"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True)
+    for row0, col0, ch0 in origins:
+        got = np.array(subprocess.run([str(exe), str(row0), str(col0), str(ch0)], capture_output=True, text=True,
+                                      check=True).stdout.split(), dtype=np.int64).reshape(hh, hw, ch)
+        y, x, c = np.meshgrid(np.arange(hh) + row0, np.arange(hw) + col0, np.arange(ch) + ch0, indexing="ij")
+        inside = (y >= 0) & (y < rows) & (x >= 0) & (x < cols) & (c < chans)
+        want = np.where(inside, 1 + ((y * cols + x) * chans + c) % 60000, 0)
+        np.testing.assert_array_equal(got, want, err_msg=f"origin {(row0, col0, ch0)}")
