@@ -284,7 +284,6 @@ __device__ __forceinline__ void drain(Acc (&acc)[FM][FN], unsigned char* smem, E
 
 namespace {
 
-constexpr int RSC = R * S * C;
 constexpr int DW_N = GEMM_N;  // a row of dW, and of each split-K slice
 
 // Stores the run v (columns n.. of GEMM row m, one of this kernel's filters) into `row`: that
@@ -293,6 +292,8 @@ template <typename OutT>
 __device__ __forceinline__ void store_dw(OutT* row, int m, int n, const float (&v)[EPT]) {
   store_run<OutT>(row + n, v, n, GEMM_N);
 }
+
+constexpr int RSC = R * S * C;
 
 // A = dy^T: dy's rows (output pixels) are contiguous along k, so the tile is staged as
 // [BK pixels][BM channels] and read back through a col-major A fragment: no transpose.
