@@ -7,6 +7,7 @@
 #
 #   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s40   # stream-K's default on VGG's wgrads, then the
 #                                                                     # staging variant against the walk (build before-s40.tgz first)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s40b       # stream-K's rule at its bounds: six more layers tuned
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 9e97264 (H100)
 #   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
@@ -478,6 +479,19 @@ s40() {  # stream-K's default (e7f7cd7) and the depthwise staging variant, each 
     trees_ab dwvariant 1 45 mobilenetv2-dw:fprop mobilenetv2-dw:dgrad convnext-dw:fprop
 }
 
+s40b() {  # stream-K's rule at its bounds, on layers the large suite's tune did not cover (about 5 min):
+    # VGG-16's conv4_1 (36 tiles), conv4_2 (72, 392 K-steps: the rule's one untimed default) and conv5 (72, 98
+    # K-steps), ResNet-18's l4 (72 and 36 tiles, 98 K-steps), Darknet-53's down4 (36, 256) and down5 (144, 64)
+    install
+    mkdir -p "$OUT/sk"
+    for sl in vgg16:conv4_1,conv4_2,conv5 resnet18:l4-3x3,l4-3x3-down darknet53-down:down4,down5; do
+        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 100 python3 -m convgen.cli tune --suite ${sl%%:*} --layers ${sl#*:} \
+            --pass wgrad --no-bias --log "$OUT/sk/tune-${sl%%:*}-wgrad.json" > "$OUT/sk/tune-${sl%%:*}-wgrad.log" 2>&1
+        grep -E "^[a-z]" "$OUT/sk/tune-${sl%%:*}-wgrad.log" | tail -4
+    done
+    (cd "$OUT" && tar czf sk.tgz sk && rm -rf sk)
+}
+
 s39c() {  # the depthwise halo's walked copies (4f6e59d): depthwise GPU tests, both depthwise suites' fprop and
     # dgrad against the tree before (489329a, carried as benchmarks/before-dw.tgz), once (about 5 min)
     install
@@ -516,6 +530,7 @@ case "${1:-}" in
     s39b) s39b ;;
     s39c) s39c ;;
     s40) s40 ;;
+    s40b) s40b ;;
     gather) gather ;;
     gather-ab) gather_ab ;;
     mini) mini ;;
