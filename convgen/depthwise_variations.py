@@ -19,7 +19,8 @@ from .spec import Plan
 # 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block
 # (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or
 # 144, where 64-channel chunks leave a quarter of the lanes idle); runs of 8 over 4 channels
-# first (_long_run).  Timed on the H200 (e4aaee5) on both depthwise suites: the
+# first (_long_run), then runs of 8 over 8 channels on a tile twice as tall (_wide_run, 5-7 wide
+# filters; untimed).  Timed on the H200 (e4aaee5) on both depthwise suites: the
 # 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
 # runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
 VARIATION_COLS = (4, 2, 1)  # (runs of 8 over 8 channels took 121-132 registers, and one spilled)
@@ -40,9 +41,9 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
     assert isinstance(loop, Depthwise)
     sw = problem.stride[1]
-    long_run = _long_run(problem, pass_, base)
-    if long_run is not None:
-        yield lambda: long_run
+    for run in (_long_run(problem, pass_, base), _wide_run(problem, pass_, base)):
+        if run is not None:
+            yield lambda run=run: run
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
     whole = whole_pixel_chunk(problem, vec, elem, base.block_n, target)
     options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n,
@@ -99,6 +100,27 @@ def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
     return dataclasses.replace(base, vec_a=4, loop=dataclasses.replace(loop, cols=8), reasons=(
         f"tuning candidate: depthwise runs of 8 over 4 channels (the default's {base.block_m // loop.tile_w}x"
         f"{loop.tile_w} tile, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
+
+
+def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
+    """The default's threads with runs of 8 outputs over the same 8 channels, on a tile twice as
+    tall: each staged column feeds 8 sums, not 4, so a 7x7 filter row converts 14 columns for 8
+    outputs where the default converts 10 for 4 (12.25 conversions an output, not 17.5). A
+    thread then holds 64 sums, 153-164 registers and no local memory in NVRTC 13's sm_90 SASS:
+    the kind of block cuDNN's depthwise kernel runs (210 registers, 60.6 M instructions against
+    the default's 86.3 M on ConvNeXt's dw96-56px; benchmarks/NOTES.md, thirty-ninth session).
+    Filters of 5 columns or more, where the conversions weigh most; not yet timed.  None where
+    the default is not runs of 4 over 8 channels of one filter each."""
+    loop = base.loop
+    assert isinstance(loop, Depthwise)
+    if problem.s < 5 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
+        return None
+    if pass_ is Pass.DGRAD and 8 % problem.stride[1]:
+        return None
+    rows = base.block_m // loop.tile_w
+    return dataclasses.replace(base, block_m=2 * base.block_m, loop=dataclasses.replace(loop, cols=8), reasons=(
+        f"tuning candidate: depthwise runs of 8 over 8 channels on a {2 * rows}x{loop.tile_w} tile (the default's "
+        f"threads, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
 
 
 WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning

@@ -478,3 +478,25 @@ def test_depthwise_long_runs_hold_fewer_registers_and_fewer_conversions(suite, n
             for p in (base, long_run)]
     assert sass[1].local == 0 and sass[1].registers <= sass[0].registers, (sass[0].registers, sass[1].registers)
     assert sass[1].count("FFMA") == sass[0].count("FFMA") and sass[1].count("HADD2") < sass[0].count("HADD2")
+
+
+WIDE_RUNS = [("convnext-dw", name, pass_) for name in ("dw96-56px", "dw768-7px") for pass_ in (Pass.FPROP, Pass.DGRAD)]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("suite, name, pass_", WIDE_RUNS, ids=[f"{s}/{n}/{p.value}" for s, n, p in WIDE_RUNS])
+def test_depthwise_wide_runs_convert_less_per_fma_without_spilling(suite, name, pass_):
+    """The third depthwise candidate on 7x7 filters (runs of 8 over 8 channels on a tile twice as
+    tall, depthwise_variations._wide_run): its reason is fewer half-to-float conversions per FFMA
+    in the same threads, so on sm_90 its SASS keeps no local memory and converts less per FFMA
+    than the default."""
+    from convgen.candidates import candidates
+
+    problem = next(l.problem for l in SUITES[suite] if l.name == name)
+    base, _, wide = candidates(problem, pass_, Target("sm_90"))[:3]
+    assert (wide.vec_a, wide.loop.cols, wide.block_m, wide.warps) == (8, 8, 2 * base.block_m, base.warps)
+    sass = [_main_sass(make_spec(problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=False), plan_=p))
+            for p in (base, wide)]
+    assert sass[1].local == 0, sass[1].registers
+    ratio = [s.count("HADD2") / s.count("FFMA") for s in sass]
+    assert ratio[1] < 0.8 * ratio[0], ratio
