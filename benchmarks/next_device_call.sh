@@ -8,6 +8,7 @@
 #   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s40   # stream-K's default on VGG's wgrads, then the
 #                                                                     # staging variant against the walk (build before-s40.tgz first)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s40b       # stream-K's rule at its bounds: six more layers tuned
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s40c       # depthwise's wide run, timed in ConvNeXt's tune
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 9e97264 (H100)
 #   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
@@ -492,6 +493,19 @@ s40b() {  # stream-K's rule at its bounds, on layers the large suite's tune did 
     (cd "$OUT" && tar czf sk.tgz sk && rm -rf sk)
 }
 
+s40c() {  # depthwise's wide run (runs of 8 over 8 channels, the third fprop/dgrad candidate on 5-7 wide filters,
+    # never timed): ConvNeXt's fprop and dgrad tuned, and the variations' GPU test (about 5 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-wide timeout 120 $PYTEST tests/test_depthwise_gpu.py -k variations 2>&1 | tail -2
+    mkdir -p "$OUT/wide"
+    for p in fprop dgrad; do
+        CONVGEN_CACHE_DIR=/tmp/cg-wide timeout 110 python3 -m convgen.cli tune --suite convnext-dw --pass $p --no-bias \
+            --log "$OUT/wide/tune-convnext-dw-$p.json" > "$OUT/wide/tune-convnext-dw-$p.log" 2>&1
+        tail -5 "$OUT/wide/tune-convnext-dw-$p.log"
+    done
+    (cd "$OUT" && tar czf wide.tgz wide && rm -rf wide)
+}
+
 s39c() {  # the depthwise halo's walked copies (4f6e59d): depthwise GPU tests, both depthwise suites' fprop and
     # dgrad against the tree before (489329a, carried as benchmarks/before-dw.tgz), once (about 5 min)
     install
@@ -531,6 +545,7 @@ case "${1:-}" in
     s39c) s39c ;;
     s40) s40 ;;
     s40b) s40b ;;
+    s40c) s40c ;;
     gather) gather ;;
     gather-ab) gather_ab ;;
     mini) mini ;;
