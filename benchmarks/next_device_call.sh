@@ -444,13 +444,19 @@ tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over
     install
     # first, the thirty-seventh session's one GPU test not yet run: a tuned grid that is not resident falls back
     CONVGEN_CACHE_DIR=/tmp/cg-dw7 timeout 60 $PYTEST tests/test_split_reduce_gpu.py 2>&1 | tee "$OUT/split-reduce-gpu.log" | tail -3
-    mkdir -p "$OUT/dw7"
-    for p in fprop dgrad; do
-        CONVGEN_CACHE_DIR=/tmp/cg-dw7 timeout 110 python3 -m convgen.cli tune --suite convnext-dw --pass $p --no-bias \
-            --log "$OUT/dw7/tune-convnext-dw-$p.json" > "$OUT/dw7/tune-convnext-dw-$p.log" 2>&1
-        tail -5 "$OUT/dw7/tune-convnext-dw-$p.log"
+    tune_passes dw7 110 convnext-dw fprop dgrad
+}
+
+tune_passes() {  # DIR LIMIT SUITE PASS...: each pass of SUITE tuned (no bias, dW alone), the logs tarred as $OUT/DIR.tgz
+    local dir=$1 limit=$2 suite=$3
+    shift 3
+    mkdir -p "$OUT/$dir"
+    for p in "$@"; do
+        CONVGEN_CACHE_DIR=/tmp/cg-$dir timeout "$limit" python3 -m convgen.cli tune --suite "$suite" --pass "$p" --no-bias \
+            --log "$OUT/$dir/tune-$suite-$p.json" > "$OUT/$dir/tune-$suite-$p.log" 2>&1
+        tail -5 "$OUT/$dir/tune-$suite-$p.log"
     done
-    (cd "$OUT" && tar czf dw7.tgz dw7 && rm -rf dw7)
+    (cd "$OUT" && tar czf "$dir.tgz" "$dir" && rm -rf "$dir")
 }
 
 s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext's wgrad against the tree before
@@ -497,13 +503,7 @@ s40c() {  # depthwise's wide run (runs of 8 over 8 channels, the third fprop/dgr
     # never timed): ConvNeXt's fprop and dgrad tuned, and the variations' GPU test (about 5 min)
     install
     CONVGEN_CACHE_DIR=/tmp/cg-wide timeout 120 $PYTEST tests/test_depthwise_gpu.py -k variations 2>&1 | tail -2
-    mkdir -p "$OUT/wide"
-    for p in fprop dgrad; do
-        CONVGEN_CACHE_DIR=/tmp/cg-wide timeout 110 python3 -m convgen.cli tune --suite convnext-dw --pass $p --no-bias \
-            --log "$OUT/wide/tune-convnext-dw-$p.json" > "$OUT/wide/tune-convnext-dw-$p.log" 2>&1
-        tail -5 "$OUT/wide/tune-convnext-dw-$p.log"
-    done
-    (cd "$OUT" && tar czf wide.tgz wide && rm -rf wide)
+    tune_passes wide 110 convnext-dw fprop dgrad
 }
 
 s39c() {  # the depthwise halo's walked copies (4f6e59d): depthwise GPU tests, both depthwise suites' fprop and
