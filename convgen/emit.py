@@ -583,11 +583,10 @@ def emit(spec: KernelSpec) -> KernelSource:
     if reduce_args and ctx.split is not None:
         # One block per run of outputs, so every load of the reduction is issued at once;
         # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).
-        full = g.gemm(spec.pass_, 1)  # every group's outputs (packed groups': each filter's own columns)
-        outputs = full.m * full.n // spec.pack
+        outputs = g.gemm(spec.pass_, 1).m * ctx.split.out_n  # every group's outputs (packed groups': their own)
         per_image = dict(grid_fixed_rows=outputs) if spec.pass_ is Pass.WGRAD else dict(grid_rows_per_image=outputs)
         reduce = Launch(
             kernel=ctx.split.reduce_name, args=reduce_args, block=REDUCE_BLOCK, shared_mem=0,
-            grid_m_tile=reduce_outputs_per_block(plan.split_k, full.n // spec.pack), grid_n_tiles=1, grid_z=1, **per_image,
+            grid_m_tile=reduce_outputs_per_block(plan.split_k, ctx.split.out_n), grid_n_tiles=1, grid_z=1, **per_image,
         )
     return KernelSource(spec=spec, source=source, filename=f"{spec.name}.{be.file_ext}", main=main, reduce=reduce)

@@ -26,15 +26,23 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
     on a short reduction (``short_first``), and on a 1x1 layer's long one where the cost
     model's tile has no persistent kernel and pads N (tma_rules.MIN_LONG_PADDING)."""
     gemm = problem.gemm(pass_)
+    gather = {
+        Pass.FPROP: "x's im2col: the copy engine gathers the taps and the padding",
+        Pass.DGRAD: ("dy's im2col under the flipped filter, w read as stored (N-major B, wgmma transposes it)"
+                     if problem.stride == (1, 1) else
+                     f"{problem.stride[0] * problem.stride[1]} stride residue classes of dx's pixels, each dy's im2col "
+                     "under its flipped sub-filter (one map per class, longest first), w read as stored (N-major B)"),
+        Pass.WGRAD: "dy's tiles as A and x's im2col as B, both read transposed (M- and N-major)",
+    }[pass_]
+    loop = (f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps"
+            f"{' in the heaviest class' if pass_ is Pass.DGRAD and problem.stride != (1, 1) else ''}; {gather}; a "
+            "producer warpgroup feeds the consumers' asynchronous wgmma")
     why_stream_k = ""
     if pass_ is Pass.WGRAD:  # many tiles, long reductions: stream-K's one wave (stream_k.default_plan)
         stream, why_stream_k = stream_k.default_plan(problem, target)
         if stream is not None:
             return dataclasses.replace(stream, reasons=tuple(reasons) + (
-                f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps; dy's tiles as "
-                "A and x's im2col as B, both read transposed (M- and N-major); a producer warpgroup feeds the "
-                "consumers' asynchronous wgmma", why_stream_k,
-                f"shared memory {smem_bytes(stream, pass_, target.warp_size, problem)} bytes"))
+                loop, why_stream_k, f"shared memory {smem_bytes(stream, pass_, target.warp_size, problem)} bytes"))
     (split, blocks, us), bm, bn, stages, rate = tma_cheapest_tile(problem, pass_, target)
     waves = math.ceil(blocks / target.sm_count)
     modelled = bm, bn  # the cost model's tile, which a persistent kernel may replace
@@ -48,19 +56,9 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
         bm, bn, stages, pingpong = persistent
     chosen = Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, split_k=split,
                   loop=TmaWgmma(persistent is not None, pingpong))
-    gather = {
-        Pass.FPROP: "x's im2col: the copy engine gathers the taps and the padding",
-        Pass.DGRAD: ("dy's im2col under the flipped filter, w read as stored (N-major B, wgmma transposes it)"
-                     if problem.stride == (1, 1) else
-                     f"{problem.stride[0] * problem.stride[1]} stride residue classes of dx's pixels, each dy's im2col "
-                     "under its flipped sub-filter (one map per class, longest first), w read as stored (N-major B)"),
-        Pass.WGRAD: "dy's tiles as A and x's im2col as B, both read transposed (M- and N-major)",
-    }[pass_]
     traffic = ", plus the slices' workspace traffic" if pass_ is Pass.WGRAD else ""
     reasons += [
-        f"TMA main loop (sm_90a): {gemm.k_axis}={gemm.k} in 64-element steps, {steps} K-steps"
-        f"{' in the heaviest class' if pass_ is Pass.DGRAD and problem.stride != (1, 1) else ''}; {gather}; a "
-        "producer warpgroup feeds the consumers' asynchronous wgmma",
+        loop,
         (f"block N {bn}: the short reduction's persistent tile (below), not the long-reduction cost model's"
          if short_tile is not None else
          f"block N {bn}: N={gemm.n} in exactly {math.ceil(gemm.n / bn)} tiles where 128 and 256 columns pad it "
