@@ -79,16 +79,19 @@ def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> 
 
 
 # Stream-K's 128x256 tile is the default where dW's tiles of that size fill at least half the SMs
-# and each tile's reduction is at least STREAM_K_MIN_STEPS K-steps long.  On an H100 (thirty-ninth
-# session, benchmarks/results/tuning/nvidia-h100_2026-12-06_9e97264-tune-large-wgrad.json) it
-# ran 1.43x the planner's split-K on the large suite's vgg-conv4_2 (72 tiles, 784 K-steps: 339.7
-# against 487.1 us) and 1.10x on vgg-conv5 (72 tiles, 196 K-steps), each layer's fastest plan;
-# with the same 72 tiles and 49 K-steps (ResNet-50's l4-3x3) it ran 0.67x (thirty-sixth
-# session), and on layers of 5 to 18 such tiles it lost three of four (0.52-0.87x, 1.09x on
-# vgg-conv3_2).  Many tiles let split-K fill the SMs only with a part-empty last wave or many
-# fp32 slices; a long reduction pays for stream-K's cut tiles and its shallower ring.
+# and each tile's reduction is at least STREAM_K_MIN_STEPS K-steps long.  On an H100 it ran the
+# fastest plan of all on every such layer tuned: the large suite's vgg-conv4_2 (72 tiles, 784
+# K-steps, 1.43x the planner's split-K) and vgg-conv5 (72, 196: 1.10x) (thirty-ninth session,
+# tuning/nvidia-h100_2026-12-06_9e97264-tune-large-wgrad.json); VGG-16's conv4_2 (72, 392:
+# 1.04x) and conv5 (72, 98: 1.11x) and ResNet-18's l4-3x3 (72, 98: 1.11x) (fortieth session,
+# tuning/nvidia-h100_2026-12-06_40d7cdc-tune-*-wgrad.json).  It lost with short reductions --
+# ResNet-50's l4-3x3 (72 tiles, 49 K-steps, 0.67x; thirty-sixth session) and Darknet's down5
+# (144, 64: 0.78x) -- so the bound sits between 64 and 98; and on every layer of 5 to 36 such
+# tiles but one (0.52-0.87x; 1.09x on vgg-conv3_2, 18 tiles).  Many tiles let split-K fill the
+# SMs only with a part-empty last wave or many fp32 slices; a long reduction pays for stream-K's
+# cut tiles and its shallower ring.
 STREAM_K_TILE = (128, 256)
-STREAM_K_MIN_STEPS = 196
+STREAM_K_MIN_STEPS = 96
 
 
 def default_plan(problem: ConvProblem, target: Target) -> tuple[Plan | None, str]:
@@ -109,5 +112,5 @@ def default_plan(problem: ConvProblem, target: Target) -> tuple[Plan | None, str
     blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, problem.geometry)
     return plan, (f"stream-K {bm}x{bn} on {plan.stages} stages: {tiles} tiles of {steps} K-steps dealt out evenly to "
                   f"{blocks} blocks, one wave, a cut tile's parts summed in a second kernel (stream_k.default_plan: "
-                  f"1.10-1.43x split-K on the large suite's 72-tile VGG wgrads on an H100; split-K where tiles are "
+                  f"1.04-1.43x split-K on five 72-tile VGG and ResNet-18 wgrads on an H100; split-K where tiles are "
                   f"fewer than half the SMs or reductions shorter than {STREAM_K_MIN_STEPS} K-steps)")
