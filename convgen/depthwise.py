@@ -283,6 +283,45 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
                    "channel reduction, so a CUDA-core stencil over a staged halo, not an MMA loop")
     if pass_ is Pass.WGRAD:
         return _plan_wgrad(g, target, elem, reasons)
+    plan = _plan_stencil(g, pass_, target, elem, reasons)
+    longer = long_run(g, pass_, plan) if g.s >= LONG_RUN_MIN_S else None
+    if longer is None:
+        return plan
+    reasons.append(f"then runs of 8 outputs over 4 channels, not 4 over 8 (the same {plan.warps_m * target.warp_size} "
+                   f"threads and 32 sums each): a {g.s}-wide filter row converts {8 + g.s - 1} staged columns for 8 "
+                   f"outputs, not {4 + g.s - 1} for 4 (depthwise.LONG_RUN_MIN_S: 1.05-1.13x on every ConvNeXt 7x7 "
+                   "fprop and dgrad, timed on an H100)")
+    return longer
+
+
+# Runs of 8 outputs over 4 channels, where a thread's run of 4 over 8 would convert more staged
+# columns per output: (8 + S - 1) / 8 against (4 + S - 1) / 4, 1.75 against 2.5 a 7x7 output.
+# Timed on an H100 (fortieth session, tuning/nvidia-h100_2026-12-06_40d7cdc-tune-convnext-dw-*):
+# 1.05-1.13x the runs of 4 on all eight of ConvNeXt's fprop and dgrad rows and within 7% of each
+# row's best (at 800069f, before the halo's walked copies, 1.01-1.06x on seven of eight).  3x3
+# filters keep runs of 4 (1.5 against 1.25 conversions an output; the H200's MobileNetV2 tuning
+# timed runs of 4 best nearly everywhere).  5x5 (EfficientNet-B0) is between, and untimed.
+LONG_RUN_MIN_S = 5
+
+
+def long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
+    """``base``'s block with runs of 8 outputs over half its channel vector (vec 8 -> 4): the
+    same sums a thread from fewer staged-column bytes and conversions, and on sm_90 fewer
+    registers.  None where ``base`` is not runs of 4 over 8 channels of one filter each, or a
+    run of 8 does not fit (a whole 144-channel pixel would take 36 lanes; a dgrad run must be
+    whole strides)."""
+    loop = base.loop
+    assert isinstance(loop, Depthwise)
+    if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
+        return None
+    if base.block_n // 4 > 32 or (pass_ is Pass.DGRAD and 8 % problem.stride[1]):
+        return None
+    return dataclasses.replace(base, vec_a=4, loop=dataclasses.replace(loop, cols=8))
+
+
+def _plan_stencil(g: ConvProblem, pass_: Pass, target: Target, elem: DType, reasons: list[str]) -> Plan:
+    """fprop's and dgrad's stencil block with runs of 4 over 8 channels where they fit."""
+    m = g.kg
     sh, sw = g.stride
     vec = _vec(g.c, m, 8)
     chunk = _chunk(g.c, vec, 8)

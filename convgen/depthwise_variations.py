@@ -9,20 +9,22 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, straddles_granules, summed_in_grid, wgrad_layout, wgrad_split,
-                        wgrad_tiles, whole_pixel_chunk)
+from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, long_run, straddles_granules, summed_in_grid, wgrad_layout,
+                        wgrad_split, wgrad_tiles, whole_pixel_chunk)
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
 from .spec import Plan
 
-# What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): runs of
-# 4, 2 or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block
-# (with 4, a ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or
-# 144, where 64-channel chunks leave a quarter of the lanes idle); runs of 8 over 4 channels
-# first (_long_run), then runs of 8 over 8 channels on a tile twice as tall (_wide_run, 5-7 wide
-# filters; untimed).  Timed on the H200 (e4aaee5) on both depthwise suites: the
-# 48-channel chunk won with smaller tiles on C = 96 and 144 at 28-56 pixels (up to 1.22x), and
-# runs of 4 nearly everywhere; tuning on first use times the first 8 (convgen/autotune.py).
+# What `convgen tune` varies on a depthwise layer besides the default (fprop, dgrad): first the
+# other run of the same threads (runs of 4 over 8 channels where the default is depthwise.long_run's
+# runs of 8 over 4, and the reverse), then runs of 8 over 8 channels on a tile twice as tall
+# (_wide_run, 5-7 wide filters: fastest on ConvNeXt's dw192-28px alone, H100), then runs of 4, 2
+# or 1 outputs a thread, tiles of 4-16 rows and 8-32 columns, 1, 2 or 4 tiles a block (with 4, a
+# ring of 2 or 3 halos), and the channel chunk that pads C least (48 for C = 96 or 144, where
+# 64-channel chunks leave a quarter of the lanes idle), around the runs of 4.  Timed on the H200
+# (e4aaee5) on both depthwise suites: the 48-channel chunk won with smaller tiles on C = 96 and
+# 144 at 28-56 pixels (up to 1.22x), and runs of 4 nearly everywhere on 3x3 filters; tuning on
+# first use times the first 8 (convgen/autotune.py).
 VARIATION_COLS = (4, 2, 1)  # (runs of 8 over 8 channels took 121-132 registers, and one spilled)
 VARIATION_TILES = ((8, 16), (4, 16), (8, 8), (16, 16), (8, 32), (4, 32), (16, 8))
 VARIATION_BLOCK = (1, 2, 4)
@@ -38,12 +40,24 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
         for plan_ in _wgrad_variations(problem, target, base.read_a, base):
             yield lambda plan_=plan_: plan_
         return
-    warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
-    assert isinstance(loop, Depthwise)
-    sw = problem.stride[1]
-    for run in (_long_run(problem, pass_, base), _wide_run(problem, pass_, base)):
+    assert isinstance(base.loop, Depthwise)
+    # A wide filter's default is the long run (depthwise.LONG_RUN_MIN_S): its runs of 4 over 8
+    # channels come first, and the tile, chunk and run variations below are that block's neighbours
+    short = dataclasses.replace(base, vec_a=8, loop=dataclasses.replace(base.loop, cols=4))
+    short = short if base.vec_a == 4 and long_run(problem, pass_, short) == base else base
+    longer = long_run(problem, pass_, short)
+    runs = (short if short is not base else None, longer if longer != base else None, _wide_run(problem, pass_, short))
+    for run, why in zip(runs, ("runs of 4 over 8 channels", "runs of 8 over 4 channels", None)):
+        if run is not None and why:
+            loop = run.loop
+            run = dataclasses.replace(run, reasons=(
+                f"tuning candidate: depthwise {why} (the default's {run.block_m // loop.tile_w}x{loop.tile_w} tile, "
+                f"{run.block_n} channels, {loop.tiles} tile(s) a block)",))
         if run is not None:
             yield lambda run=run: run
+    base = short
+    warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
+    sw = problem.stride[1]
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
     whole = whole_pixel_chunk(problem, vec, elem, base.block_n, target)
     options = (list(dict.fromkeys([*chunks_by_padding(problem.c, vec, 8)[:1], base.block_n,
@@ -81,25 +95,6 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
         if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
             yield lambda: interleave
-
-
-def _long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
-    """The default's block with runs of 8 outputs over half its channel vector (vec 8 -> 4): the
-    same 32 sums a thread, for fewer staged-column bytes and conversions per sum (a 7x7 filter
-    row: 14 columns of 8 bytes, 56 conversions, against 10 of 16 bytes and 80) and, on sm_90,
-    fewer registers (benchmarks/NOTES.md, twenty-ninth session: not yet timed).  None where the
-    default is not runs of 4 over 8 channels of one filter each, or a run of 8 does not fit."""
-    loop = base.loop
-    assert isinstance(loop, Depthwise)
-    if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
-        return None
-    if base.block_n // 4 > 32:  # a whole pixel of C = 144 would take 36 lanes of 4 channels
-        return None
-    if pass_ is Pass.DGRAD and 8 % problem.stride[1]:
-        return None
-    return dataclasses.replace(base, vec_a=4, loop=dataclasses.replace(loop, cols=8), reasons=(
-        f"tuning candidate: depthwise runs of 8 over 4 channels (the default's {base.block_m // loop.tile_w}x"
-        f"{loop.tile_w} tile, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
 
 
 def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:

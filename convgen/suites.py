@@ -37,10 +37,11 @@ def _rect(name: str, n: int, h: int, w: int, c: int, k: int, r: int, s: int,
     return Layer(name, ConvProblem(h, w, c, k, r, s, stride, pad, 1, n=n))
 
 
-def _depthwise(prefix: str, n: int, f: int, layers: tuple[tuple[int, int, int], ...]) -> tuple[Layer, ...]:
+def _depthwise(prefix: str, n: int, f: int, layers: tuple[tuple[int, int, int], ...],
+               suffix: str = "") -> tuple[Layer, ...]:
     """Depthwise f x f layers (groups = C = K, padding f // 2) given as (input size, C, stride);
-    named by their channel count and input size, and the stride where it is not 1."""
-    return tuple(Layer(f"{prefix}{c}-{hw}px" + (f"-s{st}" if st > 1 else ""),
+    named by their channel count and input size, the stride where it is not 1, and ``suffix``."""
+    return tuple(Layer(f"{prefix}{c}-{hw}px" + (f"-s{st}" if st > 1 else "") + suffix,
                        ConvProblem(hw, hw, c, c, f, f, st, f // 2, 1, c, n=n))
                  for hw, c, st in layers)
 
@@ -160,6 +161,15 @@ _SUITES: tuple[Suite, ...] = (
     Suite("convnext-dw", "ConvNeXt-T's depthwise 7x7 layers, padding 3, at 224x224 (Liu et al. 2022, "
                          "'A ConvNet for the 2020s'; torchvision convnext_tiny), groups = C, batch 64",
           _depthwise("dw", 64, 7, ((56, 96, 1), (28, 192, 1), (14, 384, 1), (7, 768, 1)))),
+    # Table 1's MBConv stages after the stride-2 stem, expansion 6: each block's depthwise conv at
+    # the expanded width (6 x its input channels), 5x5 in stages 4, 6 and 7 and 3x3 in 5 and 8, the
+    # stage's first block with the stride.  Only the shapes MobileNetV2's suite does not already
+    # hold (stages 2 and 3 are its dw32-112px, dw96-112px-s2 and dw144-56px).
+    Suite("efficientnet-b0-dw", "EfficientNet-B0's depthwise 5x5 and 3x3 layers at 224x224 (Tan & Le 2019, "
+                                "Table 1; expansion 6; torchvision efficientnet_b0), groups = C, batch 128",
+          _depthwise("dw", 128, 5, ((56, 144, 2), (28, 240, 1), (14, 480, 1), (14, 672, 1), (14, 672, 2),
+                                    (7, 1152, 1)), suffix="-5x5")
+          + _depthwise("dw", 128, 3, ((28, 240, 2), (14, 480, 1), (7, 1152, 1)))),
     # Each bottleneck's middle conv is a 3x3 grouped one, 32 groups, 4 channels a group at the first
     # stage's width (128), doubling with the width each stage; a stage's first block has the stride.
     Suite("resnext50-grouped", "ResNeXt-50 (32x4d)'s grouped 3x3 layers at 224x224 (Xie et al. 2017, Table 1; "

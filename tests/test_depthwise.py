@@ -166,7 +166,7 @@ def _suite_layers(*names):
     return [layer.problem for name in names for layer in SUITES[name]]
 
 
-@pytest.mark.parametrize("problem", _suite_layers("mobilenetv2-dw", "convnext-dw"),
+@pytest.mark.parametrize("problem", _suite_layers("mobilenetv2-dw", "convnext-dw", "efficientnet-b0-dw"),
                          ids=lambda p: p.describe().replace(" ", "_"))
 def test_wgrad_plans_fit_the_h200_rules(problem):
     """Each suite layer's wgrad plan: at most 256 threads, two tiles' buffers within a third of

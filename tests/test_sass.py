@@ -465,15 +465,16 @@ LONG_RUNS = [(suite, layer, pass_)
 @needs_cuobjdump
 @pytest.mark.parametrize("suite, name, pass_", LONG_RUNS, ids=[f"{s}/{n}/{p.value}" for s, n, p in LONG_RUNS])
 def test_depthwise_long_runs_hold_fewer_registers_and_fewer_conversions(suite, name, pass_):
-    """The depthwise variation `convgen tune` and tuning on first use try second (runs of 8
-    outputs over 4 channels, depthwise_variations._long_run): its reason is fewer staged-column reads and
-    conversions per sum at no more registers, so on sm_90 it holds no more registers than the
-    default, no local memory, as many FFMA and fewer HADD2 conversions."""
+    """Runs of 8 outputs over 4 channels (depthwise.long_run: the 7x7 default, and the second
+    candidate of `convgen tune` and tuning on first use on 3x3 filters): its reason is fewer
+    staged-column reads and conversions per sum at no more registers, so on sm_90 it holds no
+    more registers than runs of 4 over 8 channels, no local memory, as many FFMA and fewer
+    HADD2 conversions."""
     from convgen.candidates import candidates
 
     problem = next(l.problem for l in SUITES[suite] if l.name == name)
-    base, long_run = candidates(problem, pass_, Target("sm_90"))[:2]
-    assert (long_run.vec_a, long_run.loop.cols) == (4, 8) and (base.vec_a, base.loop.cols) == (8, 4)
+    runs = {(p.vec_a, p.loop.cols): p for p in candidates(problem, pass_, Target("sm_90"))[:2]}
+    base, long_run = runs[8, 4], runs[4, 8]  # the default and the other run, first and second either way
     sass = [_main_sass(make_spec(problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=False), plan_=p))
             for p in (base, long_run)]
     assert sass[1].local == 0 and sass[1].registers <= sass[0].registers, (sass[0].registers, sass[1].registers)
@@ -489,11 +490,12 @@ def test_depthwise_wide_runs_convert_less_per_fma_without_spilling(suite, name, 
     """The third depthwise candidate on 7x7 filters (runs of 8 over 8 channels on a tile twice as
     tall, depthwise_variations._wide_run): its reason is fewer half-to-float conversions per FFMA
     in the same threads, so on sm_90 its SASS keeps no local memory and converts less per FFMA
-    than the default."""
+    than the runs of 4 over 8 channels it doubles."""
     from convgen.candidates import candidates
 
     problem = next(l.problem for l in SUITES[suite] if l.name == name)
-    base, _, wide = candidates(problem, pass_, Target("sm_90"))[:3]
+    runs = {(p.vec_a, p.loop.cols): p for p in candidates(problem, pass_, Target("sm_90"))[:3]}
+    base, wide = runs[8, 4], runs[8, 8]  # the runs of 4 over 8 channels it doubles
     assert (wide.vec_a, wide.loop.cols, wide.block_m, wide.warps) == (8, 8, 2 * base.block_m, base.warps)
     sass = [_main_sass(make_spec(problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=False), plan_=p))
             for p in (base, wide)]

@@ -52,7 +52,23 @@ def test_convnext_dw_is_convnext_t_s_7x7_depthwise_layers():
     assert "ConvNeXt" in SUITE_INFO["convnext-dw"].source and "batch 64" in SUITE_INFO["convnext-dw"].source
 
 
-@pytest.mark.parametrize("suite", ["mobilenetv2-dw", "convnext-dw"])
+def test_efficientnet_dw_is_efficientnet_b0s_depthwise_layers_mobilenetv2_lacks():
+    """Table 1 of Tan & Le: stages 4, 6 and 7 are 5x5, 5 and 8 are 3x3; widths are 6x each block's
+    input channels (24 -> 144, 40 -> 240, 80 -> 480, 112 -> 672, 192 -> 1152)."""
+    layers = SUITES["efficientnet-b0-dw"]
+    shapes = [(l.problem.c, l.problem.h, l.problem.r, l.problem.stride[0]) for l in layers]
+    assert shapes == [(144, 56, 5, 2), (240, 28, 5, 1), (480, 14, 5, 1), (672, 14, 5, 1), (672, 14, 5, 2),
+                      (1152, 7, 5, 1), (240, 28, 3, 2), (480, 14, 3, 1), (1152, 7, 3, 1)]
+    for l in layers:
+        p = l.problem
+        assert p.depthwise and p.groups == p.c == p.k and p.n == 128 and p.r == p.s
+        assert p.padding == (p.r // 2, p.r // 2) and p.p == -(-p.h // p.stride[0])
+    mnv2 = {l.problem for l in SUITES["mobilenetv2-dw"]}
+    assert not mnv2 & {l.problem for l in layers} and len({l.name for l in layers}) == len(layers)
+    assert "Tan & Le" in SUITE_INFO["efficientnet-b0-dw"].source
+
+
+@pytest.mark.parametrize("suite", ["mobilenetv2-dw", "convnext-dw", "efficientnet-b0-dw"])
 def test_depthwise_suites_plan_the_depthwise_kind_for_every_pass(suite):
     for layer in SUITES[suite]:
         for pass_ in Pass:
@@ -62,7 +78,7 @@ def test_depthwise_suites_plan_the_depthwise_kind_for_every_pass(suite):
 
 def test_only_the_depthwise_and_resnext_suites_are_grouped():
     grouped = {name for name, layers in SUITES.items() if any(l.problem.groups > 1 for l in layers)}
-    assert grouped == {"mobilenetv2-dw", "convnext-dw", "resnext50-grouped"}
+    assert grouped == {"mobilenetv2-dw", "convnext-dw", "efficientnet-b0-dw", "resnext50-grouped"}
 
 
 def test_resnext_suite_is_resnext50s_grouped_layers_on_the_im2col_loop():

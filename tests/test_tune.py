@@ -380,7 +380,7 @@ def test_depthwise_candidates_are_feasible_unique_and_start_with_the_default(arc
 def test_depthwise_candidates_try_the_chunk_that_pads_c_least_first():
     """C = 96 in 64-channel chunks is 64 + 32: a third of the second chunk's lanes idle (C = 144
     now takes whole pixels: tests/test_depthwise.py).  The first variation of fprop and dgrad
-    after the runs of 8 over 4 channels (depthwise_variations._long_run) keeps the default's tile and takes
+    after the runs of 8 over 4 channels (depthwise.long_run) keeps the default's tile and takes
     48-channel chunks; where 64 already divides C the chunk is not varied."""
     h200 = Target("sm_90", 132)
     odd = ConvProblem(56, 56, 96, 96, 3, 3, 1, 1, groups=96, n=128)
