@@ -5,11 +5,10 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s40   # stream-K's default on VGG's wgrads, then the
-#                                                                     # staging variant against the walk (build before-s40.tgz first)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s40b       # stream-K's rule at its bounds: six more layers tuned
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s40c       # depthwise's wide run, timed in ConvNeXt's tune
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 9e97264 (H100)
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s41   # the 5-7 wide depthwise long run,
+#                     # EfficientNet-B0's depthwise suite (checked, tuned), stream-K from 96 K-steps, timed against 40d7cdc
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100)
+#   (done on the H100 in the fortieth session: s40, s40b, s40c, suite)
 #   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh tune-wide
@@ -469,6 +468,22 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
     NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
 }
 
+s41() {  # the long run as the 5-7 wide depthwise default (6c73621), EfficientNet-B0's depthwise suite (new) and
+    # stream-K from 96 K-steps (12f76c3): checked, 5x5 tuned, timed against 40d7cdc's tree (about 9 min).
+    # Before the call, on this machine: git archive 40d7cdc convgen templates pyproject.toml | gzip > benchmarks/before-s41.tgz
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-s41 timeout 100 $PYTEST tests/test_depthwise_gpu.py 2>&1 | tee "$OUT/s41-gpu-tests.log" | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-s41 timeout 100 $PYTEST tests/test_kernels_gpu.py -k "suite_layers and (efficientnet-b0-dw \
+        or convnext-dw or (wgrad and (vgg16 or resnet18)))" 2>&1 | tee -a "$OUT/s41-gpu-tests.log" | tail -2
+    tune_passes effnet-dw 75 efficientnet-b0-dw fprop dgrad
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf benchmarks/before-s41.tgz -C /tmp/before
+    trees_ab s41ab 1 60 convnext-dw:fprop convnext-dw:dgrad vgg16:wgrad resnet18:wgrad
+    # the new suite has no "before": convgen against cuDNN alone, every pass
+    CONVGEN_CACHE_DIR=/tmp/cg-s41 timeout 150 python3 -m convgen.cli bench --suite efficientnet-b0-dw $BENCH \
+        --out "$OUT/effnet-bench" 2>&1 | grep -E "rror|geomean"
+    (cd "$OUT" && tar czf effnet-bench.tgz effnet-bench && rm -rf effnet-bench)
+}
+
 s40() {  # stream-K's default (e7f7cd7) and the depthwise staging variant, each checked then timed (about 9 min).
     # Before the call, on this machine: git archive 9e97264 convgen templates pyproject.toml | gzip > benchmarks/before-s40.tgz
     # (the tree before stream-K's default; carried as an untracked file, never committed)
@@ -543,6 +558,7 @@ case "${1:-}" in
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;
+    s41) s41 ;;
     s40) s40 ;;
     s40b) s40b ;;
     s40c) s40c ;;
