@@ -289,8 +289,8 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
         return plan
     reasons.append(f"then runs of 8 outputs over 4 channels, not 4 over 8 (the same {plan.warps_m * target.warp_size} "
                    f"threads and 32 sums each): a {g.s}-wide filter row converts {8 + g.s - 1} staged columns for 8 "
-                   f"outputs, not {4 + g.s - 1} for 4 (depthwise.LONG_RUN_MIN_S: 1.05-1.13x on every ConvNeXt 7x7 "
-                   "fprop and dgrad, timed on an H100)")
+                   f"outputs, not {4 + g.s - 1} for 4 (depthwise.LONG_RUN_MIN_S: 1.05-1.16x on every ConvNeXt 7x7 and "
+                   "EfficientNet-B0 5x5 fprop and dgrad it takes, timed on an H100)")
     return longer
 
 
@@ -300,7 +300,9 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
 # 1.05-1.13x the runs of 4 on all eight of ConvNeXt's fprop and dgrad rows and within 7% of each
 # row's best (at 800069f, before the halo's walked copies, 1.01-1.06x on seven of eight).  3x3
 # filters keep runs of 4 (1.5 against 1.25 conversions an output; the H200's MobileNetV2 tuning
-# timed runs of 4 best nearly everywhere).  5x5 (EfficientNet-B0) is between, and untimed.
+# timed runs of 4 best nearly everywhere; EfficientNet-B0's two 3x3 rows on the H100 split one
+# each way).  5x5 was predicted and then timed (tuning/nvidia-h100_2026-12-06_a40b87e-tune-efficientnet-
+# b0-dw-*): 1.05-1.16x the runs of 4 on all eight EfficientNet-B0 fprop and dgrad rows it takes.
 LONG_RUN_MIN_S = 5
 
 
