@@ -5,8 +5,9 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s41   # the 5-7 wide depthwise long run,
-#                     # EfficientNet-B0's depthwise suite (checked, tuned), stream-K from 96 K-steps, timed against 40d7cdc
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # the long run over 48-channel
+#                     # chunks for C = 144 and 240 5x5 layers: exact GPU test, then two EfficientNet-B0 layers tuned
+#   (done on the H100 in the fortieth session: s41)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100)
 #   (done on the H100 in the fortieth session: s40, s40b, s40c, suite)
 #   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
@@ -468,6 +469,21 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
     NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
 }
 
+s42() {  # runs of 8 over 4 channels on 48-channel chunks for the whole-pixel 5x5 layers (C = 144, 240), a new tuning
+    # candidate: its exact GPU test, then EfficientNet-B0's two such layers tuned, fprop and dgrad (about 3 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k variations 2>&1 \
+        | tee "$OUT/s42-gpu-tests.log" | tail -2
+    mkdir -p "$OUT/narrow"
+    for p in fprop dgrad; do
+        CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 90 python3 -m convgen.cli tune --suite efficientnet-b0-dw --pass $p --no-bias \
+            --layers dw144-56px-s2-5x5,dw240-28px-5x5 --log "$OUT/narrow/tune-efficientnet-b0-dw-$p.json" \
+            > "$OUT/narrow/tune-efficientnet-b0-dw-$p.log" 2>&1
+        tail -3 "$OUT/narrow/tune-efficientnet-b0-dw-$p.log"
+    done
+    (cd "$OUT" && tar czf narrow.tgz narrow && rm -rf narrow)
+}
+
 s41() {  # the long run as the 5-7 wide depthwise default (6c73621), EfficientNet-B0's depthwise suite (new) and
     # stream-K from 96 K-steps (12f76c3): checked, 5x5 tuned, timed against 40d7cdc's tree (about 9 min).
     # Before the call, on this machine: git archive 40d7cdc convgen templates pyproject.toml | gzip > benchmarks/before-s41.tgz
@@ -558,6 +574,7 @@ case "${1:-}" in
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;
+    s42) s42 ;;
     s41) s41 ;;
     s40) s40 ;;
     s40b) s40b ;;

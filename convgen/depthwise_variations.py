@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (WGRAD_CHUNKS, chunks_by_padding, long_run, straddles_granules, summed_in_grid, wgrad_layout,
+from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, long_run, straddles_granules, summed_in_grid, wgrad_layout,
                         wgrad_split, wgrad_tiles, whole_pixel_chunk)
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -47,7 +47,8 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     short = short if base.vec_a == 4 and long_run(problem, pass_, short) == base else base
     longer = long_run(problem, pass_, short)
     runs = (short if short is not base else None, longer if longer != base else None, _wide_run(problem, pass_, short))
-    for run, why in zip(runs, ("runs of 4 over 8 channels", "runs of 8 over 4 channels", None)):
+    for run, why in zip(runs + (_narrow_long_run(problem, pass_, short, longer, target.warp_size),),
+                        ("runs of 4 over 8 channels", "runs of 8 over 4 channels", None, "runs of 8 over 4 channels")):
         if run is not None and why:
             loop = run.loop
             run = dataclasses.replace(run, reasons=(
@@ -95,6 +96,22 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
         if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
             yield lambda: interleave
+
+
+def _narrow_long_run(problem: ConvProblem, pass_: Pass, short: Plan, longer: Plan | None, warp: int) -> Plan | None:
+    """Runs of 8 over 4 channels on the chunk that pads C least, where the default's whole pixel
+    is too wide for them (C = 144 and 240: 36 and 60 lanes of 4) on a filter wide enough for the
+    long run to pay (depthwise.LONG_RUN_MIN_S): EfficientNet-B0's 5x5 rows at those widths ran
+    0.77-0.79x cuDNN in fprop with runs of 4 (fortieth session).  Untimed."""
+    if longer is not None or problem.s < LONG_RUN_MIN_S or short.block_n < problem.c:
+        return None
+    chunk = next((c for c in chunks_by_padding(problem.c, 8, 8) if c < short.block_n), None)
+    if chunk is None:
+        return None
+    threads = short.block_m // short.loop.cols * (chunk // short.vec_a)
+    if threads % warp or threads < 2 * warp:
+        return None
+    return long_run(problem, pass_, dataclasses.replace(short, block_n=chunk, warps_m=threads // warp))
 
 
 def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:

@@ -396,6 +396,25 @@ def test_depthwise_candidates_try_the_chunk_that_pads_c_least_first():
     assert all(c.loop.cols % 2 == 0 for c in tune.candidates(strided, Pass.DGRAD, h200))
 
 
+def test_whole_pixel_5x5_layers_offer_the_long_run_over_the_least_padding_chunk():
+    """EfficientNet-B0's 5x5 layers at C = 144 and 240 take whole-pixel blocks (36 and 60 lanes
+    of 4 channels: too many for runs of 8 over 4), so their default keeps runs of 4 over 8; the
+    tuner offers runs of 8 over 4 channels on 48-channel chunks, among its first 8 (what tuning
+    on first use times), with the default's tile.  A 3x3 layer of the same width does not."""
+    h200 = Target("sm_90", 132)
+    for c, f in ((144, 5), (240, 5), (240, 3)):
+        layer = ConvProblem(28, 28, c, c, f, f, 1, f // 2, groups=c, n=128)
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            cands = tune.candidates(layer, pass_, h200)
+            base = cands[0]
+            assert (base.block_n, base.vec_a, base.loop.cols) == (c, 8, 4)
+            narrow = [p for p in cands[:8] if (p.block_n, p.vec_a, p.loop.cols) == (48, 4, 8)]
+            assert len(narrow) == (f == 5), (c, f, pass_)
+            for p in narrow:
+                assert (p.block_m, p.loop.tile_w, p.loop.tiles) == (base.block_m, base.loop.tile_w, base.loop.tiles)
+                check_plan(p, layer, pass_, h200, "float16")
+
+
 def test_depthwise_wgrad_candidates_vary_tile_chunk_and_slices():
     h200 = Target("sm_90", 132)
     layer = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=128)
