@@ -470,7 +470,8 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
 }
 
 s42() {  # runs of 8 over 4 channels on 48-channel chunks for the whole-pixel 5x5 layers (C = 144, 240), a new tuning
-    # candidate: its exact GPU test, then EfficientNet-B0's two such layers tuned, fprop and dgrad (about 3 min)
+    # candidate: its exact GPU test, then EfficientNet-B0's two such layers tuned, fprop and dgrad, and the
+    # suite's fprop benched with tuning on first use (about 5 min)
     install
     CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k variations 2>&1 \
         | tee "$OUT/s42-gpu-tests.log" | tail -2
@@ -481,6 +482,9 @@ s42() {  # runs of 8 over 4 channels on 48-channel chunks for the whole-pixel 5x
             > "$OUT/narrow/tune-efficientnet-b0-dw-$p.log" 2>&1
         tail -3 "$OUT/narrow/tune-efficientnet-b0-dw-$p.log"
     done
+    # tuning on first use (issue 16's other bound) on the new suite's fprop, the pass below cuDNN
+    CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-s42at timeout 200 python3 -m convgen.cli bench --suite efficientnet-b0-dw \
+        --pass fprop $BENCH --out "$OUT/narrow/autotune" 2>&1 | grep -E "rror|geomean speedup"
     (cd "$OUT" && tar czf narrow.tgz narrow && rm -rf narrow)
 }
 
