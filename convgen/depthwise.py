@@ -240,7 +240,7 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
                          f"block_n // vec_a must be a multiple of {target.warp_size}")
     if threads > 1024:
         raise ValueError(f"plan has {threads} threads; a block holds at most 1024")
-    if plan.block_n // plan.vec_a > target.warp_size:
+    if pass_ is Pass.WGRAD and plan.block_n // plan.vec_a > target.warp_size:
         raise ValueError(f"plan.block_n // plan.vec_a = {plan.block_n // plan.vec_a} channel lanes is more than a "
                          f"warp ({target.warp_size}): wgrad sums a channel's pixels within a warp first")
     sums = plan.vec_a * g.kg * (loop.rows or g.r) * g.s
@@ -306,17 +306,18 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
 LONG_RUN_MIN_S = 5
 
 
-def long_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
+def long_run(problem: ConvProblem, pass_: Pass, base: Plan, max_lanes: int | None = 32) -> Plan | None:
     """``base``'s block with runs of 8 outputs over half its channel vector (vec 8 -> 4): the
     same sums a thread from fewer staged-column bytes and conversions, and on sm_90 fewer
-    registers.  None where ``base`` is not runs of 4 over 8 channels of one filter each, or a
-    run of 8 does not fit (a whole 144-channel pixel would take 36 lanes; a dgrad run must be
-    whole strides)."""
+    registers.  None where ``base`` is not runs of 4 over 8 channels of one filter each, a
+    dgrad run would not be whole strides, or the chunk would take more than ``max_lanes``
+    lanes of 4 channels (a whole 144-channel pixel takes 36: such blocks, twice as many lanes
+    along the pixel, have not been timed as defaults)."""
     loop = base.loop
     assert isinstance(loop, Depthwise)
     if problem.s < 3 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
         return None
-    if base.block_n // 4 > 32 or (pass_ is Pass.DGRAD and 8 % problem.stride[1]):
+    if (max_lanes and base.block_n // 4 > max_lanes) or (pass_ is Pass.DGRAD and 8 % problem.stride[1]):
         return None
     return dataclasses.replace(base, vec_a=4, loop=dataclasses.replace(loop, cols=8))
 

@@ -47,8 +47,8 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     short = short if base.vec_a == 4 and long_run(problem, pass_, short) == base else base
     longer = long_run(problem, pass_, short)
     runs = (short if short is not base else None, longer if longer != base else None, _wide_run(problem, pass_, short))
-    for run, why in zip(runs + (_narrow_long_run(problem, pass_, short, longer, target.warp_size),),
-                        ("runs of 4 over 8 channels", "runs of 8 over 4 channels", None, "runs of 8 over 4 channels")):
+    for run, why in zip(runs + _whole_pixel_long_runs(problem, pass_, short, longer, target.warp_size),
+                        ("runs of 4 over 8 channels", "runs of 8 over 4 channels", None, *["runs of 8 over 4 channels"] * 2)):
         if run is not None and why:
             loop = run.loop
             run = dataclasses.replace(run, reasons=(
@@ -98,20 +98,23 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda: interleave
 
 
-def _narrow_long_run(problem: ConvProblem, pass_: Pass, short: Plan, longer: Plan | None, warp: int) -> Plan | None:
-    """Runs of 8 over 4 channels on the chunk that pads C least, where the default's whole pixel
-    is too wide for them (C = 144 and 240: 36 and 60 lanes of 4) on a filter wide enough for the
-    long run to pay (depthwise.LONG_RUN_MIN_S): EfficientNet-B0's 5x5 rows at those widths ran
-    0.77-0.79x cuDNN in fprop with runs of 4 (fortieth session).  Untimed."""
+def _whole_pixel_long_runs(problem: ConvProblem, pass_: Pass, short: Plan, longer: Plan | None,
+                           warp: int) -> tuple[Plan | None, Plan | None]:
+    """Where the default's whole pixel is too wide for runs of 8 over 4 channels as a default
+    (C = 144 and 240: 36 and 60 lanes of 4) on a filter wide enough for the long run to pay
+    (depthwise.LONG_RUN_MIN_S): those runs over the whole pixel all the same (288 and 480
+    threads), and over the chunk that pads C least (48).  EfficientNet-B0's 5x5 rows at those
+    widths ran 0.77-0.79x cuDNN in fprop with runs of 4 (fortieth session).  Both untimed."""
     if longer is not None or problem.s < LONG_RUN_MIN_S or short.block_n < problem.c:
-        return None
+        return None, None
+    whole = long_run(problem, pass_, short, max_lanes=None)
+    if whole is not None and whole.warps_m * warp > 1024:
+        whole = None
     chunk = next((c for c in chunks_by_padding(problem.c, 8, 8) if c < short.block_n), None)
-    if chunk is None:
-        return None
-    threads = short.block_m // short.loop.cols * (chunk // short.vec_a)
-    if threads % warp or threads < 2 * warp:
-        return None
-    return long_run(problem, pass_, dataclasses.replace(short, block_n=chunk, warps_m=threads // warp))
+    threads = short.block_m // short.loop.cols * (chunk // short.vec_a) if chunk else 0
+    if not threads or threads % warp or threads < 2 * warp:
+        return whole, None
+    return whole, long_run(problem, pass_, dataclasses.replace(short, block_n=chunk, warps_m=threads // warp))
 
 
 def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
