@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (thirty-ninth session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (fortieth session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # the long run over 48-channel
-#                     # chunks for C = 144 and 240 5x5 layers: exact GPU test, then two EfficientNet-B0 layers tuned
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # the long run over whole 144-
+#                     # and 240-channel pixels and over 48-channel chunks (5x5): exact GPU test, two EfficientNet-B0
+#                     # layers tuned, the suite's fprop with tuning on first use (never run: no machine came)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100);
+#                     # since then the long-run default, EfficientNet-B0's suite and the lanes rule (their own GPU
+#                     # tests passed at a40b87e but for 7df7783's lanes)
 #   (done on the H100 in the fortieth session: s41)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100)
 #   (done on the H100 in the fortieth session: s40, s40b, s40c, suite)
 #   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh l2-check   # on an H200: the kept L2 hint (H100 so far)
