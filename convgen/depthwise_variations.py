@@ -41,22 +41,9 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda plan_=plan_: plan_
         return
     assert isinstance(base.loop, Depthwise)
-    # A wide filter's default is the long run (depthwise.LONG_RUN_MIN_S): its runs of 4 over 8
-    # channels come first, and the tile, chunk and run variations below are that block's neighbours
-    short = dataclasses.replace(base, vec_a=8, loop=dataclasses.replace(base.loop, cols=4))
-    short = short if base.vec_a == 4 and long_run(problem, pass_, short) == base else base
-    longer = long_run(problem, pass_, short)
-    runs = (short if short is not base else None, longer if longer != base else None, _wide_run(problem, pass_, short))
-    for run, why in zip(runs + _whole_pixel_long_runs(problem, pass_, short, longer, target.warp_size),
-                        ("runs of 4 over 8 channels", "runs of 8 over 4 channels", None, *["runs of 8 over 4 channels"] * 2)):
-        if run is not None and why:
-            loop = run.loop
-            run = dataclasses.replace(run, reasons=(
-                f"tuning candidate: depthwise {why} (the default's {run.block_m // loop.tile_w}x{loop.tile_w} tile, "
-                f"{run.block_n} channels, {loop.tiles} tile(s) a block)",))
-        if run is not None:
-            yield lambda run=run: run
-    base = short
+    base, runs = _other_runs(problem, pass_, base, target.warp_size)
+    for run in runs:
+        yield lambda run=run: run
     warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
     sw = problem.stride[1]
     default = (base.block_n, loop.cols, (base.block_m // loop.tile_w, loop.tile_w), loop.tiles, base.stages)
@@ -96,6 +83,33 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
         if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
             yield lambda: interleave
+
+
+def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, warp: int) -> tuple[Plan, list[Plan]]:
+    """The default's block with runs of 4 over 8 channels (the default itself, or the block
+    depthwise.long_run made it from on a wide filter), whose neighbours the tile, chunk and run
+    variations are; and the other runs worth timing first, in order: the other of those two
+    runs, runs of 8 over 8 channels on a taller tile, and where a whole pixel keeps the default
+    from the long run, that run over the whole pixel and over a 48-channel chunk."""
+    short = dataclasses.replace(default, vec_a=8, loop=dataclasses.replace(default.loop, cols=4))
+    if not (default.vec_a == 4 and long_run(problem, pass_, short) == default):
+        short = default
+    longer = long_run(problem, pass_, short)
+    whole, narrow = _whole_pixel_long_runs(problem, pass_, short, longer, warp)
+
+    def labelled(run: Plan, why: str) -> Plan:
+        loop = run.loop
+        return dataclasses.replace(run, reasons=(
+            f"tuning candidate: depthwise {why} (the default's {run.block_m // loop.tile_w}x{loop.tile_w} tile, "
+            f"{run.block_n} channels, {loop.tiles} tile(s) a block)",))
+
+    long_why = "runs of 8 over 4 channels"
+    runs = [labelled(short, "runs of 4 over 8 channels") if short != default else None,
+            labelled(longer, long_why) if longer is not None and longer != default else None,
+            _wide_run(problem, pass_, short),
+            whole and labelled(whole, long_why + " over the whole pixel"),
+            narrow and labelled(narrow, long_why)]
+    return short, [r for r in runs if r is not None]
 
 
 def _whole_pixel_long_runs(problem: ConvProblem, pass_: Pass, short: Plan, longer: Plan | None,
