@@ -58,9 +58,10 @@ class _Kernel:
 
 
 def kernels_for(plan: Plan) -> list[_Kernel]:
-    """The kernels this process has built for a hand plan (`convgen tune` reads their resources)."""
+    """The kernels this process has built for a hand plan, or with it as the tuned plan
+    (`convgen tune` reads their resources)."""
     with _lock:
-        return [k for key, k in _cache.items() if key[5] == plan]
+        return [k for key, k in _cache.items() if key[5] == plan or k.source.spec.plan == plan]
 
 
 # Tests set this so every output and workspace starts as NaN: an element a kernel

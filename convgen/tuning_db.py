@@ -14,11 +14,12 @@ reads as empty, so a bad database costs speed, never correctness.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from . import config
 from .fsio import atomic_write
@@ -87,11 +88,34 @@ def shipped_gpus() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
 
 
+# Plans pinned for one kernel shape while `convgen tune` times them (:func:`pinned`)
+_pinned: dict[tuple[ConvGeometry, Pass, str], Plan] = {}
+
+
+@contextlib.contextmanager
+def pinned(problem: ConvProblem, pass_: Pass, in_dtype: str, plan: Plan) -> Iterator[None]:
+    """While open, :func:`tuned_plan` answers ``plan`` for this kernel shape and pass, whatever
+    the databases hold or CONVGEN_TUNED says.  `convgen tune` times a kernel the op builds for
+    a problem other than the caller's (a grouped wgrad's slabs, which store each filter's own
+    channels: KernelSpec.pack) through the op itself this way, since a hand plan names the
+    caller's problem as it is.  Clearing the runtime's kernels around it is the caller's job."""
+    key = (problem.geometry, pass_, in_dtype)
+    _pinned[key] = plan
+    try:
+        yield
+    finally:
+        _pinned.pop(key, None)
+
+
 def tuned_plan(gpu_name: str, problem: ConvProblem, pass_: Pass, in_dtype: str, target: Target) -> Optional[Plan]:
     """The plan ``convgen.conv2d`` and friends run when not given one: the tuned plan for
     this GPU and shape, unless CONVGEN_TUNED=0 asks for the planner's, or the entry is stale
-    (:func:`lookup`).  `convgen bench` records its rows' plans through here, so a row names
-    the plan that was timed."""
+    (:func:`lookup`); a plan :func:`pinned` for the shape before either.  `convgen bench`
+    records its rows' plans through here, so a row names the plan that was timed."""
+    if _pinned:
+        pin = _pinned.get((problem.geometry, pass_, in_dtype))
+        if pin is not None:
+            return pin
     if not config.TUNED.enabled():
         return None
     from .planner import plan

@@ -165,3 +165,35 @@ def test_packed_wgrad_candidates_store_each_filters_own_dw(problem, part, monkey
                        bias=True)
         check(res, "float32", exact=True, what=f"wgrad {problem.describe()} as {plan.brief()} {plan.split_reduce}")
     convgen.clear_cache()
+
+
+def test_tune_times_a_packed_wgrad_as_the_op_runs_it(monkeypatch):
+    """`convgen tune` on a packed wgrad (tune_layer's ``layer``): every candidate runs through
+    the layer's own call as the slabs' pinned plan, so the kernels it times store each filter's
+    own channels (KernelSpec.pack > 1); every candidate agrees with the default plan, and the
+    winner read back from the rows is a plan of the slabs."""
+    import cupy as cp
+
+    from convgen import runtime, tuning_db
+    from convgen.group_pack import kernel_problem
+    from convgen.tools import timing, tune
+
+    problem = SHAPES[4]
+    target = runtime._target(0)
+    slabs = kernel_problem(problem, Pass.WGRAD, "float16", target)
+    assert slabs.groups < problem.groups, "the shape does not pack"
+    built = []
+    real = runtime.kernels_for
+
+    def kernels_for(p):
+        ks = real(p)
+        built.extend(k.source.spec.pack for k in ks)
+        return ks
+
+    monkeypatch.setattr(runtime, "kernels_for", kernels_for)
+    dev = timing.CudaDevice(cp, cp.cuda.get_current_stream())
+    rows = tune.tune_layer(slabs, Pass.WGRAD, dev, target, reps=3, bias=False, layer=problem)
+    convgen.clear_cache()
+    assert rows and all(r["ok"] or r.get("skipped") for r in rows), [r for r in rows if not r["ok"]]
+    assert built and set(built) == {problem.groups // slabs.groups}, set(built)
+    assert not tuning_db._pinned

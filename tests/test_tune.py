@@ -540,3 +540,56 @@ def test_a_candidate_that_fails_to_launch_is_skipped_with_its_reason(tmp_path, c
     monkeypatch.setattr(runtime, "conv2d_wgrad", default_fails)
     with pytest.raises(ValueError, match="default plan's kernel"):
         tune.tune_layer(problem, Pass.WGRAD, None, target, bias=False)
+
+
+def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch):
+    """A grouped wgrad whose groups run packed (ResNeXt's) runs a kernel that stores each
+    filter's own channels (KernelSpec.pack); a hand plan for the slabs would run them as a layer
+    of their own, storing the slabs' whole dW.  So each candidate runs through the layer's own
+    call, with no hand plan, pinned as the slabs' tuned plan while CONVGEN_TUNED=0 keeps the
+    databases out; the runtime's kernels are cleared once per candidate, and nothing stays
+    pinned after."""
+    cp = pytest.importorskip("cupy")
+    import os
+
+    import numpy as np
+
+    from convgen import group_pack, runtime
+
+    target = Target("sm_90", 132)
+    layer = ConvProblem(8, 8, 128, 128, 3, 3, 1, 1, 1, groups=32, n=2)
+    slabs = group_pack.kernel_problem(layer, Pass.WGRAD, "float16", target)
+    assert slabs.groups == 2
+    base = plan(slabs, Pass.WGRAD, target)
+    other = dataclasses.replace(base, stages=2 if base.stages != 2 else 3)
+    calls, clears = [], []
+
+    def fake_wgrad(x, dy, w_shape, bias=True, plan=None, **kw):
+        calls.append((tuple(w_shape), kw.get("groups"), plan, os.environ.get("CONVGEN_TUNED"),
+                      tuning_db.tuned_plan("NVIDIA H200", slabs, Pass.WGRAD, "float16", target)))
+        return np.ones(w_shape), None
+
+    monkeypatch.delenv("CONVGEN_TUNED", raising=False)
+    monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
+    monkeypatch.setattr(runtime, "clear_cache", lambda: clears.append(len(calls)))
+    monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
+    monkeypatch.setattr(tune, "candidates", lambda *a, **k: [base, other])
+    monkeypatch.setattr(cp, "asarray", lambda a: a)
+    monkeypatch.setattr(cp, "asnumpy", lambda a: np.asarray(a))
+    monkeypatch.setattr(timing, "median_gpu_us", lambda dev, fn, reps: 10.0 if fn() is not None else 0.0)
+    rows = tune.tune_layer(slabs, Pass.WGRAD, None, target, bias=False, layer=layer)
+    assert [r["ok"] for r in rows] == [True, True]
+    assert {c[:2] for c in calls} == {(layer.w_shape, 32)}  # the layer's own call: its groups and dW
+    assert all(c[2] is None and c[3] == "0" for c in calls)  # no hand plan; the databases out
+    assert [c[4] for c in calls] == [base, base, base, other, other]  # the reference, then each candidate run and timed
+    assert clears == [0, 3]  # once before each candidate's first run
+    assert not tuning_db._pinned and "CONVGEN_TUNED" not in os.environ
+
+    calls.clear()
+    tune.tune_layer(slabs, Pass.WGRAD, None, target, bias=False)  # no layer: the slabs as a layer, hand plans
+    assert [c[2] for c in calls] == [base, base, base, other, other] and {c[1] for c in calls} == {2}
+
+    # a pinned plan the runtime swapped for another (a grid-reduce plan's fallback) is not timed as itself
+    monkeypatch.setattr(runtime, "kernels_for", lambda p: [] if p == other else [type("K", (), {"local_bytes": 0})()])
+    rows = tune.tune_layer(slabs, Pass.WGRAD, None, target, bias=False, layer=layer)
+    assert rows[0]["ok"] and not rows[1]["ok"] and "another plan" in rows[1]["skipped"]

@@ -48,19 +48,25 @@ def _compile_one(args: tuple[str, str]) -> None:
 
 
 def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20,
-               wgmma: bool = False, bias: bool = True) -> list[dict[str, Any]]:
+               wgmma: bool = False, bias: bool = True, layer: ConvProblem | None = None) -> list[dict[str, Any]]:
     """Time every candidate on random data; returns one row per candidate, fastest first
     among those whose output matches the default plan's.  ``bias``: fprop adds a bias and
-    wgrad computes db beside dW (False: the same-work bench's rows, conv(x, w) and dW alone)."""
+    wgrad computes db beside dW (False: the same-work bench's rows, conv(x, w) and dW alone).
+    ``layer``: the grouped layer whose wgrad runs as ``problem``'s slabs (group_pack): each
+    candidate then runs through the layer's own call, pinned as the slabs' tuned plan, so the
+    kernel timed is the one the op runs, storing each filter's own channels (KernelSpec.pack);
+    a hand plan would run the slabs as a layer of their own, storing all of their dW."""
     import cupy as cp
     import numpy as np
 
-    from .. import runtime
+    from .. import config, runtime
 
+    packed = layer is not None and pass_ is Pass.WGRAD and layer != problem
+    called = layer if packed else problem
     rng = np.random.default_rng(0)
-    geo: dict[str, Any] = dict(stride=problem.stride, padding=problem.padding, dilation=problem.dilation)
-    if problem.groups > 1:  # w_shape is then (K, R, S, C/groups)
-        geo["groups"] = problem.groups
+    geo: dict[str, Any] = dict(stride=called.stride, padding=called.padding, dilation=called.dilation)
+    if called.groups > 1:  # w_shape is then (K, R, S, C/groups)
+        geo["groups"] = called.groups
 
     def arr(shape):
         return cp.asarray(rng.standard_normal(shape, dtype=np.float32).astype(np.float16))
@@ -71,9 +77,19 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     elif pass_ is Pass.DGRAD:
         dy, w = arr(problem.y_shape), arr(problem.w_shape)
         run = lambda p: runtime.conv2d_dgrad(dy, w, problem.x_shape, plan=p, **geo)  # noqa: E731
-    else:
+    elif not packed:
         x, dy = arr(problem.x_shape), arr(problem.y_shape)
         run = lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=bias, plan=p, **geo)[0]  # noqa: E731
+    else:
+        x, dy = arr(called.x_shape), arr(called.y_shape)
+        built: list[Plan] = []  # the candidate whose kernels the runtime now holds
+
+        def run(p: Plan) -> Any:
+            if built != [p]:  # a new candidate: forget the last one's kernels and calls
+                runtime.clear_cache()
+                built[:] = [p]
+            with tuning_db.pinned(problem, pass_, "float16", p), config.overridden(config.TUNED, "0"):
+                return runtime.conv2d_wgrad(x, dy, called.w_shape, bias=bias, **geo)[0]
 
     def as_np(out):
         return cp.asnumpy(out).astype(np.float64)
@@ -90,10 +106,16 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
             rows.append({"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
                          "default": False, "skipped": f"{type(exc).__name__}: {exc}"})
             continue
+        kernels = runtime.kernels_for(p)
+        if not kernels and p is not plans[0]:  # a pinned grid-reduce plan the runtime swapped for its twin
+            rows.append({"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
+                         "default": False, "skipped": "the runtime ran another plan in its place (a cooperative "
+                                                      "grid this GPU cannot hold falls back to the reduction kernel)"})
+            continue
         err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
         # A kernel that spills registers to local memory is not shipped, even when it
         # times well: its speed then hangs on the spill traffic staying in L1.
-        spill = max(k.local_bytes for k in runtime.kernels_for(p))
+        spill = max((k.local_bytes for k in kernels), default=0)
         ok = bool(np.isfinite(out).all() and err < 1e-2)
         us = timing.median_gpu_us(dev, lambda: run(p), reps) if ok and (spill == 0 or p is plans[0]) else math.inf
         rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "spill_bytes": spill,
@@ -178,9 +200,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     import multiprocessing
 
     # A grouped layer's kernel runs its groups packed into slabs where group_pack's rule says
-    # so (the op copies its weights around it): that kernel's problem is what is tuned and stored.
-    work = [(dataclasses.replace(layer, problem=group_pack.kernel_problem(layer.problem, pass_, "float16", target)),
-             pass_) for layer, pass_ in work]
+    # so (the op copies its weights around it): that kernel's problem is what is tuned and stored;
+    # a wgrad's candidates run through the layer's own call (tune_layer's ``layer``).
+    # (Two layers whose slabs are one shape, G = 32 and 16 packed 8 and 4 to a slab, would run
+    # different kernels: those time the slabs as a layer, as tuning on first use does.)
+    called: dict[tuple[Any, Pass], ConvProblem | None] = {}
+    for i, (layer, pass_) in enumerate(work):
+        kernel = group_pack.kernel_problem(layer.problem, pass_, "float16", target)
+        key = (kernel.geometry, pass_)
+        called[key] = layer.problem if called.get(key, layer.problem) == layer.problem else None
+        work[i] = (dataclasses.replace(layer, problem=kernel), pass_)
     # Compile every candidate in parallel first (NVRTC is single-threaded per program).
     sources = []
     for layer, pass_ in work:
@@ -193,7 +222,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     dev = timing.CudaDevice(cp, cp.cuda.get_current_stream())
     bias = not args.no_bias
     measure = lambda problem, pass_: tune_layer(problem, pass_, dev, target, args.reps,  # noqa: E731
-                                                wgmma=args.wgmma, bias=bias)
+                                                wgmma=args.wgmma, bias=bias, layer=called.get((problem.geometry, pass_)))
     path = Path(args.db) if args.db else tuning_db.user_db_path()
     entries = tune_and_record(work, measure, target, gpu_name, path, args.log, bias)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")
