@@ -13,7 +13,7 @@ import itertools
 import math
 from typing import Callable
 
-from . import depthwise, depthwise_variations, stream_k, tma_halo
+from . import depthwise_variations, depthwise_wgrad, stream_k, tma_halo
 from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
@@ -107,7 +107,7 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
         summed = base
         if base.split_reduce == "grid":
             summed = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
-                base, split_reduce="kernel", split_k=depthwise.wgrad_split(problem, target, base),
+                base, split_reduce="kernel", split_k=depthwise_wgrad.wgrad_split(problem, target, base),
                 reasons=("tuning candidate: the default's tile, its slices summed by a second kernel",))) or base
             _add_unique(summed, seen, out)
         fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, summed, seen)

@@ -9,8 +9,9 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, long_run, straddles_granules, summed_in_grid, wgrad_layout,
-                        wgrad_split, wgrad_tiles, whole_pixel_chunk)
+from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, long_run, straddles_granules,
+                        whole_pixel_chunk)
+from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
 from .spec import Plan

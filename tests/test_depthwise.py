@@ -158,7 +158,7 @@ def test_depthwise_plans_on_hip_targets_fit_their_shared_memory():
                 assert src.main.block[0] % t.warp_size == 0
 
 
-# ---- wgrad: pixel tiles staged in shared memory (convgen/depthwise.py _plan_wgrad) ----
+# ---- wgrad: pixel tiles staged in shared memory (convgen/depthwise_wgrad.py) ----
 
 def _suite_layers(*names):
     from convgen.suites import SUITES

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from convgen.ir import ConvProblem, Pass, Target
-from convgen import depthwise
+from convgen import depthwise, depthwise_wgrad
 from convgen.planner import plan
 
 from test_short_reduction_rules import _problem
@@ -168,7 +168,7 @@ def test_wgrad_summed_in_its_grid_is_within_3_percent_of_the_tuned_best():
             kernel = {k: v for k, v in default.items() if k != "split_reduce"}
             same = [r for r in rows if r["plan"].get("split_reduce", "kernel") == "kernel"
                     and _key({**r["plan"], "split_k": 0}) == _key({**kernel, "split_k": 0})]
-            four = depthwise.wgrad_split(problem, H200, plan(problem, Pass.WGRAD, H200))
+            four = depthwise_wgrad.wgrad_split(problem, H200, plan(problem, Pass.WGRAD, H200))
             near = min(same, key=lambda r: abs(r["plan"]["split_k"] - four))
             assert abs(near["plan"]["split_k"] - four) <= 0.03 * four, (layer["layer"], four)
             summed.append(near["us"] / best)

@@ -151,7 +151,7 @@ def test_depthwise_wgrad_sums_in_its_grid_where_it_fits_and_tuning_times_the_sec
     an SM); tuning on first use times next the same tile with those slices summed by a second
     kernel (the default it replaced, and the runtime's fallback), and last the grid twins that
     may not fit.  HIP keeps the second kernel."""
-    from convgen import depthwise
+    from convgen import depthwise_wgrad
     from convgen.reduction import GRID_REDUCE_REGS
 
     plans = candidates(problem, Pass.WGRAD, SM90)
@@ -159,7 +159,7 @@ def test_depthwise_wgrad_sums_in_its_grid_where_it_fits_and_tuning_times_the_sec
     gx, gy, gz = emit(make_spec(problem, "wgrad", target=SM90, plan_=base)).grid(problem.n)
     per_sm = 65536 // (base.warps * 32 * GRID_REDUCE_REGS)
     assert base.split_reduce == "grid" and summed.split_reduce == "kernel" and CANDIDATES >= 2
-    assert summed.split_k == depthwise.wgrad_split(problem, SM90, base) >= base.split_k
+    assert summed.split_k == depthwise_wgrad.wgrad_split(problem, SM90, base) >= base.split_k
     assert dataclasses.replace(summed, split_k=base.split_k, split_reduce="grid", reasons=()) == \
         dataclasses.replace(base, reasons=())
     assert gx * gy * gz <= SM90.sm_count * per_sm  # resident at once (the runtime checks the real count)
