@@ -143,9 +143,7 @@ def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
     the default is not runs of 4 over 8 channels of one filter each."""
     loop = base.loop
     assert isinstance(loop, Depthwise)
-    if problem.s < 5 or base.vec_a != 8 or problem.kg != 1 or loop.cols != 4 or loop.tile_w % 8:
-        return None
-    if pass_ is Pass.DGRAD and 8 % problem.stride[1]:
+    if problem.s < 5 or long_run(problem, pass_, base, max_lanes=None) is None:  # (the same runs of 4 it doubles)
         return None
     rows = base.block_m // loop.tile_w
     return dataclasses.replace(base, block_m=2 * base.block_m, loop=dataclasses.replace(loop, cols=8), reasons=(
