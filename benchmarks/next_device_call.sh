@@ -476,7 +476,7 @@ s42() {  # runs of 8 over 4 channels on 48-channel chunks for the whole-pixel 5x
     # candidate: its exact GPU test, then EfficientNet-B0's two such layers tuned, fprop and dgrad, and the
     # suite's fprop benched with tuning on first use (about 5 min)
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k "variations or tune_times" \
+    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k "variations or tune_times or first_use_tunes" \
         tests/test_group_pack_gpu.py 2>&1 \
         | tee "$OUT/s42-gpu-tests.log" | tail -2
     mkdir -p "$OUT/narrow"

@@ -110,8 +110,11 @@ def _compile_all(sources: list[Optional[tuple[str, str]]], deadline: float) -> l
     return out
 
 
-def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str) -> Callable[[Plan], Any]:
-    """A call of this pass on fresh random data (the dtype the first call had), per plan."""
+def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str,
+            hand_plan: bool = True) -> Callable[[Plan], Any]:
+    """A call of this pass on fresh random data (the dtype the first call had), per plan;
+    without ``hand_plan`` the call names no plan (a packed wgrad's layer, whose slabs' plan
+    is pinned around it: runtime.kernel_pinned)."""
     import cupy as cp
     import numpy as np
 
@@ -134,6 +137,8 @@ def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
         dy, w = arr(problem.y_shape), arr(problem.w_shape)
         return lambda p: runtime.conv2d_dgrad(dy, w, problem.x_shape, plan=p, **geo)
     x, dy = arr(problem.x_shape), arr(problem.y_shape)
+    if not hand_plan:
+        return lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=epilogue.bias, **geo)
     return lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=epilogue.bias, plan=p, **geo)
 
 
@@ -190,10 +195,16 @@ def _capturing() -> bool:
 
 
 def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, target: Target,
-         gpu_name: str) -> Optional[Plan]:
+         gpu_name: str, layer: Optional[ConvProblem] = None) -> Optional[Plan]:
     """Tune this shape and pass now, record the winner in the user's database and return it
     as a later process reads it back; None (the planner's plan is then used) if even the
-    default plan could not be measured.  Called by runtime._kernel under its lock."""
+    default plan could not be measured.  Called by runtime._kernel under its lock.
+    ``layer``: the grouped layer whose wgrad runs as ``problem``'s packed slabs: each candidate
+    then runs through the layer's own call, pinned as the slabs' plan, so what is timed is the
+    kernel the op runs (it stores each filter's own channels, KernelSpec.pack), not the slabs
+    run as a layer of their own."""
+    import contextlib
+
     from . import runtime
     from .emit import emit
     from .planner import make_spec
@@ -209,16 +220,23 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
     deadline = t0 + BUDGET_S
     plans = candidates(problem, pass_, target, in_dtype)[:CANDIDATES]
     log.info("tuning %s: %d candidate plans, budget %.1f s", what, len(plans), BUDGET_S)
+    pack = layer.groups // problem.groups if layer is not None and pass_ is Pass.WGRAD else 1
     sources: list[Optional[tuple[str, str]]] = []
     for p in plans:
         try:
-            src = emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=p))
+            src = emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=p,
+                                 pack=pack))
             sources.append((src.source, src.compile_arch))
         except Exception as exc:  # noqa: BLE001 - a candidate the emitter refuses is skipped
             log.warning("autotune %s: candidate %s skipped: could not be emitted (%s)", what, p.brief(), exc)
             sources.append(None)
     compiled = _compile_all(sources, deadline)
-    run = _runner(problem, pass_, epilogue, in_dtype)
+    if pack > 1:
+        run = _runner(layer, pass_, epilogue, in_dtype, hand_plan=False)
+        scope = lambda p: runtime.kernel_pinned(problem, pass_, in_dtype, p)  # noqa: E731
+    else:
+        run = _runner(problem, pass_, epilogue, in_dtype)
+        scope = lambda p: contextlib.nullcontext()  # noqa: E731
     rows: list[Measured] = []
     ref: list = []
     for i, (p, failed) in enumerate(zip(plans, compiled)):
@@ -228,15 +246,21 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
             rows.append(Measured(p, skip=failed))
             continue
         try:
-            out = _as_host(run(p))  # compiles (or loads from the warm disk cache) and runs once
-            spill = max((k.local_bytes for k in runtime.kernels_for(p)), default=0)
-            if i and spill:
-                rows.append(Measured(p, skip=f"uses {spill} bytes of local memory per thread (register spills)"))
-                continue
-            if i == 0:
-                ref = out
-            err = _rel_err(out, ref)
-            us = _median_us(lambda: run(p), REPS) if math.isfinite(err) and err <= MAX_ERR else math.inf
+            with scope(p):
+                out = _as_host(run(p))  # compiles (or loads from the warm disk cache) and runs once
+                kernels = runtime.kernels_for(p)
+                if i and not kernels:  # a pinned grid-reduce plan the runtime swapped for its twin
+                    rows.append(Measured(p, skip="the runtime ran another plan in its place (a cooperative grid "
+                                                 "this GPU cannot hold falls back to the reduction kernel)"))
+                    continue
+                spill = max((k.local_bytes for k in kernels), default=0)
+                if i and spill:
+                    rows.append(Measured(p, skip=f"uses {spill} bytes of local memory per thread (register spills)"))
+                    continue
+                if i == 0:
+                    ref = out
+                err = _rel_err(out, ref)
+                us = _median_us(lambda: run(p), REPS) if math.isfinite(err) and err <= MAX_ERR else math.inf
             rows.append(Measured(p, us, err))
         except Exception as exc:  # noqa: BLE001 - a candidate that fails to load or launch is skipped
             if i == 0:

@@ -11,11 +11,12 @@ device, so it can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import numpy as np
 
@@ -288,8 +289,8 @@ def _planned_source(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dt
         from . import autotune
 
         if autotune.enabled():  # tune on first use (convgen.set_autotune)
-            # (it times the slabs' layer as a layer: packed wgrad's plans with the slabs' whole dW)
-            plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id))
+            plan = autotune.tune(problem, pass_, epilogue, in_dtype, target, _gpu_name(device_id),
+                                 layer=layer if pack > 1 else None)
     return emit(make_spec(problem, pass_, target=target, epilogue=epilogue, in_dtype=in_dtype, plan_=plan,
                           scalar=scalar, mma_dtype=mma_dtype, pack=pack))
 
@@ -560,6 +561,31 @@ def _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype
         return _Call(problem, out, device)
     epi = Epilogue(bias=bool(bias), out_dtype=out)  # type: ignore[arg-type]
     return _prepared_call(Pass.WGRAD, problem, epi, in_dtype, device, plan, scalar, out, mma_dtype=elem)
+
+
+@contextlib.contextmanager
+def kernel_pinned(kernel: ConvProblem, pass_: Pass, in_dtype: str, plan: Plan) -> Iterator[None]:
+    """While open, a call whose kernel is built for ``kernel`` (a grouped wgrad's packed slabs:
+    group_pack) builds it with ``plan``, in a scratch cache that is dropped on exit, the
+    process's kernels and calls then as they were.  Tuning times a packed wgrad's candidates
+    through the layer's own call this way: a hand plan names the caller's problem as it is,
+    and would run the slabs as a layer of their own, storing all of their dW rather than each
+    filter's own channels (KernelSpec.pack).  The databases stay out (CONVGEN_TUNED=0, which
+    also keeps tuning on first use from starting inside), and the lock is held throughout."""
+    from . import config, tuning_db
+
+    with _lock:
+        saved = dict(_cache), dict(_calls)
+        _cache.clear()
+        _calls.clear()
+        try:
+            with tuning_db.pinned(kernel, pass_, in_dtype, plan), config.overridden(config.TUNED, "0"):
+                yield
+        finally:
+            _cache.clear()
+            _cache.update(saved[0])
+            _calls.clear()
+            _calls.update(saved[1])
 
 
 def clear_cache() -> None:

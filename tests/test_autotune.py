@@ -110,6 +110,8 @@ class _FakeGpu:
     def __init__(self, monkeypatch, plans, times, scale, compile_errors=None):
         import numpy as np
 
+        from convgen import runtime
+
         self.plans, self.last = plans, None
         ref = np.random.default_rng(1).standard_normal((8, 16, 16, 64))
         monkeypatch.setattr(autotune, "_compile_all", lambda sources, deadline: [
@@ -127,6 +129,7 @@ class _FakeGpu:
 
         monkeypatch.setattr(autotune, "_capturing", lambda: False)
         monkeypatch.setattr(autotune, "_runner", runner)
+        monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
         monkeypatch.setattr(autotune, "_median_us", median_us)
 
 
@@ -245,3 +248,52 @@ def test_depthwise_layers_are_tuned_on_first_use_in_every_pass(monkeypatch):
         with pytest.raises(RuntimeError, match="no GPU here"):
             autotune.tune(layer, pass_, Epilogue(bias=False), "float16", Target("sm_90"), "NVIDIA H200")
     assert reached == [autotune.CANDIDATES] * 3
+
+
+def test_a_packed_grouped_wgrad_is_tuned_through_the_layers_own_call(monkeypatch, tmp_path):
+    """A grouped wgrad whose groups run packed (ResNeXt's) runs a kernel that stores each
+    filter's own channels (KernelSpec.pack).  Tuning on first use must time that kernel: each
+    candidate is compiled with the pack and run through the layer's own call, with no hand plan
+    (a hand plan would run the slabs as a layer of their own, storing all of their dW), pinned
+    as the slabs' plan; the winner is recorded under the slabs' shape, which the op looks up."""
+    import os
+
+    import numpy as np
+
+    from convgen import group_pack, runtime, tuning_db
+    from convgen.ir import Epilogue
+
+    target = Target("sm_90", 132)
+    layer = ConvProblem(8, 8, 128, 128, 3, 3, 1, 1, 1, groups=32, n=2)
+    slabs = group_pack.kernel_problem(layer, Pass.WGRAD, "float16", target)
+    pack = layer.groups // slabs.groups
+    assert pack > 1
+    plans = candidates(slabs, Pass.WGRAD, target, "float16")[:autotune.CANDIDATES]
+    compiled, calls = [], []
+
+    def compile_all(sources, deadline):
+        compiled.extend(sources)
+        return [None] * len(sources)
+
+    def fake_wgrad(x, dy, w_shape, bias=True, plan=None, **kw):
+        pinned = tuning_db.tuned_plan("NVIDIA H200", slabs, Pass.WGRAD, "float16", target)
+        calls.append((tuple(w_shape), kw.get("groups"), plan, os.environ.get("CONVGEN_TUNED"), pinned))
+        return np.full(w_shape, 1.0), None
+
+    import cupy
+
+    monkeypatch.setattr(cupy, "asarray", np.asarray)  # no GPU: the arrays stay on the host
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CONVGEN_TUNED", raising=False)
+    monkeypatch.setattr(autotune, "_compile_all", compile_all)
+    monkeypatch.setattr(autotune, "_capturing", lambda: False)
+    monkeypatch.setattr(autotune, "_as_host", lambda out: [np.asarray(out[0])])
+    monkeypatch.setattr(autotune, "_median_us", lambda fn, reps: 10.0 - plans.index(calls[-1][4]) if fn() else 0)
+    monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
+    monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
+    got = autotune.tune(slabs, Pass.WGRAD, Epilogue(bias=False), "float16", target, "NVIDIA H200", layer=layer)
+    assert len(compiled) == len(plans) and all(f"x{pack}_" in src for src, _ in compiled)  # the op's kernels
+    assert {c[:4] for c in calls} == {(layer.w_shape, layer.groups, None, "0")}  # its own call, databases out
+    assert [c[4] for c in calls] == [p for p in plans for _ in range(2)]  # each candidate pinned: run, timed
+    assert got is not None and got.as_dict() == plans[-1].as_dict()  # the fastest, under the slabs' shape
+    assert not tuning_db._pinned and "CONVGEN_TUNED" not in os.environ

@@ -197,3 +197,44 @@ def test_tune_times_a_packed_wgrad_as_the_op_runs_it(monkeypatch):
     assert rows and all(r["ok"] or r.get("skipped") for r in rows), [r for r in rows if not r["ok"]]
     assert built and set(built) == {problem.groups // slabs.groups}, set(built)
     assert not tuning_db._pinned
+
+
+def test_first_use_tunes_a_packed_wgrad_as_the_op_runs_it(monkeypatch, tmp_path):
+    """Tuning on first use of a packed wgrad (autotune.tune's ``layer``): the kernels it times
+    store each filter's own channels (KernelSpec.pack > 1), the winner is recorded under the
+    slabs' shape, and the call that tuned, and a repeat, give dW bit for bit (exact tier)."""
+    from convgen import autotune, runtime, tuning_db
+    from convgen.group_pack import kernel_problem
+
+    problem = SHAPES[4]
+    target = runtime._target(0)
+    slabs = kernel_problem(problem, Pass.WGRAD, "float16", target)
+    assert slabs.groups < problem.groups, "the shape does not pack"
+    built = []
+    real = runtime.kernels_for
+
+    def kernels_for(p):
+        ks = real(p)
+        built.extend(k.source.spec.pack for k in ks)
+        return ks
+
+    monkeypatch.setattr(runtime, "kernels_for", kernels_for)
+    monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))  # an empty user database: the shape is new
+    monkeypatch.delenv("CONVGEN_TUNED", raising=False)
+    monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "none-shipped")
+    tuning_db._loaded.clear()
+    convgen.clear_cache()
+    autotune.set_autotune(True)
+    try:
+        for i in range(2):  # the call that tunes, then a repeat on the tuned kernel
+            res = run_pass(problem, Pass.WGRAD, seeded("first-use", i), out_dtype="float32", exact=True)
+            check(res, "float32", exact=True, what=f"packed wgrad {problem.describe()} tuned on first use, call {i}")
+    finally:
+        autotune.set_autotune(None)
+        tuning_db._loaded.clear()
+        convgen.clear_cache()
+    assert built and set(built) == {problem.groups // slabs.groups}, set(built)
+    db = tuning_db.read_db(tmp_path / "tuning.json")
+    keys = {k for gpu in db["gpus"].values() for k in gpu}
+    assert keys == {tuning_db.tune_key(slabs.geometry, Pass.WGRAD, "float16", target.arch)}
+    assert not tuning_db._pinned

@@ -547,8 +547,8 @@ def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch
     filter's own channels (KernelSpec.pack); a hand plan for the slabs would run them as a layer
     of their own, storing the slabs' whole dW.  So each candidate runs through the layer's own
     call, with no hand plan, pinned as the slabs' tuned plan while CONVGEN_TUNED=0 keeps the
-    databases out; the runtime's kernels are cleared once per candidate, and nothing stays
-    pinned after."""
+    databases out, in a scratch kernel cache (the process's kernels are out of sight while a
+    candidate runs, and back after); nothing stays pinned after."""
     cp = pytest.importorskip("cupy")
     import os
 
@@ -562,16 +562,18 @@ def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch
     assert slabs.groups == 2
     base = plan(slabs, Pass.WGRAD, target)
     other = dataclasses.replace(base, stages=2 if base.stages != 2 else 3)
-    calls, clears = [], []
+    calls, seen = [], []
+    monkeypatch.setattr(runtime, "_cache", {("built before",): object()})
 
     def fake_wgrad(x, dy, w_shape, bias=True, plan=None, **kw):
         calls.append((tuple(w_shape), kw.get("groups"), plan, os.environ.get("CONVGEN_TUNED"),
                       tuning_db.tuned_plan("NVIDIA H200", slabs, Pass.WGRAD, "float16", target)))
+        seen.append(("built before",) in runtime._cache)
+        runtime._cache[("built by", len(calls))] = object()  # what a candidate's call builds ...
         return np.ones(w_shape), None
 
     monkeypatch.delenv("CONVGEN_TUNED", raising=False)
     monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
-    monkeypatch.setattr(runtime, "clear_cache", lambda: clears.append(len(calls)))
     monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
     monkeypatch.setattr(tune, "candidates", lambda *a, **k: [base, other])
     monkeypatch.setattr(cp, "asarray", lambda a: a)
@@ -582,12 +584,14 @@ def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch
     assert {c[:2] for c in calls} == {(layer.w_shape, 32)}  # the layer's own call: its groups and dW
     assert all(c[2] is None and c[3] == "0" for c in calls)  # no hand plan; the databases out
     assert [c[4] for c in calls] == [base, base, base, other, other]  # the reference, then each candidate run and timed
-    assert clears == [0, 3]  # once before each candidate's first run
+    assert seen == [False] * 5 and set(runtime._cache) == {("built before",)}  # ... is dropped after it
     assert not tuning_db._pinned and "CONVGEN_TUNED" not in os.environ
 
     calls.clear()
+    seen.clear()
     tune.tune_layer(slabs, Pass.WGRAD, None, target, bias=False)  # no layer: the slabs as a layer, hand plans
     assert [c[2] for c in calls] == [base, base, base, other, other] and {c[1] for c in calls} == {2}
+    assert seen == [True] * 5
 
     # a pinned plan the runtime swapped for another (a grid-reduce plan's fallback) is not timed as itself
     monkeypatch.setattr(runtime, "kernels_for", lambda p: [] if p == other else [type("K", (), {"local_bytes": 0})()])

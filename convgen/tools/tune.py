@@ -56,10 +56,12 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     candidate then runs through the layer's own call, pinned as the slabs' tuned plan, so the
     kernel timed is the one the op runs, storing each filter's own channels (KernelSpec.pack);
     a hand plan would run the slabs as a layer of their own, storing all of their dW."""
+    import contextlib
+
     import cupy as cp
     import numpy as np
 
-    from .. import config, runtime
+    from .. import runtime
 
     packed = layer is not None and pass_ is Pass.WGRAD and layer != problem
     called = layer if packed else problem
@@ -80,47 +82,50 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     elif not packed:
         x, dy = arr(problem.x_shape), arr(problem.y_shape)
         run = lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=bias, plan=p, **geo)[0]  # noqa: E731
-    else:
+    else:  # the layer's own call, no hand plan: the slabs' plan is pinned around it (``scope``)
         x, dy = arr(called.x_shape), arr(called.y_shape)
-        built: list[Plan] = []  # the candidate whose kernels the runtime now holds
+        run = lambda p: runtime.conv2d_wgrad(x, dy, called.w_shape, bias=bias, **geo)[0]  # noqa: E731
 
-        def run(p: Plan) -> Any:
-            if built != [p]:  # a new candidate: forget the last one's kernels and calls
-                runtime.clear_cache()
-                built[:] = [p]
-            with tuning_db.pinned(problem, pass_, "float16", p), config.overridden(config.TUNED, "0"):
-                return runtime.conv2d_wgrad(x, dy, called.w_shape, bias=bias, **geo)[0]
+    def scope(p: Plan) -> Any:
+        return runtime.kernel_pinned(problem, pass_, "float16", p) if packed else contextlib.nullcontext()
 
     def as_np(out):
         return cp.asnumpy(out).astype(np.float64)
 
     plans = candidates(problem, pass_, target, wgmma=wgmma)
-    ref = as_np(run(plans[0]))  # the default plan: what the library runs untuned, so its failure is the caller's
+    with scope(plans[0]):
+        ref = as_np(run(plans[0]))  # the default plan: what the library runs untuned, so its failure is the caller's
     rows = []
     for p in plans:
-        try:
-            out = as_np(run(p))
-        except Exception as exc:  # noqa: BLE001 - a candidate that fails to load or launch is skipped
-            # (a grid-reduce twin whose cooperative grid this GPU cannot hold, a kernel the driver
-            # refuses): the rest of the layer's candidates, and the rest of the layers, still run
-            rows.append({"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
-                         "default": False, "skipped": f"{type(exc).__name__}: {exc}"})
-            continue
-        kernels = runtime.kernels_for(p)
-        if not kernels and p is not plans[0]:  # a pinned grid-reduce plan the runtime swapped for its twin
-            rows.append({"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
-                         "default": False, "skipped": "the runtime ran another plan in its place (a cooperative "
-                                                      "grid this GPU cannot hold falls back to the reduction kernel)"})
-            continue
-        err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
-        # A kernel that spills registers to local memory is not shipped, even when it
-        # times well: its speed then hangs on the spill traffic staying in L1.
-        spill = max((k.local_bytes for k in kernels), default=0)
-        ok = bool(np.isfinite(out).all() and err < 1e-2)
-        us = timing.median_gpu_us(dev, lambda: run(p), reps) if ok and (spill == 0 or p is plans[0]) else math.inf
-        rows.append({"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "spill_bytes": spill,
-                     "default": p is plans[0]})
+        with scope(p):
+            rows.append(_measure(p, p is plans[0], run, as_np, ref, dev, reps, runtime))
     return rows
+
+
+def _measure(p: Plan, default: bool, run: Callable[[Plan], Any], as_np: Callable[[Any], Any], ref: Any,
+             dev: Any, reps: int, runtime: Any) -> dict[str, Any]:
+    """One candidate's row: checked against the default's output ``ref``, then timed."""
+    import numpy as np
+
+    try:
+        out = as_np(run(p))
+    except Exception as exc:  # noqa: BLE001 - a candidate that fails to load or launch is skipped
+        # (a grid-reduce twin whose cooperative grid this GPU cannot hold, a kernel the driver
+        # refuses): the rest of the layer's candidates, and the rest of the layers, still run
+        return {"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
+                "default": False, "skipped": f"{type(exc).__name__}: {exc}"}
+    kernels = runtime.kernels_for(p)
+    if not kernels and not default:  # a pinned grid-reduce plan the runtime swapped for its twin
+        return {"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
+                "default": False, "skipped": "the runtime ran another plan in its place (a cooperative "
+                                             "grid this GPU cannot hold falls back to the reduction kernel)"}
+    err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+    # A kernel that spills registers to local memory is not shipped, even when it
+    # times well: its speed then hangs on the spill traffic staying in L1.
+    spill = max((k.local_bytes for k in kernels), default=0)
+    ok = bool(np.isfinite(out).all() and err < 1e-2)
+    us = timing.median_gpu_us(dev, lambda: run(p), reps) if ok and (spill == 0 or default) else math.inf
+    return {"plan": p.as_dict(), "us": us, "ok": ok, "err": err, "spill_bytes": spill, "default": default}
 
 
 def tune_and_record(work: list[tuple[Any, Pass]], measure: Callable[[ConvProblem, Pass], list[dict[str, Any]]],
@@ -214,8 +219,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     sources = []
     for layer, pass_ in work:
         epi = Epilogue(bias=pass_ is not Pass.DGRAD and not args.no_bias)
+        whole = called.get((layer.problem.geometry, pass_))  # its kernel then stores each filter's own channels
+        pack = whole.groups // layer.problem.groups if whole is not None and pass_ is Pass.WGRAD else 1
         for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma):
-            src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p))
+            src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p, pack=pack))
             sources.append((src.source, src.compile_arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
         list(pool.map(_compile_one, sources, chunksize=4))
