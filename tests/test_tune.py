@@ -493,15 +493,30 @@ def test_tma_tiles_as_wide_as_n_are_offered_last_where_they_pad_less():
                    for c in tune.candidates(l1, Pass.WGRAD, Target("sm_80")))  # no TMA there
 
 
-def test_a_candidate_that_fails_to_launch_is_skipped_with_its_reason(tmp_path, capsys, monkeypatch):
+@pytest.fixture
+def host_runtime(monkeypatch):
+    """tune_layer on the host: arrays stay NumPy, every kernel reports no local memory, and
+    each timing is one call of the op (10 us).  Tests fake the runtime's functions themselves."""
+    cp = pytest.importorskip("cupy")  # tune_layer imports it; no GPU is touched
+    import numpy as np
+
+    from convgen import runtime
+
+    monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
+    monkeypatch.setattr(cp, "asarray", lambda a: a)
+    monkeypatch.setattr(cp, "asnumpy", lambda a: np.asarray(a))
+    monkeypatch.setattr(timing, "median_gpu_us", lambda dev, fn, reps: 10.0 if fn() is not None else 0.0)
+    return runtime
+
+
+def test_a_candidate_that_fails_to_launch_is_skipped_with_its_reason(tmp_path, capsys, monkeypatch, host_runtime):
     """On the H200 `convgen tune` of ResNet-50's stem wgrad stopped at a grid-reduce twin whose
     cooperative grid the GPU could not hold (runtime._check_cooperative's ValueError), and no
     layer was tuned.  Such a candidate is skipped and named; the others are timed and the best
     kept.  The default plan's own failure still stops the run (the library runs it untuned)."""
-    cp = pytest.importorskip("cupy")
     import numpy as np
 
-    from convgen import runtime
+    runtime = host_runtime
     from convgen.planner import plan as default_plan
     from convgen.suites import Layer
 
@@ -517,11 +532,7 @@ def test_a_candidate_that_fails_to_launch_is_skipped_with_its_reason(tmp_path, c
         return np.ones(w_shape), None
 
     monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
-    monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
     monkeypatch.setattr(tune, "candidates", lambda *a, **k: [base, grid, other])
-    monkeypatch.setattr(cp, "asarray", lambda a: a)
-    monkeypatch.setattr(cp, "asnumpy", lambda a: np.asarray(a))
-    monkeypatch.setattr(timing, "median_gpu_us", lambda dev, fn, reps: 10.0 if fn() is not None else 0.0)
     rows = tune.tune_layer(problem, Pass.WGRAD, None, target, bias=False)
     assert [r["us"] for r in rows] == [10.0, float("inf"), 10.0]
     assert "holds 132" in rows[1]["skipped"] and not rows[1]["ok"] and rows[0]["ok"] and rows[2]["ok"]
@@ -542,19 +553,20 @@ def test_a_candidate_that_fails_to_launch_is_skipped_with_its_reason(tmp_path, c
         tune.tune_layer(problem, Pass.WGRAD, None, target, bias=False)
 
 
-def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch):
+def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch, host_runtime):
     """A grouped wgrad whose groups run packed (ResNeXt's) runs a kernel that stores each
     filter's own channels (KernelSpec.pack); a hand plan for the slabs would run them as a layer
     of their own, storing the slabs' whole dW.  So each candidate runs through the layer's own
     call, with no hand plan, pinned as the slabs' tuned plan while CONVGEN_TUNED=0 keeps the
     databases out, in a scratch kernel cache (the process's kernels are out of sight while a
     candidate runs, and back after); nothing stays pinned after."""
-    cp = pytest.importorskip("cupy")
     import os
 
     import numpy as np
 
-    from convgen import group_pack, runtime
+    from convgen import group_pack
+
+    runtime = host_runtime
 
     target = Target("sm_90", 132)
     layer = ConvProblem(8, 8, 128, 128, 3, 3, 1, 1, 1, groups=32, n=2)
@@ -574,11 +586,7 @@ def test_a_packed_grouped_wgrad_is_timed_through_the_layers_own_call(monkeypatch
 
     monkeypatch.delenv("CONVGEN_TUNED", raising=False)
     monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
-    monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
     monkeypatch.setattr(tune, "candidates", lambda *a, **k: [base, other])
-    monkeypatch.setattr(cp, "asarray", lambda a: a)
-    monkeypatch.setattr(cp, "asnumpy", lambda a: np.asarray(a))
-    monkeypatch.setattr(timing, "median_gpu_us", lambda dev, fn, reps: 10.0 if fn() is not None else 0.0)
     rows = tune.tune_layer(slabs, Pass.WGRAD, None, target, bias=False, layer=layer)
     assert [r["ok"] for r in rows] == [True, True]
     assert {c[:2] for c in calls} == {(layer.w_shape, 32)}  # the layer's own call: its groups and dW
