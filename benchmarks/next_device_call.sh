@@ -208,16 +208,19 @@ suite() {
 
 ncu_layers() {  # Nsight Compute on the rows furthest under cuDNN (depthwise, pointwise, the stem's wgrad): what bounds each side
     install
-    for layer in "fprop 64 56 56 96 96 7 1 3 96" "fprop 128 56 56 144 144 3 1 1 144" "fprop 128 112 112 96 96 3 2 1 96" "wgrad 128 56 56 144 144 3 1 1 144" \
-                 "fprop 128 112 112 16 96 1 1 0" "dgrad 128 112 112 16 96 1 1 0" \
-                 "wgrad 64 224 224 3 64 7 2 3"; do  # the last: ResNet-50's stem, 327 us against cuDNN's 174
+    local layers=("$@")
+    [ ${#layers[@]} -gt 0 ] || layers=("fprop 64 56 56 96 96 7 1 3 96" "fprop 128 56 56 144 144 3 1 1 144" \
+        "fprop 128 112 112 96 96 3 2 1 96" "wgrad 128 56 56 144 144 3 1 1 144" \
+        "fprop 128 112 112 16 96 1 1 0" "dgrad 128 112 112 16 96 1 1 0" \
+        "wgrad 64 224 224 3 64 7 2 3")  # the last: ResNet-50's stem, 327 us against cuDNN's 174
+    for layer in "${layers[@]}"; do
         local name
         name=$(echo $layer | tr ' ' '-')
         timeout 60 python3 benchmarks/probes/layer_profile.py $layer 2>&1 | tail -1  # compiles outside the profiler
         for side in convgen cudnn; do
             timeout 90 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
                 --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-                --section ComputeWorkloadAnalysis python3 benchmarks/probes/layer_profile.py $layer \
+                --section ComputeWorkloadAnalysis --section InstructionStats python3 benchmarks/probes/layer_profile.py $layer \
                 > "$OUT/ncu-$name-$side.log" 2>&1
             grep -E "^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size|Issue Slots Busy|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Theoretical Occ" \
                 "$OUT/ncu-$name-$side.log" | head -40
@@ -603,6 +606,8 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
+    ncu-effnet) ncu_layers "fprop 128 28 28 240 240 5 1 2 240" "fprop 128 56 56 144 144 5 2 2 144" ;;  # the whole-pixel
+        # 5x5 rows, 0.77-0.79x cuDNN in fprop (fortieth session): what bounds each side (about 3 min)
     l2-ab) l2_ab ;;
     l2-check) l2_check ;;
     verify36) verify36 ;;
