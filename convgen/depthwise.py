@@ -377,16 +377,22 @@ def _plan_stencil(g: ConvProblem, pass_: Pass, target: Target, elem: DType, reas
     tiles = next(t for t in (4, 2, 1) if t == 1 or blocks // (STENCIL_BLOCKS_PER_SM * target.sm_count) >= t)
     reasons.append(f"vec {vec}: {vec * m} output channels a thread in one store; {chunk} channels a block "
                    f"({lanes} lanes)")
+    tile = (f"tile {tile_h}x{tile_w} pixels, {cols} a thread along a row ({threads} threads): a staged "
+            "column serves every output of the run its filter row reaches")
+    plan = Plan(tile_h * tile_w, chunk, 16, threads // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
+                Depthwise(tile_w, cols, 0, tiles))
+    if tiles > 1 and smem_bytes(plan, g, pass_, target.warp_size) > target.smem_limit:  # two halos do not fit: one
+        one = dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
+        reasons.append(f"one tile a block: two halos ({smem_bytes(plan, g, pass_, target.warp_size)} bytes of shared "
+                       f"memory with the weights) would not fit the {target.smem_limit} bytes {target.arch} allows, "
+                       f"one takes {smem_bytes(one, g, pass_, target.warp_size)}")
+        reasons.append(tile)
+        return one
     if tiles > 1:
         reasons.append(f"{tiles} tiles a block in turn, the next halo copied while one is computed "
                        f"({blocks} tiles, {math.ceil(blocks / tiles)} blocks: about {STENCIL_BLOCKS_PER_SM} an SM "
                        "or more, as the depthwise suites' tuning runs chose)")
-    reasons.append(f"tile {tile_h}x{tile_w} pixels, {cols} a thread along a row ({threads} threads): a staged "
-                   "column serves every output of the run its filter row reaches")
-    plan = Plan(tile_h * tile_w, chunk, 16, threads // target.warp_size, 1, 2, vec, 1, elem, elem, 1,
-                Depthwise(tile_w, cols, 0, tiles))
-    if smem_bytes(plan, g, pass_, target.warp_size) > target.smem_limit:  # two halos do not fit: one
-        return dataclasses.replace(plan, loop=Depthwise(tile_w, cols))
+    reasons.append(tile)
     if tiles >= 3 and STENCIL_RING > 2:
         ring = dataclasses.replace(plan, stages=STENCIL_RING)
         by_regs = 65536 // (stencil_registers(cols, vec, m, facts(plan, g, pass_).in_cols) * threads)

@@ -9,8 +9,8 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, long_run, straddles_granules,
-                        whole_pixel_chunk)
+from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, smem_bytes,
+                        stencil_registers, straddles_granules, whole_pixel_chunk)
 from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -42,7 +42,10 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda plan_=plan_: plan_
         return
     assert isinstance(base.loop, Depthwise)
-    base, runs = _other_runs(problem, pass_, base, target.warp_size)
+    fitted = fitted_tile(problem, pass_, base, target)
+    if fitted is not None:
+        yield lambda: fitted
+    base, runs = _other_runs(problem, pass_, base, target)
     for run in runs:
         yield lambda run=run: run
     warp, vec, elem, loop = target.warp_size, base.vec_a, base.read_a, base.loop
@@ -86,12 +89,14 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda: interleave
 
 
-def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, warp: int) -> tuple[Plan, list[Plan]]:
+def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, target: Target) -> tuple[Plan, list[Plan]]:
     """The default's block with runs of 4 over 8 channels (the default itself, or the block
     depthwise.long_run made it from on a wide filter), whose neighbours the tile, chunk and run
     variations are; and the other runs worth timing first, in order: the other of those two
     runs, runs of 8 over 8 channels on a taller tile, and where a whole pixel keeps the default
-    from the long run, that run over the whole pixel and over a 48-channel chunk."""
+    from the long run, that run over the whole pixel and over a 48-channel chunk, each also on
+    its fitted tile (:func:`fitted_tile`)."""
+    warp = target.warp_size
     short = dataclasses.replace(default, vec_a=8, loop=dataclasses.replace(default.loop, cols=4))
     if not (default.vec_a == 4 and long_run(problem, pass_, short) == default):
         short = default
@@ -109,7 +114,9 @@ def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, warp: int) -> 
             labelled(longer, long_why) if longer is not None and longer != default else None,
             _wide_run(problem, pass_, short),
             whole and labelled(whole, long_why + " over the whole pixel"),
-            narrow and labelled(narrow, long_why)]
+            narrow and labelled(narrow, long_why),
+            whole and fitted_tile(problem, pass_, whole, target),
+            narrow and fitted_tile(problem, pass_, narrow, target)]
     return short, [r for r in runs if r is not None]
 
 
@@ -177,3 +184,65 @@ def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -
             out.append(dataclasses.replace(base, split_k=split, split_reduce=reduce, reasons=(
                 f"tuning candidate: the default depthwise wgrad plan in {split} slices",)))
     return out
+
+
+# A tile grid of 8-multiples overhangs 28-, 14- and 7-pixel outputs (EfficientNet-B0's, MobileNetV2's
+# and ConvNeXt's later stages): an 8x8 tile computes 1024 outputs of a 28x28 image to keep 784,
+# and stages a halo for each of its 16 tiles, where a 4x14 tile of runs of 7 computes 784 in 14.
+# Offered where the default computes at least FIT_WASTE outputs per one kept.
+FIT_WASTE = 1.08
+
+
+def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -> Plan | None:
+    """``base``'s block (its chunk, channel vector, tiles a block and ring) on the tile that
+    computes the fewest outputs outside the image, then stages the fewest halo pixels, then has
+    the threads nearest ``base``'s: runs of ``base``'s length down to half of it (dgrad: whole
+    strides), at most 16 rows and 32 columns, whole warps within 1024 threads that each have
+    the registers :func:`depthwise.stencil_registers` estimates, and no fewer threads an SM's
+    shared memory holds than ``base``'s (up to 2048).  None where ``base`` overhangs the output by less than
+    FIT_WASTE, or no tile does better.  Untimed (forty-first session)."""
+    loop = base.loop
+    assert isinstance(loop, Depthwise) and pass_ is not Pass.WGRAD
+    g, warp = problem, target.warp_size
+    dgrad = pass_ is Pass.DGRAD
+    out_h, out_w = (g.h, g.w) if dgrad else (g.p, g.q)
+    (sh, sw), lanes = (g.stride if dgrad else (1, 1)), base.block_n // base.vec_a
+
+    def computed(tile_h: int, tile_w: int) -> int:
+        return -(-out_h // tile_h) * tile_h * -(-out_w // tile_w) * tile_w
+
+    base_h = base.block_m // loop.tile_w
+    if computed(base_h, loop.tile_w) < FIT_WASTE * out_h * out_w:
+        return None
+    def resident(plan: Plan) -> int:  # threads an SM's shared memory holds (each block also reserves 1 KB)
+        blocks = (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, warp) + 1024)
+        return min(2048, blocks * plan.warps_m * warp)
+
+    base_threads, base_resident = base.warps_m * warp, resident(base)
+    best, best_key = None, None
+    for cols in range(loop.cols, max(1, loop.cols // 2) - 1, -1):
+        if cols % sw:
+            continue
+        for tile_w in range(cols, min(32, out_w + cols - 1) + 1, cols):
+            for tile_h in range(sh, min(16, out_h + sh - 1) + 1, sh):
+                if tile_w % sw or computed(tile_h, tile_w) >= computed(base_h, loop.tile_w):
+                    continue
+                threads = tile_h * tile_w // cols * lanes
+                if threads % warp or not 64 <= threads <= 1024:
+                    continue
+                plan = dataclasses.replace(base, block_m=tile_h * tile_w, warps_m=threads // warp,
+                                           loop=dataclasses.replace(loop, tile_w=tile_w, cols=cols))
+                f = facts(plan, g, pass_, warp)
+                if stencil_registers(cols, base.vec_a, g.kg, f.in_cols) * threads > 65536:
+                    continue
+                if smem_bytes(plan, g, pass_, warp) > target.smem_limit or resident(plan) < base_resident:
+                    continue
+                key = (computed(tile_h, tile_w), f.tiles_h * f.tiles_w * f.halo_h * f.halo_w, abs(threads - base_threads))
+                if best_key is None or key < best_key:
+                    best, best_key = plan, key
+    if best is None:
+        return None
+    b = best.loop
+    return dataclasses.replace(best, reasons=(
+        f"tuning candidate: depthwise {best.block_m // b.tile_w}x{b.tile_w} tile fitted to the {out_h}x{out_w} output, "
+        f"runs of {b.cols} over {best.vec_a} channels ({best.block_n} channels, {b.tiles} tile(s) a block)",))

@@ -73,11 +73,12 @@ class Plan:
             if v < 1:
                 raise ValueError(f"plan.{name} must be >= 1, got {v}")
             object.__setattr__(self, name, v)
-        for name in ("block_m", "block_n", "block_k"):
+        grid = getattr(self.loop, "warp_grid", True)  # a bad loop is refused below, with its own message
+        # (a loop with no warp grid, the depthwise stencil, counts block_m in whole runs of its own pixels)
+        for name in ("block_m", "block_n", "block_k") if grid else ("block_n", "block_k"):
             v = getattr(self, name)
             if v % 16:
                 raise ValueError(f"plan.{name} must be a multiple of 16 (the fragment size), got {v}")
-        grid = getattr(self.loop, "warp_grid", True)  # a bad loop is refused below, with its own message
         if grid and self.block_m % (16 * self.warps_m):
             raise ValueError(
                 f"plan.block_m={self.block_m} does not split into warps_m={self.warps_m} warp tiles of 16-row fragments"

@@ -419,6 +419,47 @@ def test_whole_pixel_5x5_layers_offer_the_long_run_over_the_pixel_and_the_least_
             check_plan(wide, layer, Pass.WGRAD, h200, "float16")
 
 
+def test_depthwise_tiles_fitted_to_outputs_the_default_overhangs():
+    """An 8x8 tile grid computes 1024 outputs of a 28x28 image to keep 784 (and 256 of 196 at 14
+    pixels); the tuner offers, second, the default's block on a tile that overhangs less (whole
+    warps, within the part's shared memory, holding no fewer threads an SM), and where a whole
+    pixel keeps the default from the long run, that run's block fitted too, among the first 8.
+    At 28 and 14 pixels on 5x5 and 7x7 filters, runs of 7 tile the image exactly; at 56 pixels,
+    which 8x8 tiles divide, nothing is offered."""
+    from convgen.depthwise import smem_bytes
+
+    h200 = Target("sm_90", 132)
+
+    def tile(p):
+        return p.block_m // p.loop.tile_w, p.loop.tile_w
+
+    for px, c, f, exact in ((28, 240, 5, True), (14, 480, 5, True), (28, 192, 7, True), (14, 384, 3, False),
+                            (7, 960, 3, False), (56, 144, 3, None), (56, 96, 7, None)):
+        layer = ConvProblem(px, px, c, c, f, f, 1, f // 2, groups=c, n=128)
+
+        def computed(p):
+            th, tw = tile(p)
+            return -(-px // th) * th * -(-px // tw) * tw
+
+        for pass_ in (Pass.FPROP, Pass.DGRAD):
+            cands = tune.candidates(layer, pass_, h200)
+            fitted = [p for p in cands[:8] if "fitted to the" in p.reasons[0]]
+            assert bool(fitted) == (exact is not None) and fitted[:1] == [p for p in cands[1:2] if p in fitted], (
+                px, c, f, pass_, [p.reasons[0] for p in cands[:8]])
+            if not fitted:
+                continue
+            assert any(computed(p) == px * px for p in fitted) == exact, (px, c, f, [tile(p) for p in fitted])
+            base = cands[0]
+            assert computed(fitted[0]) < computed(base) / 1.08
+            assert (fitted[0].block_n, fitted[0].loop.tiles, fitted[0].stages) == (base.block_n, base.loop.tiles,
+                                                                                    base.stages)
+            resident = [min(2048, (h200.smem_limit + 1024) // (smem_bytes(p, layer, pass_) + 1024) * p.warps_m * 32)
+                        for p in (base, fitted[0])]
+            assert resident[1] >= resident[0]
+            for p in fitted:
+                check_plan(p, layer, pass_, h200, "float16")
+
+
 def test_depthwise_wgrad_candidates_vary_tile_chunk_and_slices():
     h200 = Target("sm_90", 132)
     layer = ConvProblem(56, 56, 144, 144, 3, 3, 1, 1, groups=144, n=128)
