@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (fortieth session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (forty-first session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # the long run over whole 144-
-#                     # and 240-channel pixels and over 48-channel chunks (5x5): exact GPU test, two EfficientNet-B0
-#                     # layers tuned, the suite's fprop with tuning on first use (never run: no machine came)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100);
-#                     # since then the long-run default, EfficientNet-B0's suite and the lanes rule (their own GPU
-#                     # tests passed at a40b87e but for 7df7783's lanes)
+#   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # fitted tiles, the whole-pixel
+#                     # and 48-channel long runs, first-use tuning of packed wgrads: GPU tests, EfficientNet-B0 and
+#                     # ConvNeXt fprop/dgrad tuned
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42b       # MobileNetV2 tuned; EfficientNet fprop autotuned
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-effnet # what bounds the whole-pixel 5x5 fprop rows
 #   (done on the H100 in the fortieth session: s41)
 #   (done on the H100 in the fortieth session: s40, s40b, s40c, suite)
 #   (done on the H100 in the thirty-ninth session: s39b, s39c, suite, the large suite's wgrad tune, ncu of ConvNeXt's fprop)
@@ -475,24 +475,24 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
     NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
 }
 
-s42() {  # runs of 8 over 4 channels on 48-channel chunks for the whole-pixel 5x5 layers (C = 144, 240), a new tuning
-    # candidate: its exact GPU test, then EfficientNet-B0's two such layers tuned, fprop and dgrad, and the
-    # suite's fprop benched with tuning on first use (about 5 min)
+s42() {  # the forty-first session's depthwise candidates (tiles fitted to 28/14/7-pixel outputs, 144d427; the
+    # long run over whole 144/240-channel pixels and 48-channel chunks, 7233932) and tuning on first use of a
+    # packed wgrad (44fa6fe): their GPU tests, then EfficientNet-B0's and ConvNeXt's fprop and dgrad tuned (about 8 min)
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k "variations or tune_times or first_use_tunes" \
-        tests/test_group_pack_gpu.py 2>&1 \
-        | tee "$OUT/s42-gpu-tests.log" | tail -2
-    mkdir -p "$OUT/narrow"
-    for p in fprop dgrad; do
-        CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 90 python3 -m convgen.cli tune --suite efficientnet-b0-dw --pass $p --no-bias \
-            --layers dw144-56px-s2-5x5,dw240-28px-5x5 --log "$OUT/narrow/tune-efficientnet-b0-dw-$p.json" \
-            > "$OUT/narrow/tune-efficientnet-b0-dw-$p.log" 2>&1
-        tail -3 "$OUT/narrow/tune-efficientnet-b0-dw-$p.log"
-    done
-    # tuning on first use (issue 16's other bound) on the new suite's fprop, the pass below cuDNN
+    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 200 $PYTEST tests/test_depthwise_gpu.py tests/test_group_pack_gpu.py \
+        -k "variations or tune_times or first_use_tunes" 2>&1 | tee "$OUT/s42-gpu-tests.log" | tail -2
+    tune_passes s42-effnet 90 efficientnet-b0-dw fprop dgrad
+    tune_passes s42-convnext 60 convnext-dw fprop dgrad
+}
+
+s42b() {  # the fitted tiles on MobileNetV2's 28/14/7-pixel rows, tuned; EfficientNet-B0's fprop benched with tuning on
+    # first use (about 5 min)
+    install
+    tune_passes s42-mbv2 90 mobilenetv2-dw fprop dgrad
+    mkdir -p "$OUT/s42-autotune"
     CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-s42at timeout 200 python3 -m convgen.cli bench --suite efficientnet-b0-dw \
-        --pass fprop $BENCH --out "$OUT/narrow/autotune" 2>&1 | grep -E "rror|geomean speedup"
-    (cd "$OUT" && tar czf narrow.tgz narrow && rm -rf narrow)
+        --pass fprop $BENCH --out "$OUT/s42-autotune" 2>&1 | grep -E "rror|geomean speedup"
+    (cd "$OUT" && tar czf s42-autotune.tgz s42-autotune && rm -rf s42-autotune)
 }
 
 s41() {  # the long run as the 5-7 wide depthwise default (6c73621), EfficientNet-B0's depthwise suite (new) and
@@ -586,6 +586,7 @@ case "${1:-}" in
     s39b) s39b ;;
     s39c) s39c ;;
     s42) s42 ;;
+    s42b) s42b ;;
     s41) s41 ;;
     s40) s40 ;;
     s40b) s40b ;;
