@@ -167,18 +167,12 @@ def test_packed_wgrad_candidates_store_each_filters_own_dw(problem, part, monkey
     convgen.clear_cache()
 
 
-def test_tune_times_a_packed_wgrad_as_the_op_runs_it(monkeypatch):
-    """`convgen tune` on a packed wgrad (tune_layer's ``layer``): every candidate runs through
-    the layer's own call as the slabs' pinned plan, so the kernels it times store each filter's
-    own channels (KernelSpec.pack > 1); every candidate agrees with the default plan, and the
-    winner read back from the rows is a plan of the slabs."""
-    import cupy as cp
-
-    from convgen import runtime, tuning_db
+def _packs_timed(problem: ConvProblem, monkeypatch) -> tuple:
+    """(target, the slabs' problem, the list each kernel tuning reads the resources of adds its
+    KernelSpec.pack to) for a grouped layer whose wgrad packs on this GPU."""
+    from convgen import runtime
     from convgen.group_pack import kernel_problem
-    from convgen.tools import timing, tune
 
-    problem = SHAPES[4]
     target = runtime._target(0)
     slabs = kernel_problem(problem, Pass.WGRAD, "float16", target)
     assert slabs.groups < problem.groups, "the shape does not pack"
@@ -191,6 +185,21 @@ def test_tune_times_a_packed_wgrad_as_the_op_runs_it(monkeypatch):
         return ks
 
     monkeypatch.setattr(runtime, "kernels_for", kernels_for)
+    return target, slabs, built
+
+
+def test_tune_times_a_packed_wgrad_as_the_op_runs_it(monkeypatch):
+    """`convgen tune` on a packed wgrad (tune_layer's ``layer``): every candidate runs through
+    the layer's own call as the slabs' pinned plan, so the kernels it times store each filter's
+    own channels (KernelSpec.pack > 1); every candidate agrees with the default plan, and the
+    winner read back from the rows is a plan of the slabs."""
+    import cupy as cp
+
+    from convgen import tuning_db
+    from convgen.tools import timing, tune
+
+    problem = SHAPES[4]
+    target, slabs, built = _packs_timed(problem, monkeypatch)
     dev = timing.CudaDevice(cp, cp.cuda.get_current_stream())
     rows = tune.tune_layer(slabs, Pass.WGRAD, dev, target, reps=3, bias=False, layer=problem)
     convgen.clear_cache()
@@ -203,22 +212,10 @@ def test_first_use_tunes_a_packed_wgrad_as_the_op_runs_it(monkeypatch, tmp_path)
     """Tuning on first use of a packed wgrad (autotune.tune's ``layer``): the kernels it times
     store each filter's own channels (KernelSpec.pack > 1), the winner is recorded under the
     slabs' shape, and the call that tuned, and a repeat, give dW bit for bit (exact tier)."""
-    from convgen import autotune, runtime, tuning_db
-    from convgen.group_pack import kernel_problem
+    from convgen import autotune, tuning_db
 
     problem = SHAPES[4]
-    target = runtime._target(0)
-    slabs = kernel_problem(problem, Pass.WGRAD, "float16", target)
-    assert slabs.groups < problem.groups, "the shape does not pack"
-    built = []
-    real = runtime.kernels_for
-
-    def kernels_for(p):
-        ks = real(p)
-        built.extend(k.source.spec.pack for k in ks)
-        return ks
-
-    monkeypatch.setattr(runtime, "kernels_for", kernels_for)
+    target, slabs, built = _packs_timed(problem, monkeypatch)
     monkeypatch.setenv("CONVGEN_CACHE_DIR", str(tmp_path))  # an empty user database: the shape is new
     monkeypatch.delenv("CONVGEN_TUNED", raising=False)
     monkeypatch.setattr(tuning_db, "SHIPPED_DIR", tmp_path / "none-shipped")
