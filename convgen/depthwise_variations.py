@@ -42,9 +42,6 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda plan_=plan_: plan_
         return
     assert isinstance(base.loop, Depthwise)
-    fitted = fitted_tile(problem, pass_, base, target)
-    if fitted is not None:
-        yield lambda: fitted
     base, runs = _other_runs(problem, pass_, base, target)
     for run in runs:
         yield lambda run=run: run
@@ -93,9 +90,9 @@ def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, target: Target
     """The default's block with runs of 4 over 8 channels (the default itself, or the block
     depthwise.long_run made it from on a wide filter), whose neighbours the tile, chunk and run
     variations are; and the other runs worth timing first, in order: the other of those two
-    runs, runs of 8 over 8 channels on a taller tile, and where a whole pixel keeps the default
-    from the long run, that run over the whole pixel and over a 48-channel chunk, each also on
-    its fitted tile (:func:`fitted_tile`)."""
+    runs, runs of 8 over 8 channels on a taller tile, the default on its fitted tile
+    (:func:`fitted_tile`), and where a whole pixel keeps the default from the long run, that run
+    over the whole pixel and over a 48-channel chunk, each also on its fitted tile."""
     warp = target.warp_size
     short = dataclasses.replace(default, vec_a=8, loop=dataclasses.replace(default.loop, cols=4))
     if not (default.vec_a == 4 and long_run(problem, pass_, short) == default):
@@ -113,6 +110,7 @@ def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, target: Target
     runs = [labelled(short, "runs of 4 over 8 channels") if short != default else None,
             labelled(longer, long_why) if longer is not None and longer != default else None,
             _wide_run(problem, pass_, short),
+            fitted_tile(problem, pass_, default, target),
             whole and labelled(whole, long_why + " over the whole pixel"),
             narrow and labelled(narrow, long_why),
             whole and fitted_tile(problem, pass_, whole, target),

@@ -421,9 +421,10 @@ def test_whole_pixel_5x5_layers_offer_the_long_run_over_the_pixel_and_the_least_
 
 def test_depthwise_tiles_fitted_to_outputs_the_default_overhangs():
     """An 8x8 tile grid computes 1024 outputs of a 28x28 image to keep 784 (and 256 of 196 at 14
-    pixels); the tuner offers, second, the default's block on a tile that overhangs less (whole
-    warps, within the part's shared memory, holding no fewer threads an SM), and where a whole
-    pixel keeps the default from the long run, that run's block fitted too, among the first 8.
+    pixels); the tuner offers, after the default's other runs, the default's block on a tile that
+    overhangs less (whole warps, within the part's shared memory, holding no fewer threads an SM),
+    and where a whole pixel keeps the default from the long run, that run's block fitted too,
+    among the first 8 (what tuning on first use times).
     At 28 and 14 pixels on 5x5 and 7x7 filters, runs of 7 tile the image exactly; at 56 pixels,
     which 8x8 tiles divide, nothing is offered."""
     from convgen.depthwise import smem_bytes
@@ -444,8 +445,7 @@ def test_depthwise_tiles_fitted_to_outputs_the_default_overhangs():
         for pass_ in (Pass.FPROP, Pass.DGRAD):
             cands = tune.candidates(layer, pass_, h200)
             fitted = [p for p in cands[:8] if "fitted to the" in p.reasons[0]]
-            assert bool(fitted) == (exact is not None) and fitted[:1] == [p for p in cands[1:2] if p in fitted], (
-                px, c, f, pass_, [p.reasons[0] for p in cands[:8]])
+            assert bool(fitted) == (exact is not None), (px, c, f, pass_, [p.reasons[0] for p in cands[:8]])
             if not fitted:
                 continue
             assert any(computed(p) == px * px for p in fitted) == exact, (px, c, f, [tile(p) for p in fitted])
