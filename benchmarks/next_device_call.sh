@@ -477,17 +477,17 @@ s39b() {  # packed wgrad storing its own channels (055a879): GPU tests, resnext'
 
 s42() {  # the forty-first session's depthwise candidates (tiles fitted to 28/14/7-pixel outputs, 144d427; the
     # long run over whole 144/240-channel pixels and 48-channel chunks, 7233932) and tuning on first use of a
-    # packed wgrad (44fa6fe): their GPU tests, then EfficientNet-B0's and ConvNeXt's fprop and dgrad tuned (about 8 min)
+    # packed wgrad (44fa6fe): their GPU tests, then EfficientNet-B0's fprop and dgrad tuned (about 5 min)
     install
     CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 200 $PYTEST tests/test_depthwise_gpu.py tests/test_group_pack_gpu.py \
         -k "variations or tune_times or first_use_tunes" 2>&1 | tee "$OUT/s42-gpu-tests.log" | tail -2
     tune_passes s42-effnet 90 efficientnet-b0-dw fprop dgrad
-    tune_passes s42-convnext 60 convnext-dw fprop dgrad
 }
 
-s42b() {  # the fitted tiles on MobileNetV2's 28/14/7-pixel rows, tuned; EfficientNet-B0's fprop benched with tuning on
-    # first use (about 5 min)
+s42b() {  # the fitted tiles on ConvNeXt's and MobileNetV2's 28/14/7-pixel rows, tuned; EfficientNet-B0's fprop benched
+    # with tuning on first use (about 8 min)
     install
+    tune_passes s42-convnext 60 convnext-dw fprop dgrad
     tune_passes s42-mbv2 90 mobilenetv2-dw fprop dgrad
     mkdir -p "$OUT/s42-autotune"
     CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-s42at timeout 200 python3 -m convgen.cli bench --suite efficientnet-b0-dw \
