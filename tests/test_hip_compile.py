@@ -143,9 +143,9 @@ def _cases() -> list[Case]:
 
 HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
 # the default's other run (3x3: runs of 8 over 4 channels; 7x7: runs of 4 over 8); a ring of 3 halos
-# (three 7x7 halos pass AMD's 64 KiB of shared memory)
+# (three 7x7 halos pass AMD's 64 KiB of shared memory); the tile fitted to the 14-pixel output (runs of 7)
 DW_LAYERS = (("mobilenetv2-dw", "dw192-28px", ("dw-other-run", "dw-ring3")),
-             ("convnext-dw", "dw384-14px", ("dw-other-run",)))
+             ("convnext-dw", "dw384-14px", ("dw-other-run", "dw-fitted")))
 HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloTile(16))  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()
 
@@ -158,11 +158,17 @@ def _halo_plan(geometry, pass_: Pass) -> Plan:
 
 def _dw_variant(problem, pass_: Pass, arch: str, variant: str) -> Plan:
     """The depthwise default's other run (runs of 8 over 4 channels where the default is runs of 4
-    over 8, and the reverse on 7x7 filters), or its ring of 3 halos (4 tiles a block)."""
+    over 8, and the reverse on 7x7 filters), its ring of 3 halos (4 tiles a block), or its block
+    on the tile fitted to the output (depthwise_variations.fitted_tile)."""
     from convgen.depthwise import long_run
+    from convgen.depthwise_variations import fitted_tile
     from convgen.planner import plan
 
     base = plan(problem, pass_, Target(arch))
+    if variant == "dw-fitted":
+        fitted = fitted_tile(problem, pass_, base, Target(arch))
+        assert fitted is not None and fitted.loop.cols == 7, f"no runs of 7 for {problem.describe()} on {arch}"
+        return fitted
     if variant == "dw-other-run":
         short = dataclasses.replace(base, vec_a=8, loop=dataclasses.replace(base.loop, cols=4))
         other = long_run(problem, pass_, base) or (short if long_run(problem, pass_, short) == base else None)
