@@ -473,18 +473,22 @@ def _emulate_stencil(problem, pass_, pl, rng):
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(13, 10, 48, 3, 3, 1, 1), dw(12, 11, 144, 3, 3, 2, 1, n=1),
                                      dw(9, 20, 96, 5, 5, 1, 2), dw(10, 9, 16, 3, 3, 1, 2, 2, mult=2),
-                                     dw(11, 12, 24, 7, 7, 2, 3, n=1)],
+                                     dw(11, 12, 24, 7, 7, 2, 3, n=1), dw(14, 14, 64, 5, 5, 1, 2, n=1)],
                          ids=lambda p: p.describe().replace(" ", "_"))
 def test_tuning_variations_emulated_are_exact(problem, pass_):
     """Every fourth of the depthwise tuning variations (chunks of 48 past C, runs of 2-8,
-    several tiles a block, edge tiles) and the second, the runs of 8 over 4 channels where the
-    default has 8, walked as its kernel walks its layer, on integer data: each staged read lands
+    several tiles a block, edge tiles), the second, the runs of 8 over 4 channels where the
+    default has 8, and the tiles fitted to the output (runs of 7, tiles not whole 16-pixel
+    fragments), walked as its kernel walks its layer, on integer data: each staged read lands
     inside the halo and every output equals the float64 reference."""
     from convgen.candidates import candidates
 
     plans = candidates(problem, pass_, Target())
     assert len(plans) > 8 and len(set(plans)) == len(plans)
-    for i, pl in enumerate([*plans[::4], plans[1]]):
+    fitted = [p for p in plans if "fitted to the" in p.reasons[0]]
+    if problem.h == 14:  # 8-pixel tiles overhang the 14x14 output: runs of 7 tile it exactly
+        assert any(p.loop.cols == 7 and p.block_m % 16 for p in fitted), [p.brief() for p in fitted]
+    for i, pl in enumerate([*plans[::4], plans[1], *fitted]):
         got, ref = _emulate_stencil(problem, pass_, pl, np.random.default_rng(i))
         np.testing.assert_array_equal(got, ref, err_msg=pl.brief())
 
@@ -622,3 +626,35 @@ def test_halo_staging_copies_every_pixel_once_on_the_host(tmp_path, async_, vec,
         inside = (y >= 0) & (y < rows) & (x >= 0) & (x < cols) & (c < chans)
         want = np.where(inside, 1 + ((y * cols + x) * chans + c) % 60000, 0)
         np.testing.assert_array_equal(got, want, err_msg=f"origin {(row0, col0, ch0)}")
+
+
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+def test_the_depthwise_reasons_say_what_the_plan_runs(pass_):
+    """`convgen plan`'s reasons for every depthwise suite layer's default agree with the plan:
+    its tile, its tiles a block (dw144-56px-s2-5x5's said "4 tiles a block in turn" where two
+    halos do not fit and one runs) and its run."""
+    import re
+
+    from convgen.depthwise import smem_bytes
+    from convgen.suites import SUITES
+
+    h200 = Target("sm_90", 132)
+    for layers in SUITES.values():
+        for layer in layers:
+            if not layer.problem.depthwise:
+                continue
+            p = plan(layer.problem, pass_, h200)
+            text = " | ".join(p.reasons)
+            what = f"{layer.name} {pass_.value}: {text}"
+            tiles = re.search(r"(\d+) tiles a block in turn", text)
+            assert (int(tiles.group(1)) if tiles else 1) == p.loop.tiles, what
+            if "one tile a block: two halos" in text:  # and they do not
+                two = dataclasses.replace(p, loop=dataclasses.replace(p.loop, tiles=2))
+                assert smem_bytes(two, layer.problem, pass_) > h200.smem_limit, what
+            tile = re.search(r"tile (\d+)x(\d+) pixels, (\d+) a thread", text)
+            vec = re.search(r"vec (\d+): ", text)
+            assert tile is not None and vec is not None, what
+            th, tw, cols = (int(v) for v in tile.groups())
+            long_run = "then runs of 8 outputs over 4 channels" in text
+            assert (th * tw, tw) == (p.block_m, p.loop.tile_w), what
+            assert (8 if long_run else cols, 4 if long_run else int(vec.group(1))) == (p.loop.cols, p.vec_a), what
