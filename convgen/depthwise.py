@@ -78,7 +78,7 @@ class DwFacts:
     mult: int  # K / C: filters per channel
     chunk: int  # input channels per block (block_n)
     ch_lanes: int  # threads side by side along the chunk's channels
-    threads: int
+    threads: int  # the block's (fprop, dgrad: its runs' lanes and up to a warp less one past them)
     row_groups: int  # wgrad: threads groups, one per `rows` filter rows (1: a thread sums every row)
     halo_h: int  # staged rows: fprop input rows, dgrad dy rows (0 for wgrad)
     halo_w: int
@@ -106,7 +106,7 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     tile_w, tile_h = loop.tile_w, plan.block_m // loop.tile_w
     ch_lanes = chunk // vec
     groups = row_groups(loop, g)
-    threads = plan.block_m // loop.cols * ch_lanes * groups
+    threads = plan.warps_m * warp_size  # the block (a few past its runs' lanes, where they are not whole warps)
     row0 = col0 = 0
     if pass_ is Pass.FPROP:
         halo_h, halo_w = (tile_h - 1) * sh + (g.r - 1) * dh + 1, (tile_w - 1) * sw + (g.s - 1) * dw + 1
@@ -229,11 +229,17 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
                          f"and a divisor of R={g.r}")
     groups = row_groups(loop, g)
     threads = plan.block_m // loop.cols * (plan.block_n // plan.vec_a) * groups
-    if threads != target.warp_size * plan.warps_m:
+    warps = -(-threads // target.warp_size)  # fprop, dgrad: the last warp's lanes past the runs repeat the last run
+    if pass_ is Pass.WGRAD and threads != target.warp_size * plan.warps_m:
         raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s), {plan.vec_a} channel(s) and "
                          f"{loop.rows or g.r} filter row(s): {plan.block_m} // {loop.cols} x {plan.block_n} // "
                          f"{plan.vec_a} x {groups} = {threads} threads, but plan.warps_m={plan.warps_m} gives "
                          f"{target.warp_size * plan.warps_m} on {target.arch}")
+    if pass_ is not Pass.WGRAD and plan.warps_m != warps:
+        raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s) and {plan.vec_a} channel(s): "
+                         f"{plan.block_m} // {loop.cols} x {plan.block_n} // {plan.vec_a} = {threads} threads, "
+                         f"{warps} warp(s) of {target.warp_size} on {target.arch}, but plan.warps_m={plan.warps_m}")
+    threads = plan.warps_m * target.warp_size
     if pass_ is Pass.WGRAD and (plan.block_m // loop.cols * (plan.block_n // plan.vec_a)) % target.warp_size:
         raise ValueError("Depthwise wgrad's warps each sum one group of filter rows: block_m // cols x "
                          f"block_n // vec_a must be a multiple of {target.warp_size}")

@@ -193,9 +193,12 @@ FIT_WASTE = 1.08
 
 def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -> Plan | None:
     """``base``'s block (its chunk, channel vector, tiles a block and ring) on the tile that
-    computes the fewest outputs outside the image, then stages the fewest halo pixels, then has
-    the threads nearest ``base``'s: runs of ``base``'s length down to half of it (dgrad: whole
-    strides), at most 16 rows and 32 columns, whole warps within 1024 threads that each have
+    costs its threads the fewest instructions (outputs computed inside and outside the image, a
+    warp's spare lanes past the runs counted as outputs, each a multiply-add a tap and its run's
+    share of the staged-column conversions), then stages the fewest halo pixels, then has the
+    threads nearest ``base``'s: runs of
+    ``base``'s length down to half of it (dgrad: whole strides), at most 16 rows and 32 columns,
+    whole warps within 1024 threads that each have
     the registers :func:`depthwise.stencil_registers` estimates, and no fewer threads an SM's
     shared memory holds than ``base``'s (up to 2048).  None where ``base`` overhangs the output by less than
     FIT_WASTE, or no tile does better.  Untimed (forty-first session)."""
@@ -216,7 +219,14 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
         blocks = (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, warp) + 1024)
         return min(2048, blocks * plan.warps_m * warp)
 
+    def cost(plan: Plan, f, spare: float) -> float:
+        """A thread's instructions for the image, roughly: each output computed (a spare lane
+        past the runs counts as its run's) costs a multiply-add a tap of a filter row and the
+        run's staged-column conversions shared among its outputs."""
+        return computed(plan.block_m // plan.loop.tile_w, plan.loop.tile_w) * spare * (g.s + f.in_cols / plan.loop.cols)
+
     base_threads, base_resident = base.warps_m * warp, resident(base)
+    base_cost = cost(base, facts(base, g, pass_, warp), 1.0)
     best, best_key = None, None
     for cols in range(loop.cols, max(1, loop.cols // 2) - 1, -1):
         if cols % sw:
@@ -225,8 +235,9 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
             for tile_h in range(sh, min(16, out_h + sh - 1) + 1, sh):
                 if tile_w % sw or computed(tile_h, tile_w) >= computed(base_h, loop.tile_w):
                     continue
-                threads = tile_h * tile_w // cols * lanes
-                if threads % warp or not 64 <= threads <= 1024:
+                owners = tile_h * tile_w // cols * lanes  # a thread a run and channel vector, in whole warps
+                threads = -(-owners // warp) * warp
+                if not 64 <= threads <= 1024:
                     continue
                 plan = dataclasses.replace(base, block_m=tile_h * tile_w, warps_m=threads // warp,
                                            loop=dataclasses.replace(loop, tile_w=tile_w, cols=cols))
@@ -235,7 +246,10 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
                     continue
                 if smem_bytes(plan, g, pass_, warp) > target.smem_limit or resident(plan) < base_resident:
                     continue
-                key = (computed(tile_h, tile_w), f.tiles_h * f.tiles_w * f.halo_h * f.halo_w, abs(threads - base_threads))
+                work = cost(plan, f, threads / owners)
+                if work >= base_cost:
+                    continue
+                key = (work, f.tiles_h * f.tiles_w * f.halo_h * f.halo_w, abs(threads - base_threads))
                 if best_key is None or key < best_key:
                     best, best_key = plan, key
     if best is None:

@@ -101,7 +101,7 @@ def test_a_gemm_kind_is_refused_for_a_grouped_layer():
 
 @pytest.mark.parametrize("change,match", [
     (dict(vec_a=16), "vec_a must be 1, 2, 4 or 8"),
-    (dict(warps_m=2), "128 threads, but plan.warps_m=2 gives 64"),
+    (dict(warps_m=2), "128 threads, 4 warp\\(s\\) of 32 on sm_90, but plan.warps_m=2"),
     (dict(split_k=2), "no reduction to split"),
     (dict(vec_b=8), "vec_b must be 1"),
     (dict(read_a="float32"), "read_a must be 'float16'"),

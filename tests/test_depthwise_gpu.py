@@ -173,6 +173,28 @@ def test_depthwise_tuning_variations_exact(problem, pass_):
 
 
 @pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
+@pytest.mark.parametrize("problem", [dw(7, 7, 64, 7, 7, 1, 3, n=3), dw(14, 14, 100, 5, 5, 2, 2, n=2),
+                                     dw(28, 28, 240, 5, 5, 1, 2, n=2)], ids=_ids)
+def test_depthwise_fitted_tiles_exact(problem, pass_):
+    """The tiles fitted to outputs that 8-pixel tiles overhang (depthwise_variations.fitted_tile:
+    runs of 3 and 7, tiles that are not whole 16-pixel fragments, a last warp whose lanes past the
+    runs repeat the last run and store nothing), bit for bit, each checked to be one of those."""
+    from convgen.candidates import candidates
+    from convgen.ir import Target
+
+    fitted = [p for p in candidates(problem, pass_, Target("sm_90")) if "fitted to the" in p.reasons[0]]
+    assert fitted, problem.describe()
+    spare = [p for p in fitted if p.warps_m * 32 > p.block_m // p.loop.cols * (p.block_n // p.vec_a)]
+    if problem.h == 7:
+        assert spare, [p.brief() for p in fitted]
+    for i, plan in enumerate(fitted):
+        epi = dict(bias=True, relu=True) if pass_ is Pass.FPROP else {}
+        res = run_pass(problem, pass_, seeded("dw-fitted", problem, pass_, i), out_dtype="float32", exact=True,
+                       plan=plan, **epi)
+        check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
+
+
+@pytest.mark.parametrize("pass_", [Pass.FPROP, Pass.DGRAD], ids=lambda p: p.value)
 @pytest.mark.parametrize("problem", [dw(28, 28, 144, 3, 3, 1, 1, n=4), dw(28, 28, 144, 3, 3, 2, 1, n=4)], ids=_ids)
 def test_depthwise_whole_pixel_chunk_and_interleave_exact(problem, pass_):
     """Where pixels are not whole DRAM granules: the default's 144 channels a block

@@ -422,10 +422,11 @@ def test_whole_pixel_5x5_layers_offer_the_long_run_over_the_pixel_and_the_least_
 def test_depthwise_tiles_fitted_to_outputs_the_default_overhangs():
     """An 8x8 tile grid computes 1024 outputs of a 28x28 image to keep 784 (and 256 of 196 at 14
     pixels); the tuner offers, after the default's other runs, the default's block on a tile that
-    overhangs less (whole warps, within the part's shared memory, holding no fewer threads an SM),
-    and where a whole pixel keeps the default from the long run, that run's block fitted too,
-    among the first 8 (what tuning on first use times).
-    At 28 and 14 pixels on 5x5 and 7x7 filters, runs of 7 tile the image exactly; at 56 pixels,
+    costs its threads less (within the part's shared memory, holding no fewer threads an SM; its
+    last warp may hold lanes past its runs), and where a whole pixel keeps the default from the
+    long run, that run's block fitted too, among the first 8 (what tuning on first use times).
+    Runs of 7 tile 28-, 14- and 7-pixel images exactly on 5x5 and 7x7 filters, runs of 2 a
+    14-pixel image on 3x3 (a 7-pixel 3x3 image keeps runs of 2 on 7x8 tiles); at 56 pixels,
     which 8x8 tiles divide, nothing is offered."""
     from convgen.depthwise import smem_bytes
 
@@ -434,8 +435,8 @@ def test_depthwise_tiles_fitted_to_outputs_the_default_overhangs():
     def tile(p):
         return p.block_m // p.loop.tile_w, p.loop.tile_w
 
-    for px, c, f, exact in ((28, 240, 5, True), (14, 480, 5, True), (28, 192, 7, True), (14, 384, 3, False),
-                            (7, 960, 3, False), (56, 144, 3, None), (56, 96, 7, None)):
+    for px, c, f, exact in ((28, 240, 5, True), (14, 480, 5, True), (28, 192, 7, True), (14, 384, 3, True),
+                            (7, 768, 7, True), (7, 960, 3, False), (56, 144, 3, None), (56, 96, 7, None)):
         layer = ConvProblem(px, px, c, c, f, f, 1, f // 2, groups=c, n=128)
 
         def computed(p):
@@ -458,6 +459,8 @@ def test_depthwise_tiles_fitted_to_outputs_the_default_overhangs():
             assert resident[1] >= resident[0]
             for p in fitted:
                 check_plan(p, layer, pass_, h200, "float16")
+                owners = p.block_m // p.loop.cols * (p.block_n // p.vec_a)
+                assert 0 <= p.warps_m * 32 - owners < 32, p.brief()  # whole warps, a few lanes past the runs
 
 
 def test_depthwise_wgrad_candidates_vary_tile_chunk_and_slices():
