@@ -481,7 +481,7 @@ s42() {  # the forty-first session's depthwise candidates (tiles fitted to 28/14
     install
     CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 100 $PYTEST tests/test_group_pack_gpu.py -k "tune_times or first_use_tunes" \
         2>&1 | tee "$OUT/s42-gpu-tests.log" | tail -2
-    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 200 $PYTEST tests/test_depthwise_gpu.py -k variations 2>&1 \
+    CONVGEN_CACHE_DIR=/tmp/cg-s42 timeout 200 $PYTEST tests/test_depthwise_gpu.py -k "variations or fitted" 2>&1 \
         | tee -a "$OUT/s42-gpu-tests.log" | tail -2
     tune_passes s42-effnet 90 efficientnet-b0-dw fprop dgrad
 }
