@@ -196,12 +196,12 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
     costs its threads the fewest instructions (outputs computed inside and outside the image, a
     warp's spare lanes past the runs counted as outputs, each a multiply-add a tap and its run's
     share of the staged-column conversions), then stages the fewest halo pixels, then has the
-    threads nearest ``base``'s: runs of
-    ``base``'s length down to half of it (dgrad: whole strides), at most 16 rows and 32 columns,
-    whole warps within 1024 threads that each have
-    the registers :func:`depthwise.stencil_registers` estimates, and no fewer threads an SM's
-    shared memory holds than ``base``'s (up to 2048).  None where ``base`` overhangs the output by less than
-    FIT_WASTE, or no tile does better.  Untimed (forty-first session)."""
+    threads nearest ``base``'s.  Runs of ``base``'s length down to half of it (dgrad: whole
+    strides), at most 16 rows and 32 columns, whole warps within 1024 threads that each have the
+    registers :func:`depthwise.stencil_registers` estimates, and no fewer threads an SM's shared
+    memory holds than ``base``'s (up to 2048).  None where ``base`` overhangs the output by less
+    than FIT_WASTE, or no tile costs less.  The cost's weights are a model, untimed (forty-first
+    session): tuning decides."""
     loop = base.loop
     assert isinstance(loop, Depthwise) and pass_ is not Pass.WGRAD
     g, warp = problem, target.warp_size
@@ -215,6 +215,7 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
     base_h = base.block_m // loop.tile_w
     if computed(base_h, loop.tile_w) < FIT_WASTE * out_h * out_w:
         return None
+
     def resident(plan: Plan) -> int:  # threads an SM's shared memory holds (each block also reserves 1 KB)
         blocks = (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, warp) + 1024)
         return min(2048, blocks * plan.warps_m * warp)
@@ -223,7 +224,8 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
         """A thread's instructions for the image, roughly: each output computed (a spare lane
         past the runs counts as its run's) costs a multiply-add a tap of a filter row and the
         run's staged-column conversions shared among its outputs."""
-        return computed(plan.block_m // plan.loop.tile_w, plan.loop.tile_w) * spare * (g.s + f.in_cols / plan.loop.cols)
+        tile_h = plan.block_m // plan.loop.tile_w
+        return computed(tile_h, plan.loop.tile_w) * spare * (g.s + f.in_cols / plan.loop.cols)
 
     base_threads, base_resident = base.warps_m * warp, resident(base)
     base_cost = cost(base, facts(base, g, pass_, warp), 1.0)
