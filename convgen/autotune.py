@@ -36,6 +36,9 @@ BUDGET_S = 3.0  # per shape and pass: past it, no new candidate is timed
 REPS = 5  # timed launches per candidate (median)
 MAX_ERR = 1e-2  # norm-relative error against the default plan's output, as `convgen tune`
 SPIN_US = 200.0  # GPU spin before each timed launch: the host's launch cost stays out of the time
+# Why a candidate that ran is not timed: the runtime built another plan in its place
+SWAPPED = ("the runtime ran another plan in its place (a cooperative grid this GPU cannot hold falls back to the "
+           "reduction kernel)")
 
 _override: Optional[bool] = None
 
@@ -137,9 +140,8 @@ def _runner(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str
         dy, w = arr(problem.y_shape), arr(problem.w_shape)
         return lambda p: runtime.conv2d_dgrad(dy, w, problem.x_shape, plan=p, **geo)
     x, dy = arr(problem.x_shape), arr(problem.y_shape)
-    if not hand_plan:
-        return lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=epilogue.bias, **geo)
-    return lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=epilogue.bias, plan=p, **geo)
+    return lambda p: runtime.conv2d_wgrad(x, dy, problem.w_shape, bias=epilogue.bias, plan=p if hand_plan else None,
+                                          **geo)
 
 
 def _as_host(out: Any):
@@ -250,8 +252,7 @@ def tune(problem: ConvProblem, pass_: Pass, epilogue: Epilogue, in_dtype: str, t
                 out = _as_host(run(p))  # compiles (or loads from the warm disk cache) and runs once
                 kernels = runtime.kernels_for(p)
                 if i and not kernels:  # a pinned grid-reduce plan the runtime swapped for its twin
-                    rows.append(Measured(p, skip="the runtime ran another plan in its place (a cooperative grid "
-                                                 "this GPU cannot hold falls back to the reduction kernel)"))
+                    rows.append(Measured(p, skip=SWAPPED))
                     continue
                 spill = max((k.local_bytes for k in kernels), default=0)
                 if i and spill:

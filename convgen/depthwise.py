@@ -402,15 +402,15 @@ def _plan_stencil(g: ConvProblem, pass_: Pass, target: Target, elem: DType, reas
     if tiles >= 3 and STENCIL_RING > 2:
         ring = dataclasses.replace(plan, stages=STENCIL_RING)
         by_regs = 65536 // (stencil_registers(cols, vec, m, facts(plan, g, pass_).in_cols) * threads)
-        held = min(by_regs, _resident(plan, g, pass_, target))
-        if _resident(ring, g, pass_, target) >= held:
+        held = min(by_regs, resident_blocks(plan, g, pass_, target))
+        if resident_blocks(ring, g, pass_, target) >= held:
             reasons.append(f"a ring of {ring.stages} halos: the next {ring.stages - 1} tiles' copies in flight while "
                            f"one is computed, at no cost in resident blocks ({held} an SM)")
             return ring
     return plan
 
 
-def _resident(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> int:
+def resident_blocks(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> int:
     """Blocks of ``plan`` an SM's shared memory holds (each also reserves 1 KB)."""
     return (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, target.warp_size) + 1024)
 

@@ -9,8 +9,8 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, smem_bytes,
-                        stencil_registers, straddles_granules, whole_pixel_chunk)
+from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, resident_blocks,
+                        smem_bytes, stencil_registers, straddles_granules, whole_pixel_chunk)
 from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -216,9 +216,8 @@ def fitted_tile(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -
     if computed(base_h, loop.tile_w) < FIT_WASTE * out_h * out_w:
         return None
 
-    def resident(plan: Plan) -> int:  # threads an SM's shared memory holds (each block also reserves 1 KB)
-        blocks = (target.smem_limit + 1024) // (smem_bytes(plan, g, pass_, warp) + 1024)
-        return min(2048, blocks * plan.warps_m * warp)
+    def resident(plan: Plan) -> int:  # threads an SM's shared memory holds
+        return min(2048, resident_blocks(plan, g, pass_, target) * plan.warps_m * warp)
 
     def cost(plan: Plan, f, spare: float) -> float:
         """A thread's instructions for the image, roughly: each output computed (a spare lane

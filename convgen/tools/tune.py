@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import group_pack, tuning_db
+from ..autotune import SWAPPED
 from ..candidates import (  # noqa: F401  (re-exported: scripts and tests use tune.candidates & co.)
     MAX_SPLIT, SLICED_PER_LAYER, WGMMA_PER_LAYER, HALO_PER_LAYOUT, MULTI_TILE_SHAPES,
     _HALO_SHAPES, _NARROW_HALO_SHAPES, _SHAPES, _STACKED_DEEP_SHAPES, _WGMMA_SHAPES,
@@ -117,8 +118,7 @@ def _measure(p: Plan, default: bool, run: Callable[[Plan], Any], as_np: Callable
     kernels = runtime.kernels_for(p)
     if not kernels and not default:  # a pinned grid-reduce plan the runtime swapped for its twin
         return {"plan": p.as_dict(), "us": math.inf, "ok": False, "err": None, "spill_bytes": 0,
-                "default": False, "skipped": "the runtime ran another plan in its place (a cooperative "
-                                             "grid this GPU cannot hold falls back to the reduction kernel)"}
+                "default": False, "skipped": SWAPPED}
     err = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
     # A kernel that spills registers to local memory is not shipped, even when it
     # times well: its speed then hangs on the spill traffic staying in L1.
