@@ -5,6 +5,8 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
+#   COMMIT=... OUT=... [README_SUITES="..."] bash benchmarks/next_device_call.sh readme  # on an H200: README's table
+#                     # (every suite, planner defaults), as many suites as fit; it names those not reached
 #   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # fitted tiles, the whole-pixel
 #                     # and 48-channel long runs, first-use tuning of packed wgrads: GPU tests, EfficientNet-B0 and
 #                     # ConvNeXt fprop/dgrad tuned
@@ -583,7 +585,23 @@ ncu_rows() {  # NCU_LAYERS (";"-separated layer_profile.py arguments) under Nsig
     (cd "$OUT" && tar czf ncu.tgz ncu-*.log && rm -f ncu-*.log)
 }
 
+readme() {  # README's table re-measured (same-work bench, planner defaults): the suites in $README_SUITES (default:
+    # every suite), each whole, until 520 s have passed; the ones not reached are printed, for the next call
+    install
+    local start=$SECONDS left=() s
+    mkdir -p "$OUT/readme"
+    for s in ${README_SUITES:-cifar-resnet cifar-vgg resnet50 resnet18 vgg16 unet darknet53-down mobilenetv2-pw \
+            efficientnet-b0-pw mobilenetv2-dw convnext-dw efficientnet-b0-dw resnext50-grouped large speech}; do
+        if [ $((SECONDS - start)) -gt 400 ]; then left+=("$s"); continue; fi
+        CONVGEN_CACHE_DIR=/tmp/cg-readme timeout $((520 - (SECONDS - start))) python3 -m convgen.cli bench --suite "$s" \
+            $BENCH --out "$OUT/readme" 2>&1 | grep -E "rror|geomean speedup|below 300" | sed "s/^/$s /"
+    done
+    echo "not reached: ${left[*]:-none}"
+    (cd "$OUT" && tar czf readme.tgz readme && rm -rf readme)
+}
+
 case "${1:-}" in
+    readme) readme ;;
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;
