@@ -5,6 +5,8 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh cluster  # clusters of two (TmaWgmma.cluster): checked, then
+#                     # the planner's fprop against its cluster twins on large and resnet50, twice
 #   COMMIT=... OUT=... [README_SUITES="..."] bash benchmarks/next_device_call.sh readme  # on an H200: README's table
 #                     # (every suite, planner defaults), as many suites as fit; it names those not reached
 #   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # fitted tiles, the whole-pixel
@@ -585,6 +587,32 @@ ncu_rows() {  # NCU_LAYERS (";"-separated layer_profile.py arguments) under Nsig
     (cd "$OUT" && tar czf ncu.tgz ncu-*.log && rm -f ncu-*.log)
 }
 
+cluster() {  # thread-block clusters of two sharing the weights' tile (TmaWgmma.cluster, forty-second session,
+    # not yet run on a GPU): GPU tests, compute-sanitizer, then the planner's fprop against its twins in clusters of
+    # two on the large and resnet50 suites, twice (about 8 min)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-cl timeout 150 $PYTEST tests/test_tma_cluster_gpu.py 2>&1 | tee "$OUT/cluster-gpu-tests.log" \
+        | tail -3
+    for tool in memcheck racecheck synccheck; do
+        CONVGEN_CACHE_DIR=/tmp/cg-cl timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
+            python3 benchmarks/probes/sanitize_tma.py cluster > "$OUT/cluster-sanitize-$tool.log" 2>&1
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/cluster-sanitize-$tool.log" | sort | uniq -c | head -6
+    done
+    mkdir -p "$OUT/cluster"
+    for run in 1 2; do
+        for s in large resnet50; do
+            for k in 0 1; do
+                CLUSTER=$k CONVGEN_CACHE_DIR=/tmp/cg-cl$k timeout 80 python3 benchmarks/probes/cluster_probe.py bench \
+                    --suite $s --pass fprop $BENCH --out "$OUT/cluster/cl$k-$s-$run" 2>&1 | grep -E "rror|geomean" | head -2
+            done
+            python3 scripts/bench_compare.py "$OUT/cluster/cl0-$s-$run/"*.json "$OUT/cluster/cl1-$s-$run/"*.json \
+                > "$OUT/cluster/compare-$s-$run.txt" 2>&1
+            tail -3 "$OUT/cluster/compare-$s-$run.txt"
+        done
+    done
+    (cd "$OUT" && tar czf cluster.tgz cluster cluster-sanitize-*.log && rm -rf cluster cluster-sanitize-*.log)
+}
+
 readme() {  # README's table re-measured (same-work bench, planner defaults): the suites in $README_SUITES (default:
     # every suite), each whole, until 520 s have passed; the ones not reached are printed, for the next call
     install
@@ -602,6 +630,7 @@ readme() {  # README's table re-measured (same-work bench, planner defaults): th
 
 case "${1:-}" in
     readme) readme ;;
+    cluster) cluster ;;
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;

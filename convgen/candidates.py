@@ -174,7 +174,32 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)  # untimed here: last
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER] + wgmma_plans + pointwise + exact
             + late + fits  # the most slices first
-            + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
+            + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen)
+            + _cluster_twins(problem, pass_, target, in_dtype, out, seen))
+
+
+# Thread-block clusters (TmaWgmma.cluster = 2, fprop): the twins of the default and of the first
+# TMA candidates, two blocks side by side along M sharing each stage's weight tile by TMA
+# multicast.  Offered last, so tuning on first use (autotune.CANDIDATES) never reaches them:
+# they have not yet run on a GPU (forty-second session); `convgen tune` times them.
+CLUSTER_PER_LAYER = 4
+
+
+def _cluster_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, plans: list[Plan],
+                   seen: set[Plan]) -> list[Plan]:
+    out: list[Plan] = []
+    for p in plans:
+        if len(out) == CLUSTER_PER_LAYER:
+            break
+        if pass_ is not Pass.FPROP or not isinstance(p.loop, TmaWgmma) or p.loop.cluster != 1:
+            continue
+        q = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
+            p, loop=dataclasses.replace(p.loop, cluster=2),
+            reasons=(("the default plan" if p is plans[0] else p.reasons[0]) + ", in clusters of 2 sharing the "
+                     "weights' tile (TMA multicast)",)))
+        if q is not None:
+            _add_unique(q, seen, out)
+    return out
 
 
 def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,

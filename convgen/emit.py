@@ -62,6 +62,11 @@ class Launch:
     # Stream-K (wgrad's persistent TMA loop): always grid_blocks blocks, which share every
     # tile's steps between them, however many tiles there are.
     stream_k: bool = False
+    # Blocks a thread-block cluster (the kernel's __cluster_dims__), side by side along grid.x:
+    # grid.x is a whole number of clusters, a last block past the M tiles computing rows past
+    # the batch (zeros in, nothing stored) so that its partner's multicasts have a home.  A
+    # persistent grid walks the tiles a cluster's worth at a time.
+    grid_cluster: int = 1
 
     def grid_x(self, batch: int) -> int:
         rows = batch * self.grid_rows_per_image if self.grid_rows_per_image else self.grid_fixed_rows
@@ -70,9 +75,11 @@ class Launch:
     def grid(self, batch: int) -> tuple[int, int, int]:
         if self.stream_k:
             return (self.grid_blocks, 1, 1)
+        cl = self.grid_cluster
+        m_tiles = -(-self.grid_x(batch) // cl) * cl
         if self.grid_blocks:
-            return (min(self.grid_x(batch) * self.grid_n_tiles, self.grid_blocks), 1, self.grid_z)
-        return (self.grid_x(batch), self.grid_n_tiles, self.grid_z)
+            return (min(m_tiles * self.grid_n_tiles, max(cl, self.grid_blocks // cl * cl)), 1, self.grid_z)
+        return (m_tiles, self.grid_n_tiles, self.grid_z)
 
 
 @dataclass(frozen=True)
@@ -147,8 +154,12 @@ def _grid_text(l: Launch) -> dict[str, Any]:
             else f"ceil({l.grid_fixed_rows} / {l.grid_m_tile})"))
     if l.stream_k:
         return {"x": str(l.grid_blocks), "y": 1, "z": 1}
+    cl = l.grid_cluster
+    if cl > 1:  # whole clusters: x rounded up to them, the blocks a persistent grid holds down
+        x = f"ceil({x} / {cl}) * {cl}"
+    blocks = max(cl, l.grid_blocks // cl * cl)
     if l.grid_blocks:
-        return {"x": f"min({x} * {l.grid_n_tiles}, {l.grid_blocks})", "y": 1, "z": l.grid_z}
+        return {"x": f"min({x} * {l.grid_n_tiles}, {blocks})", "y": 1, "z": l.grid_z}
     return {"x": x, "y": l.grid_n_tiles, "z": l.grid_z}
 
 
@@ -217,6 +228,7 @@ class Tile:
     ring: int  # stages allocated: footprint.ring_stages
     persistent: bool  # a TMA block walks tiles until none are left (TmaWgmma.persistent)
     pingpong: bool  # and its two consumer warpgroups take those tiles in turn (TmaWgmma.pingpong)
+    cluster: int  # blocks a thread-block cluster, which share the weights' tile (TmaWgmma.cluster)
     pad: int  # halves of padding per staged row
     a_col: bool  # A staged [BK][BM] (wgrad's dy^T) rather than [BM][BK]
     b_col: bool  # B staged [BN][BK] (fprop's w) rather than [BK][BN]
@@ -459,6 +471,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
             warps_n=plan.warps_n, warps_k=plan.warps_k, stages=plan.stages, ring=ring_stages(plan, p, g),
             persistent=isinstance(plan.loop, TmaHalo) or isinstance(plan.loop, TmaWgmma) and plan.loop.persistent,
             pingpong=isinstance(plan.loop, TmaWgmma) and plan.loop.pingpong,
+            cluster=plan.loop.cluster if isinstance(plan.loop, TmaWgmma) else 1,
             pad=stage_pad(plan), a_col=a_is_col(p), b_col=b_is_col(p),
         ),
         gathers=Gathers(
@@ -573,6 +586,7 @@ def emit(spec: KernelSpec) -> KernelSource:
                      if ctx.tile.persistent else 0),
         cooperative=ctx.split is not None and ctx.split.in_kernel,
         stream_k=ctx.streamk is not None,
+        grid_cluster=ctx.tile.cluster,
         **rows,
     )
     reduce = None

@@ -80,6 +80,7 @@ class Flags(NamedTuple):
     dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
     dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
+    cluster: int = 1  # a TmaWgmma kind's blocks a cluster (with tma=True)
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -201,6 +202,12 @@ class TmaWgmma(MainLoop):
     # one drains its accumulators while the other multiplies (CUTLASS's "ping-pong" schedule);
     # the cooperative default splits one tile's rows between them, and both drain at once.
     pingpong: bool = False
+    # cluster (fprop): blocks launched as thread-block clusters of this many (1 or 2), side by
+    # side along M with the same N tile: each block's copy engine reads 1/cluster of the
+    # weights' tile and multicasts it to every block of the cluster, so the weights cross from
+    # L2 once a cluster, not once a block.  A stage is freed once every block's consumers
+    # have read it, since the next multicast writes it in all of them.
+    cluster: int = 1
 
     def __post_init__(self) -> None:
         for name in ("persistent", "pingpong"):
@@ -209,10 +216,13 @@ class TmaWgmma(MainLoop):
         if self.pingpong and not self.persistent:
             raise ValueError("TmaWgmma(pingpong=True) hands a persistent block's tiles to its warpgroups in "
                              "turn: it needs persistent=True")
+        if as_int("TmaWgmma.cluster", self.cluster) not in (1, 2):
+            raise ValueError(f"TmaWgmma.cluster must be 1 or 2 blocks, got {self.cluster}")
 
     @property
     def tag(self) -> str:
-        return "tmapp" if self.pingpong else "tmap" if self.persistent else "tma"
+        return ("tmapp" if self.pingpong else "tmap" if self.persistent else "tma") + \
+            (f"c{self.cluster}" if self.cluster > 1 else "")
 
     def check(self, plan: "Plan") -> None:
         if self.pingpong:
@@ -237,7 +247,7 @@ class TmaWgmma(MainLoop):
                              f"stream-K) itself: plan.split_k must be 1, got {plan.split_k}")
 
     def flags(self) -> Flags:
-        return Flags(tma=True, persistent=self.persistent, pingpong=self.pingpong)
+        return Flags(tma=True, persistent=self.persistent, pingpong=self.pingpong, cluster=self.cluster)
 
     def layout(self) -> str:
         return " " + self.tag
@@ -245,7 +255,9 @@ class TmaWgmma(MainLoop):
     def describe(self, plan: "Plan") -> str:
         return (f", TMA + wgmma: a producer warpgroup and {plan.warps_m // 4} consumer warpgroup(s)"
                 + (", persistent" if self.persistent else "")
-                + (", ping-pong (a tile per warpgroup, in turn)" if self.pingpong else ""))
+                + (", ping-pong (a tile per warpgroup, in turn)" if self.pingpong else "")
+                + (f", clusters of {self.cluster} blocks sharing the weights' tile (TMA multicast)"
+                   if self.cluster > 1 else ""))
 
 
 # A TmaHalo tile is 128 positions: 128 / pitch rows on a grid of `pitch` columns.  The pitches
@@ -545,7 +557,8 @@ KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, TmaHalo, HaloTile,
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
                tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
-               dw_rows: Any = 0, halo_pitch: Any = 0, dw_interleave: Any = False, *, staged: bool = False) -> MainLoop:
+               dw_rows: Any = 0, halo_pitch: Any = 0, cluster: Any = 1, dw_interleave: Any = False, *,
+               staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
@@ -555,6 +568,9 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
+    if as_int("plan.cluster", cluster) != 1 and (not tma or as_int("plan.halo_pitch", halo_pitch)):
+        raise ValueError(f"plan.cluster={cluster} launches the TMA main loop's blocks as clusters: it needs "
+                         "plan.tma=True and no halo_pitch")
     if as_int("plan.halo_pitch", halo_pitch):
         if not tma or wgmma or flat or tile_w or persistent or pingpong or warps_k != 1 or tiles != 1 or depthwise:
             raise ValueError(f"plan.halo_pitch={halo_pitch} names the TMA halo loop: tma=True and no other flag")
@@ -589,7 +605,7 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
     if pingpong and not persistent:
         raise ValueError("plan.pingpong=True names a persistent ping-pong TMA main loop: it needs plan.persistent=True")
     if tma:
-        return TmaWgmma(persistent, pingpong)
+        return TmaWgmma(persistent, pingpong, as_int("plan.cluster", cluster))
     if wgmma:
         return Wgmma()
     if flat:

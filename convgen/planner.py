@@ -345,6 +345,9 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         if why is None and plan.loop.persistent and pass_ is Pass.WGRAD and (geometry.groups > 1 or plan.loop.pingpong):
             why = ("runs wgrad persistent (TmaWgmma(persistent=True): stream-K) on dense layers with cooperative "
                    "consumer warpgroups only: no groups, no ping-pong")
+        if why is None and plan.loop.cluster > 1 and pass_ is not Pass.FPROP:
+            why = (f"launches clusters (TmaWgmma.cluster={plan.loop.cluster}) in fprop only, whose blocks side by "
+                   f"side along M share the weights' tile; {pass_.value} keeps cluster=1")
         if why is None:
             why = tma_group_tile(geometry, pass_, plan.block_m, plan.block_n)
         if why:

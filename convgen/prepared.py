@@ -211,8 +211,9 @@ class PreparedConv:
         if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
 
-            self._maps = TmaMaps(kp, pass_, splan.block_m, splan.block_n, self.mma_dtype,
-                                 splan.loop.flags().halo_pitch)
+            flags = splan.loop.flags()
+            self._maps = TmaMaps(kp, pass_, splan.block_m, splan.block_n, self.mma_dtype, flags.halo_pitch,
+                                 flags.cluster)
 
     @property
     def workspace_elems(self) -> int:

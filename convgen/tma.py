@@ -168,17 +168,18 @@ class TmaMaps:
     """One prepared op's tensor maps of its two inputs, in the op's argument order (fprop:
     x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring).  ``dtype``:
     the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16; ``halo_pitch``: a
-    TmaHalo plan's pitch (0 for the im2col TMA loop)."""
+    TmaHalo plan's pitch (0 for the im2col TMA loop); ``cluster``: a TmaWgmma plan's blocks a
+    cluster, each of which copies 1 / cluster of fprop's weight tile (and multicasts it)."""
 
     def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int, dtype: str = "float16",
-                 halo_pitch: int = 0) -> None:
+                 halo_pitch: int = 0, cluster: int = 1) -> None:
         t = dtype
         if halo_pitch:  # the TMA halo kind: a tile's halo a box; w as fprop's [K][R*S*C] in both passes
             self._make_a = lambda ptr: halo_map(ptr, problem, pass_, halo_pitch, t)
             self._make_b = lambda ptr: weight_map(ptr, problem, block_n, t)
         elif pass_ is Pass.FPROP:
             self._make_a = lambda ptr: im2col_map(ptr, problem, block_m, t)
-            self._make_b = lambda ptr: weight_map(ptr, problem, block_n, t)
+            self._make_b = lambda ptr: weight_map(ptr, problem, block_n // cluster, t)
         elif pass_ is Pass.DGRAD:
             self._make_a = lambda ptr: dgrad_im2col_maps(ptr, problem, block_m, t)
             self._make_b = lambda ptr: dgrad_weight_map(ptr, problem, t)

@@ -4,6 +4,7 @@
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py halo   # the TmaHalo cases only
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py streamk   # stream-K wgrad only
+    compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py cluster   # clusters of two (fprop)
 
 Small shapes with M, N and padding tails, both consumer counts, all three passes (dgrad
 strided too, wgrad
@@ -66,13 +67,25 @@ STREAM_K_CASES = [
     (ConvProblem(14, 14, 128, 256, 3, 3, 1, 1, 1, n=8), Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))),
     (ConvProblem(7, 7, 256, 512, 3, 3, 1, 1, 1, n=2), Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))),
 ]
+# Clusters of two (fprop): an odd number of M tiles (a block past them), a channel tail (the
+# 3-D weight map's multicast), persistent and ping-pong walking several runs of two tiles.
+CLUSTER_CASES = [
+    (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(cluster=2))),
+    (ConvProblem(9, 11, 96, 48, 3, 3, 1, 1, 1, n=2), Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma(cluster=2))),
+    (ConvProblem(24, 24, 64, 72, 3, 3, 1, 1, 1, n=64),
+     Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, cluster=2))),
+    (ConvProblem(24, 24, 64, 136, 3, 3, 1, 1, 1, n=64),
+     Plan(128, 128, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, cluster=2))),
+]
 if sys.argv[1:] == ["halo"]:
     CASES, WGRAD_CASES, DGRAD_CASES = HALO_CASES, [], HALO_CASES
 elif sys.argv[1:] == ["streamk"]:
     CASES, WGRAD_CASES, DGRAD_CASES = [], STREAM_K_CASES, []
+elif sys.argv[1:] == ["cluster"]:
+    CASES, WGRAD_CASES, DGRAD_CASES = CLUSTER_CASES, [], []
 else:
     WGRAD_CASES = WGRAD_CASES + STREAM_K_CASES
-    CASES, DGRAD_CASES = CASES + HALO_CASES, DGRAD_CASES + HALO_CASES
+    CASES, DGRAD_CASES = CASES + HALO_CASES + CLUSTER_CASES, DGRAD_CASES + HALO_CASES
 
 rng = np.random.default_rng(7)
 geo = lambda prob: dict(stride=prob.stride, padding=prob.padding, dilation=prob.dilation)  # noqa: E731

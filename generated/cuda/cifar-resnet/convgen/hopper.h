@@ -44,6 +44,28 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   } while (!done);
 }
 
+// ---- thread-block clusters (a TmaWgmma plan's cluster > 1) ----
+// This block's rank within its cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+
+// Every thread of the cluster's blocks, as __syncthreads is for one block: after it, what each
+// block wrote before it (its barriers' initialisation) is visible to the others.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// One arrival on the barrier at the same place in block `rank` of the cluster's shared memory.
+__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n"
+      ::"r"(smem_u32(bar)), "r"(rank) : "memory");
+}
+
 // ---- the tensor memory accelerator: one instruction copies a box, completing on a barrier ----
 __device__ __forceinline__ void tma_prefetch_map(const TmaMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
@@ -56,12 +78,30 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TmaMap* map, unsign
       ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
 }
 
+// The same box written to the same place in the shared memory of each block of the cluster
+// that `blocks` has a bit for, each copy completing on that block's barrier at `bar`'s place.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TmaMap* map, unsigned long long* bar, int c0,
+                                                      int c1, unsigned short blocks) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%3, %4}], [%2], %5;\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(blocks) : "memory");
+}
+
 // A tiled box of a 3-D tensor, its corner at (c0 innermost, c1, c2).
 __device__ __forceinline__ void tma_load_3d(void* dst, const TmaMap* map, unsigned long long* bar, int c0, int c1,
                                             int c2) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
       ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d_multicast(void* dst, const TmaMap* map, unsigned long long* bar, int c0,
+                                                      int c1, int c2, unsigned short blocks) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+      "[%0], [%1, {%3, %4, %5}], [%2], %6;\n"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(blocks) : "memory");
 }
 
 // A tiled box of a 4-D tensor (NHWC x as channels, columns, rows, image), its corner at

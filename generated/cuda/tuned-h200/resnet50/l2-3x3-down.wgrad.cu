@@ -204,6 +204,11 @@ __device__ __forceinline__ Ring ring_init(unsigned char* smem_raw, unsigned read
   return ring;
 }
 
+// A consumer warpgroup gives stage s back to the producer.
+__device__ __forceinline__ void release(const Ring& ring, int s) {
+  mbar_arrive(&ring.empty[s]);
+}
+
 // Where a loop over the ring stands: the next stage, and the parity its barrier completes
 // with on this pass over the ring.  A block that computes several tiles carries it from
 // one tile's reduction to the next, so the producer runs on into the next tile's stages.
@@ -244,7 +249,7 @@ __device__ __forceinline__ void consume(const Ring& ring, RingPos& pos, int step
     mma(static_cast<const unsigned char*>(ring.stage(pos.stage)));
     wgmma_commit();
     wgmma_wait<1>();
-    if (step > 0 && threadIdx.x % 128 == 0) mbar_arrive(&ring.empty[(pos.stage + RING - 1) % RING]);
+    if (step > 0 && threadIdx.x % 128 == 0) release(ring, (pos.stage + RING - 1) % RING);
     pos.next();
   }
   wgmma_wait<0>();

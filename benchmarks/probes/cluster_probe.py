@@ -1,0 +1,39 @@
+"""Probe: `convgen bench` (or any convgen command) with every fprop plan of the TMA loop that the
+planner makes (TmaWgmma, cluster 1) replaced by its twin in clusters of two
+(TmaWgmma.cluster = 2: two blocks side by side along M sharing each stage's weight tile by TMA
+multicast) where CLUSTER=1.  CLUSTER=0 (the default) leaves the planner alone.  It wraps
+convgen.planner.plan in this process only.  Run it once per setting, with separate
+CONVGEN_CACHE_DIRs and --out folders, and compare the two with scripts/bench_compare.py:
+
+    CLUSTER=1 CONVGEN_TUNED=0 CONVGEN_CACHE_DIR=/tmp/cl python3 benchmarks/probes/cluster_probe.py \\
+        bench --suite large --pass fprop --out /tmp/cl
+
+(benchmarks/NOTES.md, forty-second session.)"""
+import dataclasses
+import os
+import sys
+
+import convgen.planner as planner
+from convgen.ir import Pass
+from convgen.mainloop import TmaWgmma
+
+CLUSTER = os.environ.get("CLUSTER", "0")
+if CLUSTER not in ("0", "1"):
+    sys.exit(f"cluster_probe: CLUSTER must be 0 or 1, got {CLUSTER!r}")
+_plan = planner.plan
+
+
+def plan(problem, pass_, target=None, in_dtype="float16", **kw):
+    p = _plan(problem, pass_, target, in_dtype, **kw)
+    if CLUSTER == "0" or Pass.parse(pass_) is not Pass.FPROP or not isinstance(p.loop, TmaWgmma):
+        return p
+    return dataclasses.replace(p, loop=dataclasses.replace(p.loop, cluster=2),
+                               reasons=p.reasons + ("cluster_probe: in clusters of 2 (TMA multicast of the weights)",))
+
+
+planner.plan = plan
+
+if __name__ == "__main__":
+    from convgen.cli import main
+
+    sys.exit(main(sys.argv[1:]))
