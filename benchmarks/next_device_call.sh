@@ -5,6 +5,8 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42c  # on a short budget: the changed parts' GPU tests, the
+#                     # cluster sanitizers, one cluster A/B run (about 8 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh cluster  # clusters of two (TmaWgmma.cluster): checked, then
 #                     # the planner's fprop against its cluster twins on large and resnet50, twice
 #   COMMIT=... OUT=... [README_SUITES="..."] bash benchmarks/next_device_call.sh readme  # on an H200: README's table
@@ -598,8 +600,13 @@ cluster() {  # thread-block clusters of two sharing the weights' tile (TmaWgmma.
             python3 benchmarks/probes/sanitize_tma.py cluster > "$OUT/cluster-sanitize-$tool.log" 2>&1
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/cluster-sanitize-$tool.log" | sort | uniq -c | head -6
     done
+    cluster_ab "${CLUSTER_RUNS:-2}"
+    (cd "$OUT" && tar czf cluster.tgz cluster cluster-sanitize-*.log && rm -rf cluster cluster-sanitize-*.log)
+}
+
+cluster_ab() {  # RUNS: the planner's fprop against its twins in clusters of two, on large and resnet50
     mkdir -p "$OUT/cluster"
-    for run in 1 2; do
+    for run in $(seq "$1"); do
         for s in large resnet50; do
             for k in 0 1; do
                 CLUSTER=$k CONVGEN_CACHE_DIR=/tmp/cg-cl$k timeout 80 python3 benchmarks/probes/cluster_probe.py bench \
@@ -610,6 +617,20 @@ cluster() {  # thread-block clusters of two sharing the weights' tile (TmaWgmma.
             tail -3 "$OUT/cluster/compare-$s-$run.txt"
         done
     done
+}
+
+s42c() {  # what changed since the last whole suite, on a short budget (about 8 min): the GPU tests of the
+    # cluster twins, the depthwise fitted tiles and spare lanes, packed-wgrad tuning and tuning on first use; the
+    # cluster sanitizers; one cluster A/B run
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-cl timeout 200 $PYTEST tests/test_tma_cluster_gpu.py tests/test_depthwise_gpu.py \
+        tests/test_group_pack_gpu.py tests/test_autotune_gpu.py 2>&1 | tee "$OUT/s42c-gpu-tests.log" | tail -4
+    for tool in memcheck racecheck; do
+        CONVGEN_CACHE_DIR=/tmp/cg-cl timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
+            python3 benchmarks/probes/sanitize_tma.py cluster > "$OUT/cluster-sanitize-$tool.log" 2>&1
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/cluster-sanitize-$tool.log" | sort | uniq -c | head -6
+    done
+    cluster_ab 1
     (cd "$OUT" && tar czf cluster.tgz cluster cluster-sanitize-*.log && rm -rf cluster cluster-sanitize-*.log)
 }
 
@@ -631,6 +652,7 @@ readme() {  # README's table re-measured (same-work bench, planner defaults): th
 case "${1:-}" in
     readme) readme ;;
     cluster) cluster ;;
+    s42c) s42c ;;
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;
