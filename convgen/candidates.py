@@ -174,14 +174,15 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)  # untimed here: last
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER] + wgmma_plans + pointwise + exact
             + late + fits  # the most slices first
-            + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen)
-            + _cluster_twins(problem, pass_, target, in_dtype, out, seen))
+            + _cluster_twins(problem, pass_, target, in_dtype, out, seen)
+            + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
 # Thread-block clusters (TmaWgmma.cluster = 2, fprop): the twins of the default and of the first
 # TMA candidates, two blocks side by side along M sharing each stage's weight tile by TMA
-# multicast.  Offered last, so tuning on first use (autotune.CANDIDATES) never reaches them:
-# they have not yet run on a GPU (forty-second session); `convgen tune` times them.
+# multicast.  Offered after the others, with only the untimed TMA halo slices behind them, so
+# tuning on first use (autotune.CANDIDATES) never reaches them: they have not yet run on a GPU
+# (forty-second session); `convgen tune` times them.
 CLUSTER_PER_LAYER = 4
 
 

@@ -12,7 +12,7 @@ from convgen import autotune
 from convgen.candidates import candidates
 from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass, Target
-from convgen.mainloop import TmaWgmma
+from convgen.mainloop import TmaHalo, TmaWgmma
 from convgen.planner import check_plan, make_spec
 from convgen.spec import Plan
 from convgen.tools.sass import find_cuobjdump, kernel_sass
@@ -75,12 +75,15 @@ def test_kernel_shares_the_weight_tile_between_the_clusters_blocks():
 
 
 def test_twins_are_offered_last_in_fprop_only():
-    """After every other candidate, so tuning on first use (its first autotune.CANDIDATES)
-    never times a kernel no GPU has run yet; the default's twin first."""
-    for problem in (LAYER, ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64)):
+    """After every other candidate but the untimed TMA halo slices, so tuning on first use (its
+    first autotune.CANDIDATES) never times a kernel no GPU has run yet; the default's twin first."""
+    for problem in (LAYER, ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64),
+                    ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=64)):  # the last also offers halo slices
         plans = candidates(problem, Pass.FPROP, SM90)
         twins = [i for i, p in enumerate(plans) if isinstance(p.loop, TmaWgmma) and p.loop.cluster == 2]
-        assert twins and twins == list(range(len(plans) - len(twins), len(plans)))
+        after = plans[twins[-1] + 1:] if twins else []
+        assert twins and twins == list(range(twins[0], twins[0] + len(twins)))
+        assert all(isinstance(p.loop, TmaHalo) for p in after)
         assert min(twins) >= autotune.CANDIDATES
         first = plans[twins[0]]
         assert dataclasses.replace(first, loop=dataclasses.replace(first.loop, cluster=1), reasons=()) == \
