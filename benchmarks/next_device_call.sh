@@ -619,6 +619,16 @@ cluster_ab() {  # RUNS: the planner's fprop against its twins in clusters of two
     done
 }
 
+s42min() {  # the least worth a short lease (about 4 min): the cluster twins' and the depthwise fitted tiles' GPU
+    # tests, then racecheck on the cluster cases
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-cl timeout 170 $PYTEST tests/test_tma_cluster_gpu.py tests/test_depthwise_gpu.py \
+        -k "cluster or fitted or variations" 2>&1 | tee "$OUT/s42min-gpu-tests.log" | tail -4
+    CONVGEN_CACHE_DIR=/tmp/cg-cl timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool racecheck \
+        python3 benchmarks/probes/sanitize_tma.py cluster > "$OUT/cluster-sanitize-racecheck.log" 2>&1
+    grep -E "RACECHECK SUMMARY|differ" "$OUT/cluster-sanitize-racecheck.log" | sort | uniq -c | head -6
+}
+
 s42c() {  # what changed since the last whole suite, on a short budget (about 8 min): the GPU tests of the
     # cluster twins, the depthwise fitted tiles and spare lanes, packed-wgrad tuning and tuning on first use; the
     # cluster sanitizers; one cluster A/B run
@@ -653,6 +663,7 @@ case "${1:-}" in
     readme) readme ;;
     cluster) cluster ;;
     s42c) s42c ;;
+    s42min) s42min ;;
     s39a) s39a ;;
     s39b) s39b ;;
     s39c) s39c ;;
