@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The next device calls, as benchmarks/NOTES.md (forty-first session) lists them.  Each part fits
+# The next device calls, as benchmarks/NOTES.md (forty-second session) lists them.  Each part fits
 # one call's 10 minutes; run from the repository root on the GPU machine, most urgent first.  Give
 # COMMIT this machine's `git rev-parse --short HEAD` literally: the device's copy of the tree can
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42c  # on a short budget: the changed parts' GPU tests, the
-#                     # cluster sanitizers, one cluster A/B run (about 8 min)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42min  # a short lease (about 4 min): the cluster twins'
+#                     # and the depthwise fitted tiles' GPU tests, racecheck on the cluster cases
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42c  # the changed parts' GPU tests (cluster, depthwise,
+#                     # packed-wgrad and first-use tuning), the cluster sanitizers, one cluster A/B run (about 8 min)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh cluster  # clusters of two (TmaWgmma.cluster): checked, then
 #                     # the planner's fprop against its cluster twins on large and resnet50, twice
-#   COMMIT=... OUT=... [README_SUITES="..."] bash benchmarks/next_device_call.sh readme  # on an H200: README's table
-#                     # (every suite, planner defaults), as many suites as fit; it names those not reached
 #   COMMIT=<this machine's short HEAD> OUT=... bash benchmarks/next_device_call.sh s42   # fitted tiles, the whole-pixel
 #                     # and 48-channel long runs, first-use tuning of packed wgrads: GPU tests, EfficientNet-B0 and
 #                     # ConvNeXt fprop/dgrad tuned
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh suite      # whole GPU suite: last passed whole at 40d7cdc (H100)
+#   COMMIT=... OUT=... [README_SUITES="..."] bash benchmarks/next_device_call.sh readme  # on an H200: README's table
+#                     # (every suite, planner defaults), as many suites as fit; it names those not reached
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42b       # MobileNetV2 tuned; EfficientNet fprop autotuned
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-effnet # what bounds the whole-pixel 5x5 fprop rows
 #   (done on the H100 in the fortieth session: s41)
