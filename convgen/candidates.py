@@ -91,12 +91,14 @@ MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several t
 
 
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
-               limit: int = 48, wgmma: bool = False) -> list[Plan]:
+               limit: int = 48, wgmma: bool = False, clusters: bool = False) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
     variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
     (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
     plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
-    WMMA plans on every suite layer (benchmarks/NOTES.md)."""
+    WMMA plans on every suite layer (benchmarks/NOTES.md).  `clusters` adds fprop's TMA plans
+    in thread-block clusters of two: opt-in until a GPU has run them (a fault in their
+    barrier protocol would hang the tuning run)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise_variations.py)
@@ -174,15 +176,15 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)  # untimed here: last
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER] + wgmma_plans + pointwise + exact
             + late + fits  # the most slices first
-            + _cluster_twins(problem, pass_, target, in_dtype, out, seen)
+            + (_cluster_twins(problem, pass_, target, in_dtype, out, seen) if clusters else [])
             + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
 # Thread-block clusters (TmaWgmma.cluster = 2, fprop): the twins of the default and of the first
 # TMA candidates, two blocks side by side along M sharing each stage's weight tile by TMA
-# multicast.  Offered after the others, with only the untimed TMA halo slices behind them, so
-# tuning on first use (autotune.CANDIDATES) never reaches them: they have not yet run on a GPU
-# (forty-second session); `convgen tune` times them.
+# multicast.  Offered only when asked for (`convgen tune --clusters`), after the others, with
+# only the untimed TMA halo slices behind them, so tuning on first use (autotune.CANDIDATES)
+# never reaches them: they have not yet run on a GPU (forty-second session).
 CLUSTER_PER_LAYER = 4
 
 

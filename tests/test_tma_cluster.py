@@ -74,12 +74,14 @@ def test_kernel_shares_the_weight_tile_between_the_clusters_blocks():
     assert "CLUSTER" not in plain and "cluster_" not in plain and "multicast" not in plain
 
 
-def test_twins_are_offered_last_in_fprop_only():
-    """After every other candidate but the untimed TMA halo slices, so tuning on first use (its
-    first autotune.CANDIDATES) never times a kernel no GPU has run yet; the default's twin first."""
+def test_twins_are_offered_when_asked_for_last_and_in_fprop_only():
+    """Only when asked for (`convgen tune --clusters`) until a GPU has run them, then after every
+    other candidate but the untimed TMA halo slices, so tuning on first use (its first
+    autotune.CANDIDATES) never times them; the default's twin first."""
     for problem in (LAYER, ConvProblem(14, 14, 1024, 256, 1, 1, 1, 0, 1, n=64),
                     ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=64)):  # the last also offers halo slices
-        plans = candidates(problem, Pass.FPROP, SM90)
+        assert not any(getattr(p.loop, "cluster", 1) > 1 for p in candidates(problem, Pass.FPROP, SM90))
+        plans = candidates(problem, Pass.FPROP, SM90, clusters=True)
         twins = [i for i, p in enumerate(plans) if isinstance(p.loop, TmaWgmma) and p.loop.cluster == 2]
         after = plans[twins[-1] + 1:] if twins else []
         assert twins and twins == list(range(twins[0], twins[0] + len(twins)))
@@ -89,7 +91,7 @@ def test_twins_are_offered_last_in_fprop_only():
         assert dataclasses.replace(first, loop=dataclasses.replace(first.loop, cluster=1), reasons=()) == \
             dataclasses.replace(plans[0], reasons=())
         for pass_ in (Pass.DGRAD, Pass.WGRAD):
-            assert not any(getattr(p.loop, "cluster", 1) > 1 for p in candidates(problem, pass_, SM90))
+            assert not any(getattr(p.loop, "cluster", 1) > 1 for p in candidates(problem, pass_, SM90, clusters=True))
 
 
 CUOBJDUMP = find_cuobjdump()

@@ -49,7 +49,8 @@ def _compile_one(args: tuple[str, str]) -> None:
 
 
 def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20,
-               wgmma: bool = False, bias: bool = True, layer: ConvProblem | None = None) -> list[dict[str, Any]]:
+               wgmma: bool = False, bias: bool = True, layer: ConvProblem | None = None,
+               clusters: bool = False) -> list[dict[str, Any]]:
     """Time every candidate on random data; returns one row per candidate, fastest first
     among those whose output matches the default plan's.  ``bias``: fprop adds a bias and
     wgrad computes db beside dW (False: the same-work bench's rows, conv(x, w) and dW alone).
@@ -93,7 +94,7 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     def as_np(out):
         return cp.asnumpy(out).astype(np.float64)
 
-    plans = candidates(problem, pass_, target, wgmma=wgmma)
+    plans = candidates(problem, pass_, target, wgmma=wgmma, clusters=clusters)
     with scope(plans[0]):
         ref = as_np(run(plans[0]))  # the default plan: what the library runs untuned, so its failure is the caller's
     rows = []
@@ -181,6 +182,8 @@ def add_parser(sub: Any) -> None:
                         "(convolutions that feed a BatchNorm have no bias); by default both are timed with it")
     p.add_argument("--wgmma", action="store_true",
                    help="also time warpgroup-MMA plans (sm_90; slower than the WMMA plans so far)")
+    p.add_argument("--clusters", action="store_true",
+                   help="also time fprop's TMA plans in thread-block clusters of two (sm_90; not yet run on a GPU)")
     p.set_defaults(func=cmd_tune)
 
 
@@ -221,7 +224,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         epi = Epilogue(bias=pass_ is not Pass.DGRAD and not args.no_bias)
         whole = called.get((layer.problem.geometry, pass_))  # its kernel then stores each filter's own channels
         pack = whole.groups // layer.problem.groups if whole is not None and pass_ is Pass.WGRAD else 1
-        for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma):
+        for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma, clusters=args.clusters):
             src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p, pack=pack))
             sources.append((src.source, src.compile_arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -229,7 +232,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     dev = timing.CudaDevice(cp, cp.cuda.get_current_stream())
     bias = not args.no_bias
     measure = lambda problem, pass_: tune_layer(problem, pass_, dev, target, args.reps,  # noqa: E731
-                                                wgmma=args.wgmma, bias=bias, layer=called.get((problem.geometry, pass_)))
+                                                wgmma=args.wgmma, bias=bias, layer=called.get((problem.geometry, pass_)),
+                                                clusters=args.clusters)
     path = Path(args.db) if args.db else tuning_db.user_db_path()
     entries = tune_and_record(work, measure, target, gpu_name, path, args.log, bias)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")
