@@ -73,6 +73,43 @@ def poison_outputs():
 
 
 @pytest.fixture
+def tma_encodes(monkeypatch):
+    """convgen.tma's driver replaced by one that records each tensor map it is asked for (no GPU
+    needed): a list of dicts of the map's data type, base address and box (an im2col map's
+    box as [channels, pixels])."""
+    from convgen import tma
+
+    encodes: list[dict] = []
+
+    class Names:  # an enum class of cuda-bindings: each member is its own name
+        def __getattr__(self, name):
+            return name
+
+    def answer(**kw):
+        encodes.append(kw)
+        return 0, type("Map", (), {"opaque": [0] * 16})()
+
+    class FakeDriver:
+        CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = Names()
+        CUtensorMapL2promotion = CUtensorMapFloatOOBfill = Names()
+        cuuint64_t = cuuint32_t = staticmethod(int)
+
+        class CUresult:
+            CUDA_SUCCESS = 0
+
+        @staticmethod
+        def cuTensorMapEncodeTiled(dtype, rank, ptr, dims, strides, box, *rest):
+            return answer(dtype=dtype, ptr=ptr, box=list(box))
+
+        @staticmethod
+        def cuTensorMapEncodeIm2col(dtype, rank, ptr, dims, strides, lower, upper, channels, pixels, *rest):
+            return answer(dtype=dtype, ptr=ptr, box=[channels, pixels])
+
+    monkeypatch.setattr(tma, "_driver", lambda: FakeDriver)
+    return encodes
+
+
+@pytest.fixture
 def one_sm(monkeypatch):
     """The runtime's target with one SM: a persistent grid of one or two blocks walks every
     tile (kernel and call caches of its own, since neither is keyed by the SM count)."""

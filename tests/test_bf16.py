@@ -139,38 +139,17 @@ def test_a_plan_reading_the_other_16_bit_type_is_refused():
                   plan_=Plan(128, 64, 32, 4, 1, 3, 8, 8, "float16", "bfloat16"))
 
 
-def test_bf16_tma_maps_name_the_bfloat16_data_type(monkeypatch):
+def test_bf16_tma_maps_name_the_bfloat16_data_type(tma_encodes):
     """The copy engine's maps of a bf16 kernel hold BFLOAT16 (the same 2-byte strides)."""
     from convgen import tma
 
-    seen = []
-
-    class Enum:
-        def __getattr__(self, name):
-            return name
-
-    class FakeDriver:
-        CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = Enum()
-        CUtensorMapL2promotion = CUtensorMapFloatOOBfill = Enum()
-        cuuint64_t = cuuint32_t = staticmethod(int)
-
-        class CUresult:
-            CUDA_SUCCESS = 0
-
-        @staticmethod
-        def cuTensorMapEncodeTiled(dtype, *args):
-            seen.append(dtype)
-            return 0, type("M", (), {"opaque": [0] * 16})()
-
-        cuTensorMapEncodeIm2col = cuTensorMapEncodeTiled
-
-    monkeypatch.setattr(tma, "_driver", lambda: FakeDriver)
     for pass_ in Pass:
         maps = tma.TmaMaps(P, pass_, 64, 64, "bfloat16")
         maps.a(256), maps.b(512)
+    seen = [e["dtype"] for e in tma_encodes]
     assert seen and set(seen) == {"CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
     tma.TmaMaps(P, Pass.FPROP, 64, 64).a(256)
-    assert seen[-1] == "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
+    assert tma_encodes[-1]["dtype"] == "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
 
 
 def test_front_end_dtypes():

@@ -114,41 +114,19 @@ def test_nvrtc_compiles_one_multicast_copy_of_the_weights(layer, plan):
     assert sass.local == 0 and sass.stack == 0
 
 
-def test_each_block_maps_its_part_of_the_weight_tile(monkeypatch):
+def test_each_block_maps_its_part_of_the_weight_tile(tma_encodes):
     """The weight map's box is BN / 2 filters (a block copies half of each B tile and
     multicasts it), the activations' im2col box is the whole BM: a wrong box would bring
     other byte counts than the stage's barrier expects, and the kernel would hang."""
     from convgen import tma
 
-    boxes = {}
+    def boxes():
+        return {e["ptr"]: e["box"] for e in tma_encodes}
 
-    class Enum:
-        def __getattr__(self, name):
-            return name
-
-    class FakeDriver:
-        CUtensorMapDataType = CUtensorMapInterleave = CUtensorMapSwizzle = Enum()
-        CUtensorMapL2promotion = CUtensorMapFloatOOBfill = Enum()
-        cuuint64_t = cuuint32_t = staticmethod(int)
-
-        class CUresult:
-            CUDA_SUCCESS = 0
-
-        @staticmethod
-        def cuTensorMapEncodeTiled(dtype, rank, ptr, dims, strides, box, *rest):
-            boxes[ptr] = list(box)
-            return 0, type("M", (), {"opaque": [0] * 16})()
-
-        @staticmethod
-        def cuTensorMapEncodeIm2col(dtype, rank, ptr, dims, strides, lower, upper, channels, pixels, *rest):
-            boxes[ptr] = [channels, pixels]
-            return 0, type("M", (), {"opaque": [0] * 16})()
-
-    monkeypatch.setattr(tma, "_driver", lambda: FakeDriver)
     for cluster, ptr in ((1, 1024), (2, 2048)):
         maps = tma.TmaMaps(LAYER, Pass.FPROP, 128, 128, cluster=cluster)
         maps.a(ptr), maps.b(ptr + 512)
-        assert boxes[ptr] == [64, 128] and boxes[ptr + 512] == [64, 128 // cluster]
+        assert boxes()[ptr] == [64, 128] and boxes()[ptr + 512] == [64, 128 // cluster]
     tail = dataclasses.replace(LAYER, c=96)  # w as (C, R*S, K): a box of 64 channels, one tap, BN / 2 filters
     tma.TmaMaps(tail, Pass.FPROP, 128, 128, cluster=2).b(4096)
-    assert boxes[4096] == [64, 1, 64]
+    assert boxes()[4096] == [64, 1, 64]
