@@ -13,27 +13,23 @@ import dataclasses
 import os
 import sys
 
-import convgen.planner as planner
 from convgen.ir import Pass
 from convgen.mainloop import TmaWgmma
+from plan_swap import run_cli, swap_plans
 
 CLUSTER = os.environ.get("CLUSTER", "0")
 if CLUSTER not in ("0", "1"):
     sys.exit(f"cluster_probe: CLUSTER must be 0 or 1, got {CLUSTER!r}")
-_plan = planner.plan
 
 
-def plan(problem, pass_, target=None, in_dtype="float16", **kw):
-    p = _plan(problem, pass_, target, in_dtype, **kw)
+def swap(p, problem, pass_, target, in_dtype):
     if CLUSTER == "0" or Pass.parse(pass_) is not Pass.FPROP or not isinstance(p.loop, TmaWgmma):
         return p
     return dataclasses.replace(p, loop=dataclasses.replace(p.loop, cluster=2),
                                reasons=p.reasons + ("cluster_probe: in clusters of 2 (TMA multicast of the weights)",))
 
 
-planner.plan = plan
+swap_plans(swap)
 
 if __name__ == "__main__":
-    from convgen.cli import main
-
-    sys.exit(main(sys.argv[1:]))
+    run_cli()

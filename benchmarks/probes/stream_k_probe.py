@@ -15,15 +15,14 @@ import sys
 
 import convgen.planner as planner
 from convgen.ir import Pass
+from plan_swap import run_cli, swap_plans
 
 STREAMK = os.environ.get("STREAMK", "0")
 if STREAMK not in ("0", "1"):
     sys.exit(f"stream_k_probe: STREAMK must be 0 or 1, got {STREAMK!r}")
-_plan = planner.plan
 
 
-def plan(problem, pass_, target=None, in_dtype="float16", **kw):
-    p = _plan(problem, pass_, target, in_dtype, **kw)
+def swap(p, problem, pass_, target, in_dtype):
     if STREAMK == "0" or Pass.parse(pass_) is not Pass.WGRAD or not p.tma or problem.groups > 1:
         return p
     from convgen.candidates import _stream_k_candidates
@@ -32,9 +31,7 @@ def plan(problem, pass_, target=None, in_dtype="float16", **kw):
     return offered[0] if offered else p
 
 
-planner.plan = plan
+swap_plans(swap)
 
 if __name__ == "__main__":
-    from convgen.cli import main
-
-    sys.exit(main(sys.argv[1:]))
+    run_cli()
