@@ -157,9 +157,8 @@ def _grid_text(l: Launch) -> dict[str, Any]:
     cl = l.grid_cluster
     if cl > 1:  # whole clusters: x rounded up to them, the blocks a persistent grid holds down
         x = f"ceil({x} / {cl}) * {cl}"
-    blocks = max(cl, l.grid_blocks // cl * cl)
     if l.grid_blocks:
-        return {"x": f"min({x} * {l.grid_n_tiles}, {blocks})", "y": 1, "z": l.grid_z}
+        return {"x": f"min({x} * {l.grid_n_tiles}, {max(cl, l.grid_blocks // cl * cl)})", "y": 1, "z": l.grid_z}
     return {"x": x, "y": l.grid_n_tiles, "z": l.grid_z}
 
 
