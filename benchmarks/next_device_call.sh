@@ -5,6 +5,11 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43   # what no GPU has run (about 7 min): the TMA store's,
+#                     # the cluster twins', the depthwise tiles', packed-wgrad and first-use tuning GPU tests; memcheck
+#                     # and racecheck on the store's and the clusters' cases
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43ab  # the store twins and the cluster twins against the
+#                     # planner's fprop on large and resnet50 (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42min  # a short lease (about 4 min): the cluster twins'
 #                     # and the depthwise fitted tiles' GPU tests, racecheck on the cluster cases
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42c  # the changed parts' GPU tests (cluster, depthwise,
@@ -606,19 +611,47 @@ cluster() {  # thread-block clusters of two sharing the weights' tile (TmaWgmma.
     (cd "$OUT" && tar czf cluster.tgz cluster cluster-sanitize-*.log && rm -rf cluster cluster-sanitize-*.log)
 }
 
-cluster_ab() {  # RUNS: the planner's fprop against its twins in clusters of two, on large and resnet50
-    mkdir -p "$OUT/cluster"
-    for run in $(seq "$1"); do
+twin_ab() {  # TWIN RUNS: the planner's fprop against its TWIN twins (tma_twin_probe.py), on large and resnet50
+    mkdir -p "$OUT/$1"
+    for run in $(seq "$2"); do
         for s in large resnet50; do
-            for k in 0 1; do
-                CLUSTER=$k CONVGEN_CACHE_DIR=/tmp/cg-cl$k timeout 80 python3 benchmarks/probes/cluster_probe.py bench \
-                    --suite $s --pass fprop $BENCH --out "$OUT/cluster/cl$k-$s-$run" 2>&1 | grep -E "rror|geomean" | head -2
+            for t in none "$1"; do
+                TWIN=$t CONVGEN_CACHE_DIR=/tmp/cg-tw$t timeout 80 python3 benchmarks/probes/tma_twin_probe.py bench \
+                    --suite $s --pass fprop $BENCH --out "$OUT/$1/$t-$s-$run" 2>&1 | grep -E "rror|geomean" | head -2
             done
-            python3 scripts/bench_compare.py "$OUT/cluster/cl0-$s-$run/"*.json "$OUT/cluster/cl1-$s-$run/"*.json \
-                > "$OUT/cluster/compare-$s-$run.txt" 2>&1
-            tail -3 "$OUT/cluster/compare-$s-$run.txt"
+            python3 scripts/bench_compare.py "$OUT/$1/none-$s-$run/"*.json "$OUT/$1/$1-$s-$run/"*.json \
+                > "$OUT/$1/compare-$s-$run.txt" 2>&1
+            tail -3 "$OUT/$1/compare-$s-$run.txt"
         done
     done
+}
+
+cluster_ab() { twin_ab cluster "$1"; }
+
+s43() {  # what no GPU has run (about 7 min): the GPU tests of the TMA store (forty-third session), the cluster
+    # twins, the depthwise fitted tiles and spare lanes, packed-wgrad tuning and tuning on first use; memcheck and
+    # racecheck on the store's and the clusters' cases
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-st timeout 250 $PYTEST tests/test_tma_store_gpu.py tests/test_tma_cluster_gpu.py \
+        tests/test_depthwise_gpu.py tests/test_group_pack_gpu.py tests/test_autotune_gpu.py 2>&1 \
+        | tee "$OUT/s43-gpu-tests.log" | tail -4
+    for case in store cluster; do
+        for tool in memcheck racecheck; do
+            CONVGEN_CACHE_DIR=/tmp/cg-st timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool \
+                --report-api-errors no python3 benchmarks/probes/sanitize_tma.py $case > "$OUT/sanitize-$case-$tool.log" 2>&1
+            echo "$case $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-$case-$tool.log" \
+                | sort | uniq -c | head -6 | tr '\n' ' ')"
+        done
+    done
+    (cd "$OUT" && tar czf sanitize.tgz sanitize-*.log && rm -f sanitize-*.log)
+}
+
+s43ab() {  # the planner's fprop against its store twins and its cluster twins, on large and resnet50, once each
+    # (about 9 min)
+    install
+    twin_ab store 1
+    twin_ab cluster 1
+    (cd "$OUT" && tar czf twins.tgz store cluster && rm -rf store cluster)
 }
 
 s42min() {  # the least worth a short lease (about 4 min): the cluster twins' and the depthwise fitted tiles' GPU
@@ -665,6 +698,8 @@ case "${1:-}" in
     readme) readme ;;
     cluster) cluster ;;
     s42c) s42c ;;
+    s43) s43 ;;
+    s43ab) s43ab ;;
     s42min) s42min ;;
     s39a) s39a ;;
     s39b) s39b ;;

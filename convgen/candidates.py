@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Callable
+from typing import Any, Callable
 
 from . import depthwise_variations, depthwise_wgrad, stream_k, tma_halo
 from .ir import ConvProblem, Pass, Target
@@ -91,14 +91,16 @@ MULTI_TILE_SHAPES = 2  # a layout's first shapes are also offered with several t
 
 
 def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype: str = "float16",
-               limit: int = 48, wgmma: bool = False, clusters: bool = False) -> list[Plan]:
+               limit: int = 48, wgmma: bool = False, clusters: bool = False, tma_store: bool = False) -> list[Plan]:
     """The default plan first, then halo-path plans where they apply, then feasible
     variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
     (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
     plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
     WMMA plans on every suite layer (benchmarks/NOTES.md).  `clusters` adds fprop's TMA plans
     in thread-block clusters of two: opt-in until a GPU has run them (a fault in their
-    barrier protocol would hang the tuning run)."""
+    barrier protocol would hang the tuning run).  `tma_store` adds fprop's TMA plans that store
+    y through the copy engine, opt-in for the same reason (a fault there would end the run's
+    CUDA context)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise_variations.py)
@@ -176,30 +178,34 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     fits, late = _grid_reduce_twins(problem, pass_, target, in_dtype, base, seen)  # untimed here: last
     return (out[:limit + halo] + sliced[:SLICED_PER_LAYER] + wgmma_plans + pointwise + exact
             + late + fits  # the most slices first
-            + (_cluster_twins(problem, pass_, target, in_dtype, out, seen) if clusters else [])
+            + (_tma_twins(problem, pass_, target, in_dtype, out, seen, {"cluster": 2},
+                          "in clusters of 2 sharing the weights' tile (TMA multicast)") if clusters else [])
+            + (_tma_twins(problem, pass_, target, in_dtype, out, seen, {"tma_store": True},
+                          "y stored by the copy engine (TMA)") if tma_store else [])
             + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
-# Thread-block clusters (TmaWgmma.cluster = 2, fprop): the twins of the default and of the first
-# TMA candidates, two blocks side by side along M sharing each stage's weight tile by TMA
-# multicast.  Offered only when asked for (`convgen tune --clusters`), after the others, with
-# only the untimed TMA halo slices behind them, so tuning on first use (autotune.CANDIDATES)
-# never reaches them: they have not yet run on a GPU (forty-second session).
-CLUSTER_PER_LAYER = 4
+# fprop's TMA plans not yet run on a GPU: the twins of the default and of the first TMA
+# candidates in thread-block clusters of two (TmaWgmma.cluster = 2, forty-second session: two
+# blocks side by side along M share each stage's weight tile by TMA multicast) or storing y
+# through the copy engine (TmaWgmma.tma_store, forty-third session).  Offered only when asked
+# for (`convgen tune --clusters`, `--tma-store`), after the others, with only the untimed TMA
+# halo slices behind them, so tuning on first use (autotune.CANDIDATES) never reaches them.
+TWINS_PER_LAYER = 4
 
 
-def _cluster_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, plans: list[Plan],
-                   seen: set[Plan]) -> list[Plan]:
+def _tma_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, plans: list[Plan],
+               seen: set[Plan], change: dict[str, Any], why: str) -> list[Plan]:
     out: list[Plan] = []
     for p in plans:
-        if len(out) == CLUSTER_PER_LAYER:
+        if len(out) == TWINS_PER_LAYER:
             break
-        if pass_ is not Pass.FPROP or not isinstance(p.loop, TmaWgmma) or p.loop.cluster != 1:
+        if pass_ is not Pass.FPROP or not isinstance(p.loop, TmaWgmma) or \
+                all(getattr(p.loop, k) == v for k, v in change.items()):
             continue
         q = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
-            p, loop=dataclasses.replace(p.loop, cluster=2),
-            reasons=(("the default plan" if p is plans[0] else p.reasons[0]) + ", in clusters of 2 sharing the "
-                     "weights' tile (TMA multicast)",)))
+            p, loop=dataclasses.replace(p.loop, **change),
+            reasons=(("the default plan" if p is plans[0] else p.reasons[0]) + ", " + why,)))
         if q is not None:
             _add_unique(q, seen, out)
     return out

@@ -25,7 +25,7 @@ from .spec import KernelSpec
 from .footprint import (
     EPI_PAD, HALO_LD, a_is_col, b_is_col, drain_group, flat_grid, halo_images, halo_path, halo_pixels, halo_shape, stage_pad,
     resident_blocks, ring_stages, smem_bytes, staged_halo_halves, TMA_HALO_BARRIER_BYTES, TMA_HALO_TAIL_BYTES,
-    TMA_HALO_WEIGHT_BYTES, tma_halo_box_bytes,
+    TMA_HALO_WEIGHT_BYTES, TMA_STORE_WARP_BYTES, tma_halo_box_bytes,
 )
 from .depthwise import DwFacts, facts as dw_facts
 from .mainloop import Depthwise, TmaHalo, TmaWgmma
@@ -228,6 +228,7 @@ class Tile:
     persistent: bool  # a TMA block walks tiles until none are left (TmaWgmma.persistent)
     pingpong: bool  # and its two consumer warpgroups take those tiles in turn (TmaWgmma.pingpong)
     cluster: int  # blocks a thread-block cluster, which share the weights' tile (TmaWgmma.cluster)
+    store_bytes: int  # a warp's shared memory for the copy engine's stores of y (TmaWgmma.tma_store); 0: none
     pad: int  # halves of padding per staged row
     a_col: bool  # A staged [BK][BM] (wgrad's dy^T) rather than [BM][BK]
     b_col: bool  # B staged [BN][BK] (fprop's w) rather than [BK][BN]
@@ -471,6 +472,7 @@ def _context(spec: KernelSpec, be: Arch) -> Context:
             persistent=isinstance(plan.loop, TmaHalo) or isinstance(plan.loop, TmaWgmma) and plan.loop.persistent,
             pingpong=isinstance(plan.loop, TmaWgmma) and plan.loop.pingpong,
             cluster=plan.loop.cluster if isinstance(plan.loop, TmaWgmma) else 1,
+            store_bytes=TMA_STORE_WARP_BYTES if isinstance(plan.loop, TmaWgmma) and plan.loop.tma_store else 0,
             pad=stage_pad(plan), a_col=a_is_col(p), b_col=b_is_col(p),
         ),
         gathers=Gathers(
@@ -523,6 +525,8 @@ def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, .
     if tma:  # the copy engine reads both inputs through tensor maps (convgen/tma.py)
         inputs = tuple(f"{name}_map" for name in inputs)
     out = {Pass.FPROP: "y", Pass.DGRAD: "dx", Pass.WGRAD: "dw"}[p]
+    if ctx.tile.store_bytes:  # the copy engine writes y through a map of it too
+        out = "y_map"
     # A TMA fprop or dgrad reduces its whole K in one block: no split-K workspace.
     workspace = () if tma and p is not Pass.WGRAD else ("workspace",)
     epilogue = (("bias",) if epi.bias_add else ()) + (("residual", "alpha", "beta") if epi.residual else ())

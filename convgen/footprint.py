@@ -25,6 +25,9 @@ SMEM_PAD = 8  # halves added to each staged row: 16 bytes, so ldmatrix rows fall
 # fragment starts at (at 32 bytes, rows i and i + 4 shared banks: 2-way conflicts).
 HALO_LD = FRAG + SMEM_PAD
 EPI_PAD = 8  # floats added to each scratch row: rows 0-3 of a fragment store land in distinct banks
+# A TmaWgmma(tma_store=True) warp's shared memory for the copy engine's stores: two strips of
+# 16 rows x 64 fp16 (or bf16) outputs, one filled while the engine reads the other, or one of fp32.
+TMA_STORE_WARP_BYTES = 4096
 MAX_DRAIN_FRAGS = 4  # a strip of 4 fragments is 64 outputs: one 128-byte line of fp16 per row
 
 
@@ -235,6 +238,8 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     if isinstance(plan.loop, StagedHalo):
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring, or follow it; then barriers
+        if plan.loop.tma_store:  # and each warp's strips in y's dtype, for the copy engine to store
+            strips += plan.warps_m * TMA_STORE_WARP_BYTES
         pipeline = pipeline + strips if plan.loop.persistent else max(pipeline, strips)
         barriers = ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES
         if pass_ is Pass.WGRAD or plan.loop.pingpong:  # and db's reader-done barrier, or ping-pong's two

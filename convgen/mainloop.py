@@ -81,6 +81,7 @@ class Flags(NamedTuple):
     dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
     cluster: int = 1  # a TmaWgmma kind's blocks a cluster (with tma=True)
+    tma_store: bool = False  # a TmaWgmma kind stores y through the copy engine (with tma=True)
 
 
 def _positive(kind: str, name: str, value: Any) -> int:
@@ -208,9 +209,13 @@ class TmaWgmma(MainLoop):
     # L2 once a cluster, not once a block.  A stage is freed once every block's consumers
     # have read it, since the next multicast writes it in all of them.
     cluster: int = 1
+    # tma_store (fprop): each warp converts its drained strip (16 rows x 16*DRAIN_G columns) to
+    # y's dtype in shared memory of its own, and one lane hands it to the copy engine, which
+    # writes the rows and columns inside y; the others' 16-byte stores, one per lane and run, go.
+    tma_store: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("persistent", "pingpong"):
+        for name in ("persistent", "pingpong", "tma_store"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"TmaWgmma.{name} must be a bool, got {getattr(self, name)!r}")
         if self.pingpong and not self.persistent:
@@ -222,7 +227,7 @@ class TmaWgmma(MainLoop):
     @property
     def tag(self) -> str:
         return ("tmapp" if self.pingpong else "tmap" if self.persistent else "tma") + \
-            (f"c{self.cluster}" if self.cluster > 1 else "")
+            (f"c{self.cluster}" if self.cluster > 1 else "") + ("st" if self.tma_store else "")
 
     def check(self, plan: "Plan") -> None:
         if self.pingpong:
@@ -247,7 +252,8 @@ class TmaWgmma(MainLoop):
                              f"stream-K) itself: plan.split_k must be 1, got {plan.split_k}")
 
     def flags(self) -> Flags:
-        return Flags(tma=True, persistent=self.persistent, pingpong=self.pingpong, cluster=self.cluster)
+        return Flags(tma=True, persistent=self.persistent, pingpong=self.pingpong, cluster=self.cluster,
+                     tma_store=self.tma_store)
 
     def layout(self) -> str:
         return " " + self.tag
@@ -257,7 +263,8 @@ class TmaWgmma(MainLoop):
                 + (", persistent" if self.persistent else "")
                 + (", ping-pong (a tile per warpgroup, in turn)" if self.pingpong else "")
                 + (f", clusters of {self.cluster} blocks sharing the weights' tile (TMA multicast)"
-                   if self.cluster > 1 else ""))
+                   if self.cluster > 1 else "")
+                + (", y stored by the copy engine (TMA)" if self.tma_store else ""))
 
 
 # A TmaHalo tile is 128 positions: 128 / pitch rows on a grid of `pitch` columns.  The pitches
@@ -557,19 +564,23 @@ KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, TmaHalo, HaloTile,
 
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
                tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
-               dw_rows: Any = 0, halo_pitch: Any = 0, cluster: Any = 1, dw_interleave: Any = False, *,
+               dw_rows: Any = 0, halo_pitch: Any = 0, cluster: Any = 1, dw_interleave: Any = False,
+               tma_store: Any = False, *,
                staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
     halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
     narrower than a fragment)."""
     for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent), ("pingpong", pingpong),
-                    ("dw_interleave", dw_interleave)):
+                    ("dw_interleave", dw_interleave), ("tma_store", tma_store)):
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
     if as_int("plan.cluster", cluster) != 1 and (not tma or as_int("plan.halo_pitch", halo_pitch)):
         raise ValueError(f"plan.cluster={cluster} launches the TMA main loop's blocks as clusters: it needs "
+                         "plan.tma=True and no halo_pitch")
+    if tma_store and (not tma or as_int("plan.halo_pitch", halo_pitch)):
+        raise ValueError("plan.tma_store=True stores the TMA main loop's output through the copy engine: it needs "
                          "plan.tma=True and no halo_pitch")
     if as_int("plan.halo_pitch", halo_pitch):
         if not tma or wgmma or flat or tile_w or persistent or pingpong or warps_k != 1 or tiles != 1 or depthwise:
@@ -605,7 +616,7 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
     if pingpong and not persistent:
         raise ValueError("plan.pingpong=True names a persistent ping-pong TMA main loop: it needs plan.persistent=True")
     if tma:
-        return TmaWgmma(persistent, pingpong, as_int("plan.cluster", cluster))
+        return TmaWgmma(persistent, pingpong, as_int("plan.cluster", cluster), tma_store)
     if wgmma:
         return Wgmma()
     if flat:

@@ -348,6 +348,12 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         if why is None and plan.loop.cluster > 1 and pass_ is not Pass.FPROP:
             why = (f"launches clusters (TmaWgmma.cluster={plan.loop.cluster}) in fprop only, whose blocks side by "
                    f"side along M share the weights' tile; {pass_.value} keeps cluster=1")
+        if why is None and plan.loop.tma_store and (pass_ is not Pass.FPROP or geometry.k % 8):
+            why = ("stores through the copy engine (TmaWgmma.tma_store) in fprop only, whose y is one dense "
+                   f"[N*P*Q][K] tensor with rows of whole 16-byte runs: K={geometry.k} must be a multiple of 8"
+                   if pass_ is Pass.FPROP else
+                   f"stores through the copy engine (TmaWgmma.tma_store) in fprop only, whose y is one dense "
+                   f"[N*P*Q][K] tensor; {pass_.value} keeps tma_store=False")
         if why is None:
             why = tma_group_tile(geometry, pass_, plan.block_m, plan.block_n)
         if why:

@@ -35,6 +35,8 @@ import numpy as np
 from . import runtime as _rt
 from .channel_pad import ChannelPad
 from .group_pack import GroupPack
+from .footprint import drain_group
+from .mainloop import FRAG
 from .dtypes import BF16_HINT, check_dtypes, dtype_name, np_dtype, resolve_mma_dtype
 from .ir import ConvProblem, Epilogue, Pass, PairLike
 from .spec import Plan
@@ -80,9 +82,9 @@ _ARENA = _Arena()
 # alpha and beta (float32) and its residual, then a TMA kernel's tensor maps of the two
 # inputs (convgen/tma.py).
 _SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8,
-         "alpha": 9, "beta": 10, "residual": 11, "a_map": 12, "b_map": 13}
+         "alpha": 9, "beta": 10, "residual": 11, "a_map": 12, "b_map": 13, "out_map": 14}
 _ARG_SLOT = {
-    Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0", "x_map": "a_map", "w_map": "b_map"},
+    Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0", "x_map": "a_map", "w_map": "b_map", "y_map": "out_map"},
     Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0", "dy_map": "a_map", "w_map": "b_map"},
     Pass.WGRAD: {"x": "a", "dy": "b", "dw": "out0", "db": "out1", "x_map": "a_map", "dy_map": "b_map"},
 }
@@ -208,12 +210,15 @@ class PreparedConv:
         self._residual_on = self.epilogue.residual
         self._ws_needed = self.workspace_elems > 0
         self._maps = None
+        self._store = False  # the copy engine stores y too (TmaWgmma.tma_store): a third map, of out0
         if splan.tma:  # the copy engine reads both inputs through maps of their addresses
             from .tma import TmaMaps
 
             flags = splan.loop.flags()
+            store = (FRAG * drain_group(splan), epilogue.out_dtype) if flags.tma_store else None
             self._maps = TmaMaps(kp, pass_, splan.block_m, splan.block_n, self.mma_dtype, flags.halo_pitch,
-                                 flags.cluster)
+                                 flags.cluster, store)
+            self._store = store is not None
 
     @property
     def workspace_elems(self) -> int:
@@ -399,7 +404,8 @@ class PreparedConv:
             if dwp:
                 objs[3] = _ptr(dwp)
         if self._maps is not None:
-            objs += (self._maps.a(a), self._maps.b(b))
+            objs += (self._maps.a(a), self._maps.b(b), self._maps.out(out0)) if self._store else \
+                (self._maps.a(a), self._maps.b(b))
         for launcher in self._launchers:
             launcher.launch(objs, stream)
         if dwp:

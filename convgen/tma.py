@@ -53,13 +53,17 @@ def _check(result: tuple, what: str) -> np.void:
     return np.array(tmap.opaque, dtype=np.uint64).view(_MAP)[0]
 
 
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
 def _data_type(d: Any, dtype: str) -> Any:
-    """The copy engine's element type: the kernel's 16-bit type (both are 2 bytes, so the
-    strides and boxes are the same; the type only names what the map holds)."""
-    if dtype not in ("float16", "bfloat16"):
-        raise ValueError(f"a TMA tensor map holds float16 or bfloat16, got {dtype!r}")
-    return d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if dtype == "bfloat16" else \
-        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    """The copy engine's element type: the kernel's 16-bit type for what it reads, and y's
+    dtype (float32 among them) for what it stores."""
+    if dtype not in _ITEMSIZE:
+        raise ValueError(f"a TMA tensor map holds float16, bfloat16 or float32, got {dtype!r}")
+    t = d.CUtensorMapDataType
+    return {"float16": t.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "bfloat16": t.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            "float32": t.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[dtype]
 
 
 def _im2col(ptr: int, dims: tuple[int, int, int, int], lower: tuple[int, int], upper: tuple[int, int],
@@ -80,19 +84,22 @@ def _im2col(ptr: int, dims: tuple[int, int, int, int], lower: tuple[int, int], u
     ), what)
 
 
-def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str, dtype: str = "float16") -> np.void:
-    """A dense fp16 tensor (``dims`` innermost first) as a tiled map of ``box`` boxes,
-    128-byte swizzled; a box past an edge reads zeros there."""
+def _tiled(ptr: int, dims: tuple[int, ...], box: tuple[int, ...], what: str, dtype: str = "float16",
+           swizzle: bool = True) -> np.void:
+    """A dense tensor (``dims`` innermost first) as a tiled map of ``box`` boxes, 128-byte
+    swizzled (or not: a store's plain rows); a box past an edge reads zeros there, and a
+    store writes nothing there."""
     d = _driver()
     u64, u32 = d.cuuint64_t, d.cuuint32_t
-    strides, step = [], 2
+    strides, step = [], _ITEMSIZE.get(dtype, 2)
     for extent in dims[:-1]:
         step *= extent
         strides.append(u64(step))
     return _check(d.cuTensorMapEncodeTiled(
         _data_type(d, dtype), len(dims), ptr,
         [u64(e) for e in dims], strides, [u32(b) for b in box], [u32(1)] * len(dims),
-        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if swizzle else d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
     ), what)
@@ -139,6 +146,14 @@ def weight_map(ptr: int, problem: ConvProblem, block_n: int, dtype: str = "float
     return _tiled(ptr, (p.r * p.s * cg, p.k), (TMA_BLOCK_K, block_n), "w", dtype)
 
 
+def output_map(ptr: int, problem: ConvProblem, strip_w: int, dtype: str) -> np.void:
+    """fprop's y for TmaWgmma(tma_store=True): NHWC as the 2-D tensor [N*P*Q][K] of y's dtype;
+    a box is one warp's drained strip, 16 pixels x ``strip_w`` filters, plain rows; the
+    copy engine writes none of a box's pixels past the batch or filters past K."""
+    p = problem
+    return _tiled(ptr, (p.k, p.n * p.p * p.q), (strip_w, 16), "y", dtype, swizzle=False)
+
+
 def wgrad_dy_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.void:
     """wgrad's dy: NHWC as a 2-D tensor [N*P*Q][K]; a box is 64 pixels x 64 filters, so a
     stage's A tile runs along M (filters), pixels past the batch and filters past K zeros."""
@@ -169,11 +184,17 @@ class TmaMaps:
     x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring).  ``dtype``:
     the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16; ``halo_pitch``: a
     TmaHalo plan's pitch (0 for the im2col TMA loop); ``cluster``: a TmaWgmma plan's blocks a
-    cluster, each of which copies 1 / cluster of fprop's weight tile (and multicasts it)."""
+    cluster, each of which copies 1 / cluster of fprop's weight tile (and multicasts it);
+    ``store``: a TmaWgmma(tma_store=True) plan's (strip width, y's dtype), whose fprop writes y
+    through a map of its own (:meth:`out`)."""
 
     def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int, dtype: str = "float16",
-                 halo_pitch: int = 0, cluster: int = 1) -> None:
+                 halo_pitch: int = 0, cluster: int = 1, store: tuple[int, str] | None = None) -> None:
         t = dtype
+        if store is not None:
+            strip_w, out_dtype = store
+            self._make_out = lambda ptr: output_map(ptr, problem, strip_w, out_dtype)
+        self._out: dict[int, np.void] = {}
         if halo_pitch:  # the TMA halo kind: a tile's halo a box; w as fprop's [K][R*S*C] in both passes
             self._make_a = lambda ptr: halo_map(ptr, problem, pass_, halo_pitch, t)
             self._make_b = lambda ptr: weight_map(ptr, problem, block_n, t)
@@ -199,6 +220,12 @@ class TmaMaps:
         m = self._b.get(ptr)
         if m is None:
             m = self._remember(self._b, ptr, self._make_b(ptr))
+        return m
+
+    def out(self, ptr: int) -> np.void:
+        m = self._out.get(ptr)
+        if m is None:
+            m = self._remember(self._out, ptr, self._make_out(ptr))
         return m
 
     @staticmethod

@@ -76,7 +76,7 @@ def poison_outputs():
 def tma_encodes(monkeypatch):
     """convgen.tma's driver replaced by one that records each tensor map it is asked for (no GPU
     needed): a list of dicts of the map's data type, base address and box (an im2col map's
-    box as [channels, pixels])."""
+    box as [channels, pixels]; a tiled map's also its dims, byte strides and swizzle)."""
     from convgen import tma
 
     encodes: list[dict] = []
@@ -98,8 +98,8 @@ def tma_encodes(monkeypatch):
             CUDA_SUCCESS = 0
 
         @staticmethod
-        def cuTensorMapEncodeTiled(dtype, rank, ptr, dims, strides, box, *rest):
-            return answer(dtype=dtype, ptr=ptr, box=list(box))
+        def cuTensorMapEncodeTiled(dtype, rank, ptr, dims, strides, box, elem_strides, interleave, swizzle, *rest):
+            return answer(dtype=dtype, ptr=ptr, box=list(box), dims=list(dims), strides=list(strides), swizzle=swizzle)
 
         @staticmethod
         def cuTensorMapEncodeIm2col(dtype, rank, ptr, dims, strides, lower, upper, channels, pixels, *rest):

@@ -1,4 +1,4 @@
-"""What the plan-swapping probes share (cluster_probe, split_reduce_probe, stream_k_probe): any
+"""What the plan-swapping probes share (tma_twin_probe, split_reduce_probe, stream_k_probe): any
 convgen command run with convgen.planner.plan wrapped in this process only, so every plan the
 planner makes passes through the probe's ``swap(plan, problem, pass_, target, in_dtype)``."""
 import sys

@@ -50,7 +50,7 @@ def _compile_one(args: tuple[str, str]) -> None:
 
 def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps: int = 20,
                wgmma: bool = False, bias: bool = True, layer: ConvProblem | None = None,
-               clusters: bool = False) -> list[dict[str, Any]]:
+               clusters: bool = False, tma_store: bool = False) -> list[dict[str, Any]]:
     """Time every candidate on random data; returns one row per candidate, fastest first
     among those whose output matches the default plan's.  ``bias``: fprop adds a bias and
     wgrad computes db beside dW (False: the same-work bench's rows, conv(x, w) and dW alone).
@@ -94,7 +94,7 @@ def tune_layer(problem: ConvProblem, pass_: Pass, dev: Any, target: Target, reps
     def as_np(out):
         return cp.asnumpy(out).astype(np.float64)
 
-    plans = candidates(problem, pass_, target, wgmma=wgmma, clusters=clusters)
+    plans = candidates(problem, pass_, target, wgmma=wgmma, clusters=clusters, tma_store=tma_store)
     with scope(plans[0]):
         ref = as_np(run(plans[0]))  # the default plan: what the library runs untuned, so its failure is the caller's
     rows = []
@@ -184,6 +184,8 @@ def add_parser(sub: Any) -> None:
                    help="also time warpgroup-MMA plans (sm_90; slower than the WMMA plans so far)")
     p.add_argument("--clusters", action="store_true",
                    help="also time fprop's TMA plans in thread-block clusters of two (sm_90; not yet run on a GPU)")
+    p.add_argument("--tma-store", action="store_true",
+                   help="also time fprop's TMA plans that store y through the copy engine (sm_90; not yet run on a GPU)")
     p.set_defaults(func=cmd_tune)
 
 
@@ -224,7 +226,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         epi = Epilogue(bias=pass_ is not Pass.DGRAD and not args.no_bias)
         whole = called.get((layer.problem.geometry, pass_))  # its kernel then stores each filter's own channels
         pack = whole.groups // layer.problem.groups if whole is not None and pass_ is Pass.WGRAD else 1
-        for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma, clusters=args.clusters):
+        for p in candidates(layer.problem, pass_, target, wgmma=args.wgmma, clusters=args.clusters,
+                            tma_store=args.tma_store):
             src = emit(make_spec(layer.problem, pass_, target=target, epilogue=epi, plan_=p, pack=pack))
             sources.append((src.source, src.compile_arch))
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -233,7 +236,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     bias = not args.no_bias
     measure = lambda problem, pass_: tune_layer(problem, pass_, dev, target, args.reps,  # noqa: E731
                                                 wgmma=args.wgmma, bias=bias, layer=called.get((problem.geometry, pass_)),
-                                                clusters=args.clusters)
+                                                clusters=args.clusters, tma_store=args.tma_store)
     path = Path(args.db) if args.db else tuning_db.user_db_path()
     entries = tune_and_record(work, measure, target, gpu_name, path, args.log, bias)
     print(f"wrote {len(entries)} tuned plans for {gpu_name} to {path}")

@@ -125,6 +125,36 @@ __device__ __forceinline__ void tma_load_im2col(void* dst, const TmaMap* map, un
       : "memory");
 }
 
+// ---- the copy engine's stores: a box of shared memory into a tensor, in bulk groups ----
+// The writing threads' shared-memory stores, made visible to the copy engine (the async
+// proxy) before one of them hands it the box.
+__device__ __forceinline__ void tma_store_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// The box at src into a 2-D tensor's tiled map, its corner at (c0 innermost, c1); the
+// box's elements outside the tensor are not written.  It joins this thread's open bulk group.
+__device__ __forceinline__ void tma_store_2d(const TmaMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+               ::"l"(map), "r"(smem_u32(src)), "r"(c0), "r"(c1) : "memory");
+}
+
+// One 16-byte store into shared memory at `addr`, as one instruction (NVVM splits a uint4
+// whose words come from fp16 conversions into four stores).
+__device__ __forceinline__ void st_shared16(unsigned addr, const uint4& w) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+}
+
+// Closes this thread's open bulk group.
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Until at most N of this thread's bulk groups still read their shared memory, which may then
+// be written again.
+template <int N> __device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Until every bulk group of this thread has written its tensor.
+__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
 // ---- warpgroup MMAs ----
 // Before a warpgroup's first wgmma of a batch: orders its earlier register and shared-memory
 // accesses before the MMAs read them.
