@@ -98,9 +98,9 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
     WMMA plans on every suite layer (benchmarks/NOTES.md).  `clusters` adds fprop's TMA plans
     in thread-block clusters of two: opt-in until a GPU has run them (a fault in their
-    barrier protocol would hang the tuning run).  `tma_store` adds fprop's TMA plans that store
-    y through the copy engine, opt-in for the same reason (a fault there would end the run's
-    CUDA context)."""
+    barrier protocol would hang the tuning run).  `tma_store` adds the TMA plans that store
+    their output through the copy engine (fprop, stride-1 dgrad), opt-in for the same reason (a
+    fault there would end the run's CUDA context)."""
     pass_ = Pass.parse(pass_)
     base = default_plan(problem, pass_, target, in_dtype)  # type: ignore[arg-type]
     if problem.depthwise:  # a stencil on the CUDA cores: its own knobs (convgen/depthwise_variations.py)
@@ -181,14 +181,14 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
             + (_tma_twins(problem, pass_, target, in_dtype, out, seen, {"cluster": 2},
                           "in clusters of 2 sharing the weights' tile (TMA multicast)") if clusters else [])
             + (_tma_twins(problem, pass_, target, in_dtype, out, seen, {"tma_store": True},
-                          "y stored by the copy engine (TMA)") if tma_store else [])
+                          "output stored by the copy engine (TMA)") if tma_store else [])
             + sliced_box + _stream_k_candidates(problem, pass_, target, in_dtype, seen))
 
 
-# fprop's TMA plans not yet run on a GPU: the twins of the default and of the first TMA
-# candidates in thread-block clusters of two (TmaWgmma.cluster = 2, forty-second session: two
-# blocks side by side along M share each stage's weight tile by TMA multicast) or storing y
-# through the copy engine (TmaWgmma.tma_store, forty-third session).  Offered only when asked
+# TMA plans not yet run on a GPU: the twins of the default and of the first TMA candidates in
+# thread-block clusters of two (TmaWgmma.cluster = 2, fprop, forty-second session: two blocks
+# side by side along M share each stage's weight tile by TMA multicast) or storing their output
+# through the copy engine (TmaWgmma.tma_store, fprop and stride-1 dgrad, forty-third session).  Offered only when asked
 # for (`convgen tune --clusters`, `--tma-store`), after the others, with only the untimed TMA
 # halo slices behind them, so tuning on first use (autotune.CANDIDATES) never reaches them.
 TWINS_PER_LAYER = 4
@@ -200,9 +200,8 @@ def _tma_twins(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str,
     for p in plans:
         if len(out) == TWINS_PER_LAYER:
             break
-        if pass_ is not Pass.FPROP or not isinstance(p.loop, TmaWgmma) or \
-                all(getattr(p.loop, k) == v for k, v in change.items()):
-            continue
+        if not isinstance(p.loop, TmaWgmma) or all(getattr(p.loop, k) == v for k, v in change.items()):
+            continue  # (the planner's checks refuse a twin in a pass it does not run in)
         q = _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
             p, loop=dataclasses.replace(p.loop, **change),
             reasons=(("the default plan" if p is plans[0] else p.reasons[0]) + ", " + why,)))

@@ -525,8 +525,8 @@ def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, .
     if tma:  # the copy engine reads both inputs through tensor maps (convgen/tma.py)
         inputs = tuple(f"{name}_map" for name in inputs)
     out = {Pass.FPROP: "y", Pass.DGRAD: "dx", Pass.WGRAD: "dw"}[p]
-    if ctx.tile.store_bytes:  # the copy engine writes y through a map of it too
-        out = "y_map"
+    if ctx.tile.store_bytes:  # the copy engine writes y (dx) through a map of it too
+        out += "_map"
     # A TMA fprop or dgrad reduces its whole K in one block: no split-K workspace.
     workspace = () if tma and p is not Pass.WGRAD else ("workspace",)
     epilogue = (("bias",) if epi.bias_add else ()) + (("residual", "alpha", "beta") if epi.residual else ())

@@ -209,9 +209,10 @@ class TmaWgmma(MainLoop):
     # L2 once a cluster, not once a block.  A stage is freed once every block's consumers
     # have read it, since the next multicast writes it in all of them.
     cluster: int = 1
-    # tma_store (fprop): each warp converts its drained strip (16 rows x 16*DRAIN_G columns) to
-    # y's dtype in shared memory of its own, and one lane hands it to the copy engine, which
-    # writes the rows and columns inside y; the others' 16-byte stores, one per lane and run, go.
+    # tma_store (fprop, stride-1 dgrad): each warp converts its drained strip (16 rows x
+    # 16*DRAIN_G columns) to the output's dtype in shared memory of its own, and one lane hands
+    # it to the copy engine, which writes the rows and columns inside the output, in place of a
+    # 16-byte store per lane and run.
     tma_store: bool = False
 
     def __post_init__(self) -> None:
@@ -264,7 +265,7 @@ class TmaWgmma(MainLoop):
                 + (", ping-pong (a tile per warpgroup, in turn)" if self.pingpong else "")
                 + (f", clusters of {self.cluster} blocks sharing the weights' tile (TMA multicast)"
                    if self.cluster > 1 else "")
-                + (", y stored by the copy engine (TMA)" if self.tma_store else ""))
+                + (", output stored by the copy engine (TMA)" if self.tma_store else ""))
 
 
 # A TmaHalo tile is 128 positions: 128 / pitch rows on a grid of `pitch` columns.  The pitches

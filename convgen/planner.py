@@ -348,12 +348,8 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         if why is None and plan.loop.cluster > 1 and pass_ is not Pass.FPROP:
             why = (f"launches clusters (TmaWgmma.cluster={plan.loop.cluster}) in fprop only, whose blocks side by "
                    f"side along M share the weights' tile; {pass_.value} keeps cluster=1")
-        if why is None and plan.loop.tma_store and (pass_ is not Pass.FPROP or geometry.k % 8):
-            why = ("stores through the copy engine (TmaWgmma.tma_store) in fprop only, whose y is one dense "
-                   f"[N*P*Q][K] tensor with rows of whole 16-byte runs: K={geometry.k} must be a multiple of 8"
-                   if pass_ is Pass.FPROP else
-                   f"stores through the copy engine (TmaWgmma.tma_store) in fprop only, whose y is one dense "
-                   f"[N*P*Q][K] tensor; {pass_.value} keeps tma_store=False")
+        if why is None and plan.loop.tma_store:
+            why = _tma_store_refusal(geometry, pass_)
         if why is None:
             why = tma_group_tile(geometry, pass_, plan.block_m, plan.block_n)
         if why:
@@ -373,6 +369,23 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         )
     if plan.split_k > 65535:
         raise ValueError(f"plan.split_k={plan.split_k} exceeds the grid's z limit (65535)")
+
+
+def _tma_store_refusal(geometry: ConvGeometry, pass_: Pass) -> str | None:
+    """Why the copy engine cannot store this pass's output (TmaWgmma.tma_store), or None: it
+    stores boxes of a dense 2-D tensor whose rows are whole 16-byte runs, which fprop's y
+    [N*P*Q][K] and a stride-1 dgrad's dx [N*H*W][C] are; a strided dgrad's residue classes
+    scatter their rows over dx, and wgrad's dW leaves through its split-K sums."""
+    what = "stores through the copy engine (TmaWgmma.tma_store)"
+    if pass_ is Pass.WGRAD or (pass_ is Pass.DGRAD and geometry.stride != (1, 1)):
+        return (f"{what} in fprop and in stride-1 dgrad, whose outputs are dense [pixels][channels] tensors; "
+                f"{pass_.value}{' with stride ' + str(geometry.stride) if pass_ is Pass.DGRAD else ''} keeps "
+                "tma_store=False")
+    channels = geometry.k if pass_ is Pass.FPROP else geometry.c
+    if channels % 8:
+        return (f"{what} in rows of whole 16-byte runs: {'K' if pass_ is Pass.FPROP else 'C'}={channels} must be a "
+                "multiple of 8")
+    return None
 
 
 def _check_grid_reduce(pass_: Pass, target: Target) -> None:

@@ -85,7 +85,7 @@ _SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_wo
          "alpha": 9, "beta": 10, "residual": 11, "a_map": 12, "b_map": 13, "out_map": 14}
 _ARG_SLOT = {
     Pass.FPROP: {"x": "a", "w": "b", "bias": "bias", "y": "out0", "x_map": "a_map", "w_map": "b_map", "y_map": "out_map"},
-    Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0", "dy_map": "a_map", "w_map": "b_map"},
+    Pass.DGRAD: {"dy": "a", "w": "b", "dx": "out0", "dy_map": "a_map", "w_map": "b_map", "dx_map": "out_map"},
     Pass.WGRAD: {"x": "a", "dy": "b", "dw": "out0", "db": "out1", "x_map": "a_map", "dy_map": "b_map"},
 }
 

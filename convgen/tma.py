@@ -146,12 +146,15 @@ def weight_map(ptr: int, problem: ConvProblem, block_n: int, dtype: str = "float
     return _tiled(ptr, (p.r * p.s * cg, p.k), (TMA_BLOCK_K, block_n), "w", dtype)
 
 
-def output_map(ptr: int, problem: ConvProblem, strip_w: int, dtype: str) -> np.void:
-    """fprop's y for TmaWgmma(tma_store=True): NHWC as the 2-D tensor [N*P*Q][K] of y's dtype;
-    a box is one warp's drained strip, 16 pixels x ``strip_w`` filters, plain rows; the
-    copy engine writes none of a box's pixels past the batch or filters past K."""
+def output_map(ptr: int, problem: ConvProblem, pass_: Pass, strip_w: int, dtype: str) -> np.void:
+    """The output of TmaWgmma(tma_store=True), fprop's y or a stride-1 dgrad's dx: NHWC as the
+    2-D tensor [pixels][channels] of the output's dtype; a box is one warp's drained strip, 16
+    pixels x ``strip_w`` channels, plain rows; the copy engine writes none of a box's pixels
+    past the batch or channels past the tensor's."""
     p = problem
-    return _tiled(ptr, (p.k, p.n * p.p * p.q), (strip_w, 16), "y", dtype, swizzle=False)
+    if pass_ is Pass.FPROP:
+        return _tiled(ptr, (p.k, p.n * p.p * p.q), (strip_w, 16), "y", dtype, swizzle=False)
+    return _tiled(ptr, (p.c, p.n * p.h * p.w), (strip_w, 16), "dx", dtype, swizzle=False)
 
 
 def wgrad_dy_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.void:
@@ -185,15 +188,15 @@ class TmaMaps:
     the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16; ``halo_pitch``: a
     TmaHalo plan's pitch (0 for the im2col TMA loop); ``cluster``: a TmaWgmma plan's blocks a
     cluster, each of which copies 1 / cluster of fprop's weight tile (and multicasts it);
-    ``store``: a TmaWgmma(tma_store=True) plan's (strip width, y's dtype), whose fprop writes y
-    through a map of its own (:meth:`out`)."""
+    ``store``: a TmaWgmma(tma_store=True) plan's (strip width, output dtype), whose kernel writes
+    its output (fprop's y, a stride-1 dgrad's dx) through a map of its own (:meth:`out`)."""
 
     def __init__(self, problem: ConvProblem, pass_: Pass, block_m: int, block_n: int, dtype: str = "float16",
                  halo_pitch: int = 0, cluster: int = 1, store: tuple[int, str] | None = None) -> None:
         t = dtype
         if store is not None:
             strip_w, out_dtype = store
-            self._make_out = lambda ptr: output_map(ptr, problem, strip_w, out_dtype)
+            self._make_out = lambda ptr: output_map(ptr, problem, pass_, strip_w, out_dtype)
         self._out: dict[int, np.void] = {}
         if halo_pitch:  # the TMA halo kind: a tile's halo a box; w as fprop's [K][R*S*C] in both passes
             self._make_a = lambda ptr: halo_map(ptr, problem, pass_, halo_pitch, t)

@@ -35,17 +35,19 @@ def test_plan_round_trips_is_named_and_is_checked():
     assert "tma_store" not in _without(STORED).as_dict()  # old entries keep their keys
     assert "_tmast_128x128x64_s5_" in make_spec(LAYER, Pass.FPROP, target=SM90, plan_=STORED).name
     assert "_tmappst_128x128x64_s4_" in make_spec(LAYER, Pass.FPROP, target=SM90, plan_=PINGPONG).name
-    assert "y stored by the copy engine" in STORED.explain()
+    assert "output stored by the copy engine" in STORED.explain()
     with pytest.raises(TypeError, match="tma_store must be a bool"):
         TmaWgmma(tma_store=1)
     with pytest.raises(ValueError, match="needs plan.tma=True"):
         Plan.from_dict({**Plan(128, 128, 32, 4, 2, 3, 8, 8).as_dict(), "tma_store": True})
-    for pass_ in (Pass.DGRAD, Pass.WGRAD):
-        with pytest.raises(ValueError, match="in fprop only"):
-            check_plan(STORED, LAYER, pass_, SM90, "float16")
+    strided = dataclasses.replace(LAYER, stride=(2, 2))
+    for pass_, problem in ((Pass.WGRAD, LAYER), (Pass.DGRAD, strided)):  # dW's split-K sums; scattered classes
+        with pytest.raises(ValueError, match="in fprop and in stride-1 dgrad"):
+            check_plan(STORED, problem, pass_, SM90, "float16")
     with pytest.raises(ValueError, match="K=36 must be a multiple of 8"):  # y's rows: whole 16-byte runs
         check_plan(STORED, dataclasses.replace(LAYER, k=36), Pass.FPROP, SM90, "float16")
     check_plan(STORED, LAYER, Pass.FPROP, SM90, "float16")
+    check_plan(STORED, LAYER, Pass.DGRAD, SM90, "float16")
     check_plan(PINGPONG, LAYER, Pass.FPROP, SM90, "float16")
 
 
@@ -57,6 +59,9 @@ def test_the_gpu_tests_plans_are_valid_on_their_shapes():
     for plan in g.PLANS + g.PERSISTENT:
         for problem in g.SHAPES:
             check_plan(plan, problem, Pass.FPROP, SM90, "float16")
+    for plan in g.DGRAD_PLANS:
+        for problem in g.DGRAD_SHAPES:
+            check_plan(plan, problem, Pass.DGRAD, SM90, "float16")
 
 
 def test_each_warp_has_room_for_its_strips():
@@ -83,6 +88,10 @@ def test_kernel_hands_its_strips_to_the_copy_engine():
     plain = emit(make_spec(LAYER, Pass.FPROP, target=SM90, plan_=_without(PINGPONG), epilogue=Epilogue(bias=True)))
     assert "y_map" not in plain.source and "OutStrips" not in plain.source and "flush" not in plain.source
     assert plain.main.args == ("x_map", "w_map", "bias", "y", "batch")
+    dgrad = emit(make_spec(LAYER, Pass.DGRAD, target=SM90, plan_=PINGPONG))
+    assert dgrad.main.args == ("dy_map", "w_map", "dx_map", "batch")
+    assert "consume_class<Class<0, 0>>(ring, pos, &dx_map, out, batch, tile_m, tile_n, tile, turns)" in dgrad.source
+    assert "}, [&](int row, int col) { out.send(dx_map, tile_n + col, tile_m + row); });" in dgrad.source
 
 
 def test_twins_are_offered_when_asked_for_last_and_in_fprop_only():
@@ -100,9 +109,11 @@ def test_twins_are_offered_when_asked_for_last_and_in_fprop_only():
         assert dataclasses.replace(_without(plans[twins[0]]), reasons=()) == dataclasses.replace(plans[0], reasons=())
         both = candidates(problem, Pass.FPROP, SM90, clusters=True, tma_store=True)
         assert [p for p in both if getattr(p.loop, "tma_store", False)] == [plans[i] for i in twins]
-        for pass_ in (Pass.DGRAD, Pass.WGRAD):
-            assert not any(getattr(p.loop, "tma_store", False)
-                           for p in candidates(problem, pass_, SM90, tma_store=True))
+        assert not any(getattr(p.loop, "tma_store", False) for p in candidates(problem, Pass.WGRAD, SM90, tma_store=True))
+        dgrad = candidates(problem, Pass.DGRAD, SM90, tma_store=True)
+        assert any(getattr(p.loop, "tma_store", False) for p in dgrad) == isinstance(dgrad[0].loop, TmaWgmma)
+        strided = dataclasses.replace(problem, stride=(2, 2))
+        assert not any(getattr(p.loop, "tma_store", False) for p in candidates(strided, Pass.DGRAD, SM90, tma_store=True))
 
 
 def test_y_map_is_the_warps_strip(tma_encodes):
@@ -120,6 +131,9 @@ def test_y_map_is_the_warps_strip(tma_encodes):
     (e,) = [e for e in tma_encodes if e["ptr"] == 8192]
     assert e["strides"] == [256 * 4] and e["box"] == [48, 16] and e["dtype"] == "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"
     assert maps.out(4096) is maps.out(4096) and len([e for e in tma_encodes if e["ptr"] == 4096]) == 1  # kept
+    tma.TmaMaps(dataclasses.replace(LAYER, c=96), Pass.DGRAD, 128, 128, store=(64, "float16")).out(12288)
+    (e,) = [e for e in tma_encodes if e["ptr"] == 12288]  # dx as [N*H*W][C]
+    assert e["dims"] == [96, 64 * 28 * 28] and e["strides"] == [96 * 2] and e["box"] == [64, 16]
 
 
 CUOBJDUMP = find_cuobjdump()
@@ -135,11 +149,15 @@ CUOBJDUMP = find_cuobjdump()
      Epilogue(bias=True, out_dtype="float32")),
     (ConvProblem(14, 14, 256, 256, 3, 3, 1, 1, 1, 4, n=8), Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(tma_store=True)),
      Epilogue(bias=True)),
-], ids=["one-tile", "pingpong", "residual-256", "fp32", "grouped"])
-def test_nvrtc_stores_y_only_through_the_copy_engine(layer, plan, epi):
+    (LAYER, PINGPONG, None),
+    (ConvProblem(14, 14, 96, 256, 3, 3, 1, 1, 1, n=8),
+     Plan(128, 128, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(persistent=True, tma_store=True)), None),
+], ids=["one-tile", "pingpong", "residual-256", "fp32", "grouped", "dgrad-pingpong", "dgrad-c96"])
+def test_nvrtc_stores_the_output_only_through_the_copy_engine(layer, plan, epi):
     """NVRTC's sm_90a SASS: no global store at all; one bulk tensor store per strip, fed by one
-    16-byte shared store per lane and run; no register spills."""
-    spec = make_spec(layer, Pass.FPROP, target=SM90, plan_=plan, epilogue=epi)
+    16-byte shared store per lane and run; no register spills.  (epi None: dgrad.)"""
+    spec = (make_spec(layer, Pass.FPROP, target=SM90, plan_=plan, epilogue=epi) if epi else
+            make_spec(layer, Pass.DGRAD, target=SM90, plan_=plan))
     src = emit(spec)
     sass = kernel_sass(src, CUOBJDUMP)[src.main.kernel]
     plain = kernel_sass(emit(dataclasses.replace(spec, plan=_without(plan))), CUOBJDUMP)

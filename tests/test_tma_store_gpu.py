@@ -1,4 +1,5 @@
-"""fprop's TMA plans that store y through the copy engine (TmaWgmma.tma_store) on the GPU,
+"""The TMA plans that store their output through the copy engine (TmaWgmma.tma_store: fprop, and
+dgrad at stride 1) on the GPU,
 against the float64 reference.  Each warp hands its drained strips (16 pixels x 64 filters)
 to the copy engine, which writes only what lies inside y: the shapes put strips past the
 batch's last pixel and past K, mix fp16 and fp32 outputs (two strips a warp, or one), fuse
@@ -86,6 +87,27 @@ def test_tma_store_grid_walks_a_real_layer(plan):
             plan = Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=plan.loop)
         res = run_pass(problem, Pass.FPROP, _seed("store-big", problem), bias=True, relu=True, plan=plan)
         check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+# dgrad at stride 1: dx's strips past the batch and past C, one tile a block and persistent
+DGRAD_SHAPES = [
+    ConvProblem(9, 11, 40, 64, 3, 3, 1, 1, 1, n=3),
+    ConvProblem(10, 9, 136, 72, 3, 5, 1, (1, 2), (1, 2), n=2),
+    ConvProblem(14, 14, 200, 256, 1, 1, 1, 0, 1, n=2),
+]
+DGRAD_PLANS = [
+    Plan(128, 128, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(tma_store=True)),
+    Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, tma_store=True)),
+    Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, tma_store=True)),
+]
+
+
+@pytest.mark.parametrize("problem", DGRAD_SHAPES, ids=_ids)
+@pytest.mark.parametrize("plan", DGRAD_PLANS, ids=_ids)
+def test_tma_store_dgrad_exact_tier(problem, plan, one_sm):
+    res = run_pass(problem, Pass.DGRAD, _seed("store-dgrad", problem, plan), out_dtype="float32", plan=plan,
+                   exact=True)
+    check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()} on one SM")
 
 
 @given(h=st.integers(3, 20), w=st.integers(3, 20), c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(1, 160),

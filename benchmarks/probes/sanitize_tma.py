@@ -5,7 +5,7 @@
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py halo   # the TmaHalo cases only
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py streamk   # stream-K wgrad only
     compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py cluster   # clusters of two (fprop)
-    compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py store   # y by the copy engine (fprop)
+    compute-sanitizer --tool racecheck python3 benchmarks/probes/sanitize_tma.py store   # outputs by the copy engine
 
 Small shapes with M, N and padding tails, both consumer counts, all three passes (dgrad
 strided too, wgrad
@@ -89,6 +89,11 @@ STORE_CASES = [
     (ConvProblem(24, 24, 64, 136, 3, 3, 1, 1, 1, n=64),
      Plan(128, 128, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, tma_store=True))),
 ]
+STORE_DGRAD_CASES = [
+    (ConvProblem(9, 11, 40, 64, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(tma_store=True))),
+    (ConvProblem(24, 24, 72, 64, 3, 3, 1, 1, 1, n=64),
+     Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, tma_store=True))),
+]
 if sys.argv[1:] == ["halo"]:
     CASES, WGRAD_CASES, DGRAD_CASES = HALO_CASES, [], HALO_CASES
 elif sys.argv[1:] == ["streamk"]:
@@ -96,10 +101,10 @@ elif sys.argv[1:] == ["streamk"]:
 elif sys.argv[1:] == ["cluster"]:
     CASES, WGRAD_CASES, DGRAD_CASES = CLUSTER_CASES, [], []
 elif sys.argv[1:] == ["store"]:
-    CASES, WGRAD_CASES, DGRAD_CASES = STORE_CASES, [], []
+    CASES, WGRAD_CASES, DGRAD_CASES = STORE_CASES, [], STORE_DGRAD_CASES
 else:
     WGRAD_CASES = WGRAD_CASES + STREAM_K_CASES
-    CASES, DGRAD_CASES = CASES + HALO_CASES + CLUSTER_CASES + STORE_CASES, DGRAD_CASES + HALO_CASES
+    CASES, DGRAD_CASES = CASES + HALO_CASES + CLUSTER_CASES + STORE_CASES, DGRAD_CASES + HALO_CASES + STORE_DGRAD_CASES
 
 rng = np.random.default_rng(7)
 geo = lambda prob: dict(stride=prob.stride, padding=prob.padding, dilation=prob.dilation)  # noqa: E731
