@@ -162,3 +162,28 @@ def poisoned(shape, dtype):
     a = cp.full(shape, np.nan, dtype=dtype)
     cp.cuda.get_current_stream().synchronize()
     return a
+
+
+def plan_id(v) -> str:
+    """A test id for a Plan or a ConvProblem."""
+    return v.brief().replace(" ", "_") if hasattr(v, "brief") else v.describe().replace(" ", "_")
+
+
+def check_tma_fprop_on_real_layers(plan: Plan, tag: str) -> None:
+    """An fprop TMA plan with several tiles an SM on the whole GPU: normal data through fp16 with
+    bias and ReLU, on a 64->128 3x3 layer and on a grouped one (8 groups of 64, where the plan
+    takes 64-filter tiles), against the float64 reference."""
+    for problem in (ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=40), ConvProblem(14, 14, 512, 512, 3, 3, 1, 1, 1, 8, n=16)):
+        if problem.groups > 1 and plan.block_n > 64:
+            plan = Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=plan.loop)
+        res = run_pass(problem, Pass.FPROP, seeded(tag, problem), bias=True, relu=True, plan=plan)
+        check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+def check_tma_fprop_fuzz_case(h: int, w: int, c: int, k: int, r: int, s: int, stride: int, n: int, plan: Plan,
+                              seed: int) -> None:
+    """One drawn fprop case of a TMA plan's fuzz: K rounded up to 8 (the TMA loop's rows of
+    16-byte runs), padding r // 2, normal data with a bias, against the float64 reference."""
+    problem = ConvProblem(h, w, c, -(-k // 8) * 8, r, s, stride, r // 2, 1, n=n)
+    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), bias=True, plan=plan)
+    check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")

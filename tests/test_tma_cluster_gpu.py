@@ -7,9 +7,6 @@ weight map) and groups; outputs are poisoned (NaN) before every launch.
 
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,13 +15,9 @@ from convgen.ir import ConvProblem, Pass
 from convgen.mainloop import TmaWgmma
 from convgen.spec import Plan
 
-from gpu_helpers import check, run_pass
+from gpu_helpers import check, check_tma_fprop_fuzz_case, check_tma_fprop_on_real_layers, plan_id, run_pass, seeded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs", "sm90_only")]
-
-
-def _seed(*parts) -> np.random.Generator:
-    return np.random.default_rng(zlib.crc32(repr(parts).encode()))
 
 
 SHAPES = [
@@ -48,41 +41,29 @@ PERSISTENT = [
 ]
 
 
-def _ids(v):
-    return v.brief().replace(" ", "_") if hasattr(v, "brief") else v.describe().replace(" ", "_")
-
-
-@pytest.mark.parametrize("problem", SHAPES, ids=_ids)
-@pytest.mark.parametrize("plan", PLANS, ids=_ids)
+@pytest.mark.parametrize("problem", SHAPES, ids=plan_id)
+@pytest.mark.parametrize("plan", PLANS, ids=plan_id)
 def test_cluster_exact_tier(problem, plan):
-    res = run_pass(problem, Pass.FPROP, _seed("cluster", problem, plan), out_dtype="float32", bias=True, plan=plan,
+    res = run_pass(problem, Pass.FPROP, seeded("cluster", problem, plan), out_dtype="float32", bias=True, plan=plan,
                    exact=True)
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
 
 
-@pytest.mark.parametrize("problem", SHAPES, ids=_ids)
-@pytest.mark.parametrize("plan", PERSISTENT, ids=_ids)
+@pytest.mark.parametrize("problem", SHAPES, ids=plan_id)
+@pytest.mark.parametrize("plan", PERSISTENT, ids=plan_id)
 def test_cluster_persistent_exact_tier(problem, plan, one_sm):
-    res = run_pass(problem, Pass.FPROP, _seed("cluster-persistent", problem, plan), out_dtype="float32", bias=True,
+    res = run_pass(problem, Pass.FPROP, seeded("cluster-persistent", problem, plan), out_dtype="float32", bias=True,
                    plan=plan, exact=True)
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
 
 
-@pytest.mark.parametrize("plan", [PLANS[0], PERSISTENT[0], PERSISTENT[2]], ids=_ids)
+@pytest.mark.parametrize("plan", [PLANS[0], PERSISTENT[0], PERSISTENT[2]], ids=plan_id)
 def test_cluster_grid_walks_a_real_layer(plan):
     """Several tiles an SM on the whole GPU, normal data through fp16 with ReLU; 8 groups of 64."""
-    for problem in (ConvProblem(56, 56, 64, 128, 3, 3, 1, 1, 1, n=40), ConvProblem(14, 14, 512, 512, 3, 3, 1, 1, 1, 8, n=16)):
-        if problem.groups > 1 and plan.block_n > 64:
-            plan = Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=plan.loop)
-        res = run_pass(problem, Pass.FPROP, _seed("cluster-big", problem), bias=True, relu=True, plan=plan)
-        check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
-
+    check_tma_fprop_on_real_layers(plan, "cluster-big")
 
 @given(h=st.integers(3, 20), w=st.integers(3, 20), c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(1, 160),
        r=st.integers(1, 3), s=st.integers(1, 3), stride=st.integers(1, 2), n=st.integers(1, 4),
        plan=st.sampled_from(PLANS + PERSISTENT[:1] + PERSISTENT[2:3]), seed=st.integers(0, 2**32 - 1))
 def test_fuzz_cluster(h, w, c, k, r, s, stride, n, plan, seed):
-    k = -(-k // 8) * 8
-    problem = ConvProblem(h, w, c, k, r, s, stride, r // 2, 1, n=n)
-    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), bias=True, plan=plan)
-    check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+    check_tma_fprop_fuzz_case(h, w, c, k, r, s, stride, n, plan, seed)
