@@ -52,7 +52,7 @@ def test_info_reports_location_entries_and_tuning(cache):
 
 def test_clear_removes_kernels_and_keeps_tuning_and_other_files(cache):
     rc, out, _ = run("cache", "clear")
-    assert rc == 0 and out.startswith(f"removed 3 compiled kernels") and "tuning databases kept" in out
+    assert rc == 0 and out.startswith("removed 3 compiled kernels") and "tuning databases kept" in out
     assert not (cache / "kernels").exists() and not (cache / "failed").exists()
     assert sorted(p.name for p in cache.iterdir()) == ["notes.txt", "tuning.json"]
     rc, out, _ = run("cache", "info")

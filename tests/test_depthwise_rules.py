@@ -128,7 +128,6 @@ def test_a_ring_of_three_halos_only_where_it_costs_no_resident_block(monkeypatch
     halos of 28 KB: 2 blocks an SM where 2 halos allow 3), nor a stride-2 fprop (17x17 halos of
     42 KB), nor the 32-channel layer (64-thread blocks: 9 an SM by registers, 8 with 3 halos).
     The shipped default (2) keeps every plan at two halos."""
-    from convgen import depthwise
     from convgen.suites import SUITES
 
     def ring(suite: str, layer: str, pass_: str) -> int:
