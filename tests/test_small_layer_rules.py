@@ -14,7 +14,6 @@ import pytest
 from convgen.ir import ConvProblem, Pass, Target
 from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo
 from convgen.planner import check_plan, plan
-from convgen.suites import SUITES
 
 H200 = Target("sm_90", 132)
 DB = json.loads((Path(__file__).resolve().parent / "data" / "h200-tuning-27682a8.json").read_text())

@@ -176,7 +176,7 @@ def test_the_harness_passes_groups_to_both_sides(variant, monkeypatch):
         rec.calls.clear()
         cg, cd = session.ops(DW, pass_, DATA, variant)
         cg(), cd()
-        (cg_name, cg_args, cg_kw), (cd_name, cd_args, cd_kw) = rec.calls[0], rec.calls[1]
+        (_, cg_args, cg_kw), (cd_name, cd_args, _) = rec.calls[0], rec.calls[1]
         assert cg_kw["groups"] == 16 and cg_kw["stride"] == (2, 2), (pass_, cg_kw)
         if pass_ is Pass.FPROP:
             assert cd_name == "conv2d" and cd_args[3:] == ([2, 2], [1, 1], [1, 1], 16)
