@@ -611,13 +611,15 @@ cluster() {  # thread-block clusters of two sharing the weights' tile (TmaWgmma.
     (cd "$OUT" && tar czf cluster.tgz cluster cluster-sanitize-*.log && rm -rf cluster cluster-sanitize-*.log)
 }
 
-twin_ab() {  # TWIN RUNS: the planner's fprop against its TWIN twins (tma_twin_probe.py), on large and resnet50
+twin_ab() {  # TWIN RUNS: the planner's plans against their TWIN twins (tma_twin_probe.py), on large and resnet50,
+    # in the pass TWIN_PASS names (fprop by default; dgrad's twins run at stride 1 only)
     mkdir -p "$OUT/$1"
     for run in $(seq "$2"); do
         for s in large resnet50; do
             for t in none "$1"; do
                 TWIN=$t CONVGEN_CACHE_DIR=/tmp/cg-tw$t timeout 80 python3 benchmarks/probes/tma_twin_probe.py bench \
-                    --suite $s --pass fprop $BENCH --out "$OUT/$1/$t-$s-$run" 2>&1 | grep -E "rror|geomean" | head -2
+                    --suite $s --pass "${TWIN_PASS:-fprop}" $BENCH --out "$OUT/$1/$t-$s-$run" 2>&1 \
+                    | grep -E "rror|geomean" | head -2
             done
             python3 scripts/bench_compare.py "$OUT/$1/none-$s-$run/"*.json "$OUT/$1/$1-$s-$run/"*.json \
                 > "$OUT/$1/compare-$s-$run.txt" 2>&1

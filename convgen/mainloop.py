@@ -203,11 +203,11 @@ class TmaWgmma(MainLoop):
     # one drains its accumulators while the other multiplies (CUTLASS's "ping-pong" schedule);
     # the cooperative default splits one tile's rows between them, and both drain at once.
     pingpong: bool = False
-    # cluster (fprop): blocks launched as thread-block clusters of this many (1 or 2), side by
-    # side along M with the same N tile: each block's copy engine reads 1/cluster of the
-    # weights' tile and multicasts it to every block of the cluster, so the weights cross from
-    # L2 once a cluster, not once a block.  A stage is freed once every block's consumers
-    # have read it, since the next multicast writes it in all of them.
+    # cluster (fprop, stride-1 dgrad): blocks launched as thread-block clusters of this many (1
+    # or 2), side by side along M with the same N tile: each block's copy engine reads
+    # 1/cluster of the weights' tile and multicasts it to every block of the cluster, so the
+    # weights cross from L2 once a cluster, not once a block.  A stage is freed once every
+    # block's consumers have read it, since the next multicast writes it in all of them.
     cluster: int = 1
     # tma_store (fprop, stride-1 dgrad): each warp converts its drained strip (16 rows x
     # 16*DRAIN_G columns) to the output's dtype in shared memory of its own, and one lane hands

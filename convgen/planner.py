@@ -345,9 +345,12 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
         if why is None and plan.loop.persistent and pass_ is Pass.WGRAD and (geometry.groups > 1 or plan.loop.pingpong):
             why = ("runs wgrad persistent (TmaWgmma(persistent=True): stream-K) on dense layers with cooperative "
                    "consumer warpgroups only: no groups, no ping-pong")
-        if why is None and plan.loop.cluster > 1 and pass_ is not Pass.FPROP:
-            why = (f"launches clusters (TmaWgmma.cluster={plan.loop.cluster}) in fprop only, whose blocks side by "
-                   f"side along M share the weights' tile; {pass_.value} keeps cluster=1")
+        if why is None and plan.loop.cluster > 1 and (
+                pass_ is Pass.WGRAD or (pass_ is Pass.DGRAD and geometry.stride != (1, 1))):
+            why = (f"launches clusters (TmaWgmma.cluster={plan.loop.cluster}) in fprop and stride-1 dgrad, whose "
+                   "blocks side by side along M walk the same K-steps and share the weights' tile; "
+                   f"{pass_.value}{' with stride ' + str(geometry.stride) if pass_ is Pass.DGRAD else ''} keeps "
+                   "cluster=1")
         if why is None and plan.loop.tma_store:
             why = _tma_store_refusal(geometry, pass_)
         if why is None:

@@ -164,11 +164,12 @@ def wgrad_dy_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.v
     return _tiled(ptr, (p.k, p.n * p.p * p.q), (64, TMA_BLOCK_K), "dy", dtype)
 
 
-def dgrad_weight_map(ptr: int, problem: ConvProblem, dtype: str = "float16") -> np.void:
+def dgrad_weight_map(ptr: int, problem: ConvProblem, dtype: str = "float16", cluster: int = 1) -> np.void:
     """dgrad's w: KRSC as a 3-D tensor (C, R*S, K); a box is 64 channels of one tap of 64
-    filters, so a stage's B tile is N-major (channels along the rows), filters past K zeros."""
+    filters, so a stage's B tile is N-major (channels along the rows), filters past K zeros.
+    In clusters, a block copies 64 / ``cluster`` of a box's filters (and multicasts them)."""
     p = problem
-    return _tiled(ptr, (p.c, p.r * p.s, p.k), (64, 1, TMA_BLOCK_K), "w", dtype)
+    return _tiled(ptr, (p.c, p.r * p.s, p.k), (64, 1, TMA_BLOCK_K // cluster), "w", dtype)
 
 
 def halo_map(ptr: int, problem: ConvProblem, pass_: Pass, pitch: int, dtype: str = "float16") -> np.void:
@@ -187,7 +188,8 @@ class TmaMaps:
     x, w; dgrad: dy, w; wgrad: x, dy), by base address (see the module's docstring).  ``dtype``:
     the kernel's 16-bit type (spec.mma_dtype), float16 or bfloat16; ``halo_pitch``: a
     TmaHalo plan's pitch (0 for the im2col TMA loop); ``cluster``: a TmaWgmma plan's blocks a
-    cluster, each of which copies 1 / cluster of fprop's weight tile (and multicasts it);
+    cluster, each of which copies 1 / cluster of the weight tile (and multicasts it: fprop,
+    stride-1 dgrad);
     ``store``: a TmaWgmma(tma_store=True) plan's (strip width, output dtype), whose kernel writes
     its output (fprop's y, a stride-1 dgrad's dx) through a map of its own (:meth:`out`)."""
 
@@ -206,7 +208,7 @@ class TmaMaps:
             self._make_b = lambda ptr: weight_map(ptr, problem, block_n // cluster, t)
         elif pass_ is Pass.DGRAD:
             self._make_a = lambda ptr: dgrad_im2col_maps(ptr, problem, block_m, t)
-            self._make_b = lambda ptr: dgrad_weight_map(ptr, problem, t)
+            self._make_b = lambda ptr: dgrad_weight_map(ptr, problem, t, cluster)
         else:  # wgrad: A is x (64 pixels of one tap a box), B is dy
             self._make_a = lambda ptr: im2col_map(ptr, problem, TMA_BLOCK_K, t)
             self._make_b = lambda ptr: wgrad_dy_map(ptr, problem, t)

@@ -36,10 +36,26 @@ def test_plan_round_trips_is_named_and_is_checked():
         TmaWgmma(cluster=4)
     with pytest.raises(ValueError, match="needs plan.tma=True"):
         Plan.from_dict({**Plan(128, 128, 32, 4, 2, 3, 8, 8).as_dict(), "cluster": 2})
-    for pass_ in (Pass.DGRAD, Pass.WGRAD):
-        with pytest.raises(ValueError, match="in fprop only"):
-            check_plan(dataclasses.replace(CLUSTERED, block_n=128), LAYER, pass_, SM90, "float16")
+    strided = dataclasses.replace(LAYER, stride=(2, 2))
+    for pass_, problem in ((Pass.WGRAD, LAYER), (Pass.DGRAD, strided)):  # residue classes of unequal K-steps
+        with pytest.raises(ValueError, match="in fprop and stride-1 dgrad"):
+            check_plan(CLUSTERED, problem, pass_, SM90, "float16")
     check_plan(CLUSTERED, LAYER, Pass.FPROP, SM90, "float16")
+    check_plan(CLUSTERED, LAYER, Pass.DGRAD, SM90, "float16")
+    check_plan(CLUSTERED, strided, Pass.FPROP, SM90, "float16")  # fprop's blocks walk the same taps at any stride
+
+
+def test_the_gpu_tests_plans_are_valid_on_their_shapes():
+    """test_tma_cluster_gpu's plans pass the planner's checks on its shapes, so that file tests
+    kernels, not refusals."""
+    import test_tma_cluster_gpu as g
+
+    for plan in g.PLANS + g.PERSISTENT:
+        for problem in g.SHAPES:
+            check_plan(plan, problem, Pass.FPROP, SM90, "float16")
+    for plan in g.DGRAD_PLANS:
+        for problem in g.DGRAD_SHAPES:
+            check_plan(plan, problem, Pass.DGRAD, SM90, "float16")
 
 
 def test_grid_is_whole_clusters():
@@ -72,6 +88,14 @@ def test_kernel_shares_the_weight_tile_between_the_clusters_blocks():
     assert "ring_init(smem_raw, 1 * CLUSTER)" in pp and "(t / N_TILES * CLUSTER + rank) * BM" in pp
     plain = emit(make_spec(LAYER, Pass.FPROP, target=SM90, plan_=dataclasses.replace(CLUSTERED, loop=TmaWgmma()))).source
     assert "CLUSTER" not in plain and "cluster_" not in plain and "multicast" not in plain
+    dgrad = emit(make_spec(LAYER, Pass.DGRAD, target=SM90, plan_=PINGPONG)).source
+    assert "__cluster_dims__(CLUSTER, 1, 1)" in dgrad and "ring_init(smem_raw, 1 * CLUSTER)" in dgrad
+    assert ("tma_load_3d_multicast(a + A_BYTES + j * B_BOX_BYTES + part * B_BOX_PART, w_map, bar, tile_n + 64 * j, "
+            "r * S + s,\n                            k0 + part * (BK / CLUSTER)") in dgrad
+    # a block past the last tile copies and multiplies too: the other block's stages wait for its parts
+    assert "tile_m >= class_rows" not in dgrad and "if (tile_m >= m_class) return;" not in dgrad
+    assert "if (tile_m >= m_class) return;" in emit(make_spec(LAYER, Pass.DGRAD, target=SM90, plan_=dataclasses.replace(
+        PINGPONG, loop=TmaWgmma(persistent=True, pingpong=True)))).source
 
 
 def test_twins_are_offered_when_asked_for_last_and_in_fprop_only():
@@ -90,27 +114,35 @@ def test_twins_are_offered_when_asked_for_last_and_in_fprop_only():
         first = plans[twins[0]]
         assert dataclasses.replace(first, loop=dataclasses.replace(first.loop, cluster=1), reasons=()) == \
             dataclasses.replace(plans[0], reasons=())
-        for pass_ in (Pass.DGRAD, Pass.WGRAD):
-            assert not any(getattr(p.loop, "cluster", 1) > 1 for p in candidates(problem, pass_, SM90, clusters=True))
+        assert not any(getattr(p.loop, "cluster", 1) > 1 for p in candidates(problem, Pass.WGRAD, SM90, clusters=True))
+        dgrad = candidates(problem, Pass.DGRAD, SM90, clusters=True)
+        assert any(getattr(p.loop, "cluster", 1) > 1 for p in dgrad) == isinstance(dgrad[0].loop, TmaWgmma)
+        strided = dataclasses.replace(problem, stride=(2, 2))
+        assert not any(getattr(p.loop, "cluster", 1) > 1 for p in candidates(strided, Pass.DGRAD, SM90, clusters=True))
 
 
 CUOBJDUMP = find_cuobjdump()
 
 
 @pytest.mark.skipif(CUOBJDUMP is None, reason="no cuobjdump: install the cuda13 or cuda12 extra")
-@pytest.mark.parametrize("layer,plan", [
-    (LAYER, CLUSTERED),
-    (LAYER, PINGPONG),
-    (dataclasses.replace(LAYER, c=96), Plan(64, 48, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True, cluster=2))),
-    (ConvProblem(14, 14, 256, 256, 3, 3, 1, 1, 1, 4, n=8), Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(cluster=2))),
-], ids=["2d", "pingpong", "3d-tail", "grouped"])
-def test_nvrtc_compiles_one_multicast_copy_of_the_weights(layer, plan):
+@pytest.mark.parametrize("layer,plan,pass_", [
+    (LAYER, CLUSTERED, Pass.FPROP),
+    (LAYER, PINGPONG, Pass.FPROP),
+    (dataclasses.replace(LAYER, c=96), Plan(64, 48, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True, cluster=2)),
+     Pass.FPROP),
+    (ConvProblem(14, 14, 256, 256, 3, 3, 1, 1, 1, 4, n=8), Plan(128, 64, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(cluster=2)),
+     Pass.FPROP),
+    (LAYER, Plan(128, 128, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(persistent=True, cluster=2)), Pass.DGRAD),
+], ids=["2d", "pingpong", "3d-tail", "grouped", "dgrad"])
+def test_nvrtc_compiles_one_multicast_copy_of_the_weights(layer, plan, pass_):
     """NVRTC's sm_90a SASS: the weights' copy is a multicast one, the activations' im2col copy
-    is not, and no register spills."""
-    spec = make_spec(layer, Pass.FPROP, target=SM90, plan_=plan, epilogue=Epilogue(bias=True))
+    is not, and no register spills.  (dgrad's w is 3-D.)"""
+    epi = Epilogue(bias=pass_ is Pass.FPROP)
+    spec = make_spec(layer, pass_, target=SM90, plan_=plan, epilogue=epi)
     sass = kernel_sass(emit(spec), CUOBJDUMP)[emit(spec).main.kernel]
     tma = {op: n for op, n in sass.opcodes.items() if op.startswith("UTMALDG")}
-    assert tma.keys() == {"UTMALDG.4D.IM2COL", "UTMALDG.3D.MULTICAST" if layer.c % 64 else "UTMALDG.2D.MULTICAST"}, tma
+    three_d = layer.c % 64 or pass_ is Pass.DGRAD
+    assert tma.keys() == {"UTMALDG.4D.IM2COL", "UTMALDG.3D.MULTICAST" if three_d else "UTMALDG.2D.MULTICAST"}, tma
     assert sass.local == 0 and sass.stack == 0
 
 
@@ -130,3 +162,5 @@ def test_each_block_maps_its_part_of_the_weight_tile(tma_encodes):
     tail = dataclasses.replace(LAYER, c=96)  # w as (C, R*S, K): a box of 64 channels, one tap, BN / 2 filters
     tma.TmaMaps(tail, Pass.FPROP, 128, 128, cluster=2).b(4096)
     assert boxes()[4096] == [64, 1, 64]
+    tma.TmaMaps(LAYER, Pass.DGRAD, 128, 128, cluster=2).b(8192)  # dgrad: half of each box's 64 filters
+    assert boxes()[8192] == [64, 1, 32]

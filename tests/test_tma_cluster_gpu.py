@@ -1,4 +1,4 @@
-"""The TMA loop's thread-block clusters (TmaWgmma.cluster = 2, fprop) on the GPU, against the
+"""The TMA loop's thread-block clusters (TmaWgmma.cluster = 2: fprop, stride-1 dgrad) on the GPU, against the
 float64 reference.  Two blocks side by side along M each copy half of every stage's weight
 tile and multicast it into both, so the shapes make the last cluster hold a block past the
 last M tile (an odd number of tiles), K tails (half a tile past K), channel tails (the 3-D
@@ -61,6 +61,28 @@ def test_cluster_persistent_exact_tier(problem, plan, one_sm):
 def test_cluster_grid_walks_a_real_layer(plan):
     """Several tiles an SM on the whole GPU, normal data through fp16 with ReLU; 8 groups of 64."""
     check_tma_fprop_on_real_layers(plan, "cluster-big")
+
+# dgrad at stride 1: dx's tiles an odd count (a block past them still copies its parts of B),
+# filter tails (half a box past K), persistent and ping-pong on one SM
+DGRAD_SHAPES = [
+    ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=3),
+    ConvProblem(10, 9, 128, 72, 3, 5, 1, (1, 2), (1, 2), n=2),
+    ConvProblem(14, 14, 192, 136, 1, 1, 1, 0, 1, n=3),
+]
+DGRAD_PLANS = [
+    Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(cluster=2)),
+    Plan(64, 128, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, cluster=2)),
+    Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, cluster=2)),
+]
+
+
+@pytest.mark.parametrize("problem", DGRAD_SHAPES, ids=plan_id)
+@pytest.mark.parametrize("plan", DGRAD_PLANS, ids=plan_id)
+def test_cluster_dgrad_exact_tier(problem, plan, one_sm):
+    res = run_pass(problem, Pass.DGRAD, seeded("cluster-dgrad", problem, plan), out_dtype="float32", plan=plan,
+                   exact=True)
+    check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()} on one SM")
+
 
 @given(h=st.integers(3, 20), w=st.integers(3, 20), c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(1, 160),
        r=st.integers(1, 3), s=st.integers(1, 3), stride=st.integers(1, 2), n=st.integers(1, 4),

@@ -94,17 +94,22 @@ STORE_DGRAD_CASES = [
     (ConvProblem(24, 24, 72, 64, 3, 3, 1, 1, 1, n=64),
      Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, tma_store=True))),
 ]
+CLUSTER_DGRAD_CASES = [
+    (ConvProblem(9, 11, 64, 40, 3, 3, 1, 1, 1, n=3), Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(cluster=2))),
+    (ConvProblem(24, 24, 72, 64, 3, 3, 1, 1, 1, n=64),
+     Plan(128, 64, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True, cluster=2))),
+]
 if sys.argv[1:] == ["halo"]:
     CASES, WGRAD_CASES, DGRAD_CASES = HALO_CASES, [], HALO_CASES
 elif sys.argv[1:] == ["streamk"]:
     CASES, WGRAD_CASES, DGRAD_CASES = [], STREAM_K_CASES, []
 elif sys.argv[1:] == ["cluster"]:
-    CASES, WGRAD_CASES, DGRAD_CASES = CLUSTER_CASES, [], []
+    CASES, WGRAD_CASES, DGRAD_CASES = CLUSTER_CASES, [], CLUSTER_DGRAD_CASES
 elif sys.argv[1:] == ["store"]:
     CASES, WGRAD_CASES, DGRAD_CASES = STORE_CASES, [], STORE_DGRAD_CASES
 else:
     WGRAD_CASES = WGRAD_CASES + STREAM_K_CASES
-    CASES, DGRAD_CASES = CASES + HALO_CASES + CLUSTER_CASES + STORE_CASES, DGRAD_CASES + HALO_CASES + STORE_DGRAD_CASES
+    CASES, DGRAD_CASES = CASES + HALO_CASES + CLUSTER_CASES + STORE_CASES, DGRAD_CASES + HALO_CASES + CLUSTER_DGRAD_CASES + STORE_DGRAD_CASES
 
 rng = np.random.default_rng(7)
 geo = lambda prob: dict(stride=prob.stride, padding=prob.padding, dilation=prob.dilation)  # noqa: E731

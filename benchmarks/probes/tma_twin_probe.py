@@ -1,17 +1,18 @@
-"""Probe: `convgen bench` (or any convgen command) with every fprop plan of the TMA loop that the
-planner makes (TmaWgmma) replaced by one of its twins that have not yet run as defaults:
+"""Probe: `convgen bench` (or any convgen command) with every fprop and dgrad plan of the TMA loop
+that the planner makes (TmaWgmma) replaced by one of its twins that have not yet run as defaults:
 TWIN=cluster, in thread-block clusters of two (TmaWgmma.cluster = 2: two blocks side by side
 along M share each stage's weight tile by TMA multicast; forty-second session); TWIN=store,
 storing y through the copy engine (TmaWgmma.tma_store: a warp's drained strips; forty-third
 session); TWIN=none (the default) leaves the planner alone.  It wraps convgen.planner.plan in
-this process only.  Run it once per setting, with separate CONVGEN_CACHE_DIRs and --out
+this process only (clusters and stores run in fprop and stride-1 dgrad: a strided dgrad keeps
+its plan).  Run it once per setting, with separate CONVGEN_CACHE_DIRs and --out
 folders, and compare them with scripts/bench_compare.py:
 
     TWIN=cluster CONVGEN_TUNED=0 CONVGEN_CACHE_DIR=/tmp/cl python3 benchmarks/probes/tma_twin_probe.py \\
         bench --suite large --pass fprop --out /tmp/cl
 
 (benchmarks/NOTES.md, forty-second and forty-third sessions.)  A twin the planner's checks
-refuse (a persistent ring too deep for the store's strips) is left as the planner made it,
+refuse (a persistent ring too deep for the store's strips, a strided dgrad) is left as the planner made it,
 and the probe says so on stderr."""
 import dataclasses
 import os
@@ -29,7 +30,7 @@ if TWIN not in TWINS:
 
 
 def swap(p, problem, pass_, target, in_dtype):
-    if not TWINS[TWIN] or Pass.parse(pass_) is not Pass.FPROP or not isinstance(p.loop, TmaWgmma):
+    if not TWINS[TWIN] or Pass.parse(pass_) is Pass.WGRAD or not isinstance(p.loop, TmaWgmma):
         return p
     q = dataclasses.replace(p, loop=dataclasses.replace(p.loop, **TWINS[TWIN]),
                             reasons=p.reasons + (f"tma_twin_probe: the {TWIN} twin",))
