@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43   # what no GPU has run (about 7 min): the TMA store's,
 #                     # the cluster twins', the depthwise tiles', packed-wgrad and first-use tuning GPU tests; memcheck
 #                     # and racecheck on the store's and the clusters' cases
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43min  # a short lease (about 4 min): the store's and the
+#                     # clusters' GPU tests, racecheck on the store's cases
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43ab  # the store twins and the cluster twins against the
 #                     # planner's fprop on large and resnet50 (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s42min  # a short lease (about 4 min): the cluster twins'
@@ -648,6 +650,16 @@ s43() {  # what no GPU has run (about 7 min): the GPU tests of the TMA store (fo
     (cd "$OUT" && tar czf sanitize.tgz sanitize-*.log && rm -f sanitize-*.log)
 }
 
+s43min() {  # the least worth a short lease (about 4 min): the TMA store's and the clusters' GPU tests, racecheck on
+    # the store's cases
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-st timeout 170 $PYTEST tests/test_tma_store_gpu.py tests/test_tma_cluster_gpu.py 2>&1 \
+        | tee "$OUT/s43min-gpu-tests.log" | tail -4
+    CONVGEN_CACHE_DIR=/tmp/cg-st timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool racecheck \
+        python3 benchmarks/probes/sanitize_tma.py store > "$OUT/sanitize-store-racecheck.log" 2>&1
+    grep -E "RACECHECK SUMMARY|differ" "$OUT/sanitize-store-racecheck.log" | sort | uniq -c | head -6
+}
+
 s43ab() {  # the planner's fprop against its store twins and its cluster twins, on large and resnet50, once each
     # (about 9 min)
     install
@@ -702,6 +714,7 @@ case "${1:-}" in
     s42c) s42c ;;
     s43) s43 ;;
     s43ab) s43ab ;;
+    s43min) s43min ;;
     s42min) s42min ;;
     s39a) s39a ;;
     s39b) s39b ;;
