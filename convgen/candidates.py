@@ -96,8 +96,8 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
     variations of tile, warps, K-step, stages and split-K.  `limit` bounds the im2col plans
     (the default's among them); every halo plan is kept on top.  `wgmma` adds the warpgroup-MMA
     plans (sm_90): opt-in, since on the H200 they have so far run 1.1 to 2.2x slower than the
-    WMMA plans on every suite layer (benchmarks/NOTES.md).  `clusters` adds fprop's TMA plans
-    in thread-block clusters of two: opt-in until a GPU has run them (a fault in their
+    WMMA plans on every suite layer (benchmarks/NOTES.md).  `clusters` adds the TMA plans in
+    thread-block clusters of two (fprop, stride-1 dgrad): opt-in until a GPU has run them (a fault in their
     barrier protocol would hang the tuning run).  `tma_store` adds the TMA plans that store
     their output through the copy engine (fprop, stride-1 dgrad), opt-in for the same reason (a
     fault there would end the run's CUDA context)."""
@@ -186,11 +186,12 @@ def candidates(problem: ConvProblem, pass_: Pass | str, target: Target, in_dtype
 
 
 # TMA plans not yet run on a GPU: the twins of the default and of the first TMA candidates in
-# thread-block clusters of two (TmaWgmma.cluster = 2, fprop, forty-second session: two blocks
-# side by side along M share each stage's weight tile by TMA multicast) or storing their output
-# through the copy engine (TmaWgmma.tma_store, fprop and stride-1 dgrad, forty-third session).  Offered only when asked
-# for (`convgen tune --clusters`, `--tma-store`), after the others, with only the untimed TMA
-# halo slices behind them, so tuning on first use (autotune.CANDIDATES) never reaches them.
+# thread-block clusters of two (TmaWgmma.cluster = 2, forty-second and forty-third sessions: two
+# blocks side by side along M share each stage's weight tile by TMA multicast) or storing their
+# output through the copy engine (TmaWgmma.tma_store, forty-third session), both in fprop and
+# stride-1 dgrad.  Offered only when asked for (`convgen tune --clusters`, `--tma-store`), after
+# the others, with only the untimed TMA halo slices behind them, so tuning on first use
+# (autotune.CANDIDATES) never reaches them.
 TWINS_PER_LAYER = 4
 
 

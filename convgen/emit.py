@@ -228,7 +228,7 @@ class Tile:
     persistent: bool  # a TMA block walks tiles until none are left (TmaWgmma.persistent)
     pingpong: bool  # and its two consumer warpgroups take those tiles in turn (TmaWgmma.pingpong)
     cluster: int  # blocks a thread-block cluster, which share the weights' tile (TmaWgmma.cluster)
-    store_bytes: int  # a warp's shared memory for the copy engine's stores of y (TmaWgmma.tma_store); 0: none
+    store_bytes: int  # a warp's shared memory for the copy engine's stores of the output (TmaWgmma.tma_store); 0: none
     pad: int  # halves of padding per staged row
     a_col: bool  # A staged [BK][BM] (wgrad's dy^T) rather than [BM][BK]
     b_col: bool  # B staged [BN][BK] (fprop's w) rather than [BK][BN]

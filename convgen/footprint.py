@@ -238,7 +238,7 @@ def smem_bytes(plan: Plan, pass_: Pass, warp_size: int = 32, geometry: ConvGeome
     if isinstance(plan.loop, StagedHalo):
         pipeline += staged_halo_halves(plan, geometry) * 2  # type: ignore[arg-type]
     if isinstance(plan.loop, TmaWgmma):  # the epilogue's strips reuse the (aligned) ring, or follow it; then barriers
-        if plan.loop.tma_store:  # and each warp's strips in y's dtype, for the copy engine to store
+        if plan.loop.tma_store:  # and each warp's strips in the output's dtype, for the copy engine to store
             strips += plan.warps_m * TMA_STORE_WARP_BYTES
         pipeline = pipeline + strips if plan.loop.persistent else max(pipeline, strips)
         barriers = ring_stages(plan, pass_, geometry) * TMA_BARRIER_BYTES

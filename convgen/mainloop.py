@@ -81,7 +81,7 @@ class Flags(NamedTuple):
     dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
     cluster: int = 1  # a TmaWgmma kind's blocks a cluster (with tma=True)
-    tma_store: bool = False  # a TmaWgmma kind stores y through the copy engine (with tma=True)
+    tma_store: bool = False  # a TmaWgmma kind stores its output through the copy engine (with tma=True)
 
 
 def _positive(kind: str, name: str, value: Any) -> int:

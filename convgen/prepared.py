@@ -80,7 +80,7 @@ _ARENA = _Arena()
 # The values a launch may pass, by slot: the two inputs, bias, the two outputs, the two
 # workspaces, the batch (int32), the reduction's row count (int64), fprop's residual scales
 # alpha and beta (float32) and its residual, then a TMA kernel's tensor maps of the two
-# inputs (convgen/tma.py).
+# inputs and, where the copy engine stores it (TmaWgmma.tma_store), of the output (convgen/tma.py).
 _SLOT = {"a": 0, "b": 1, "bias": 2, "out0": 3, "out1": 4, "workspace": 5, "db_workspace": 6, "batch": 7, "m_rows": 8,
          "alpha": 9, "beta": 10, "residual": 11, "a_map": 12, "b_map": 13, "out_map": 14}
 _ARG_SLOT = {

@@ -183,7 +183,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--wgmma", action="store_true",
                    help="also time warpgroup-MMA plans (sm_90; slower than the WMMA plans so far)")
     p.add_argument("--clusters", action="store_true",
-                   help="also time fprop's TMA plans in thread-block clusters of two (sm_90; not yet run on a GPU)")
+                   help="also time the TMA plans in thread-block clusters of two (fprop, stride-1 dgrad; sm_90; not yet "
+                        "run on a GPU)")
     p.add_argument("--tma-store", action="store_true",
                    help="also time the TMA plans that store their output through the copy engine (fprop, stride-1 "
                         "dgrad; sm_90; not yet run on a GPU)")
