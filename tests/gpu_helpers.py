@@ -187,3 +187,24 @@ def check_tma_fprop_fuzz_case(h: int, w: int, c: int, k: int, r: int, s: int, st
     problem = ConvProblem(h, w, c, -(-k // 8) * 8, r, s, stride, r // 2, 1, n=n)
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), bias=True, plan=plan)
     check(res, "float16", what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+def check_exact_fp32(problem: ConvProblem, pass_: Pass, plan: Plan, tag: str, where: str = "") -> None:
+    """The exact tier of one plan on one shape: small integers in, fp32 out (fprop with a
+    bias), equal to the float64 reference in every element; ``where`` names the target in the
+    message (" on one SM")."""
+    res = run_pass(problem, pass_, seeded(tag, problem, plan), out_dtype="float32", bias=pass_ is Pass.FPROP,
+                   plan=plan, exact=True)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}{where}")
+
+
+def check_plans_pass_the_planner(gpu_tests, target) -> None:
+    """A TMA GPU test module's plans (PLANS and PERSISTENT on SHAPES in fprop, DGRAD_PLANS on
+    DGRAD_SHAPES in dgrad) pass the planner's checks, so that module tests kernels, not refusals."""
+    from convgen.planner import check_plan
+
+    for plans, shapes, pass_ in ((gpu_tests.PLANS + gpu_tests.PERSISTENT, gpu_tests.SHAPES, Pass.FPROP),
+                                 (gpu_tests.DGRAD_PLANS, gpu_tests.DGRAD_SHAPES, Pass.DGRAD)):
+        for plan in plans:
+            for problem in shapes:
+                check_plan(plan, problem, pass_, target, "float16")

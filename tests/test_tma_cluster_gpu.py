@@ -15,7 +15,7 @@ from convgen.ir import ConvProblem, Pass
 from convgen.mainloop import TmaWgmma
 from convgen.spec import Plan
 
-from gpu_helpers import check, check_tma_fprop_fuzz_case, check_tma_fprop_on_real_layers, plan_id, run_pass, seeded
+from gpu_helpers import check_exact_fp32, check_tma_fprop_fuzz_case, check_tma_fprop_on_real_layers, plan_id
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs", "sm90_only")]
 
@@ -44,23 +44,20 @@ PERSISTENT = [
 @pytest.mark.parametrize("problem", SHAPES, ids=plan_id)
 @pytest.mark.parametrize("plan", PLANS, ids=plan_id)
 def test_cluster_exact_tier(problem, plan):
-    res = run_pass(problem, Pass.FPROP, seeded("cluster", problem, plan), out_dtype="float32", bias=True, plan=plan,
-                   exact=True)
-    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
+    check_exact_fp32(problem, Pass.FPROP, plan, "cluster")
 
 
 @pytest.mark.parametrize("problem", SHAPES, ids=plan_id)
 @pytest.mark.parametrize("plan", PERSISTENT, ids=plan_id)
 def test_cluster_persistent_exact_tier(problem, plan, one_sm):
-    res = run_pass(problem, Pass.FPROP, seeded("cluster-persistent", problem, plan), out_dtype="float32", bias=True,
-                   plan=plan, exact=True)
-    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
+    check_exact_fp32(problem, Pass.FPROP, plan, "cluster-persistent", " on one SM")
 
 
 @pytest.mark.parametrize("plan", [PLANS[0], PERSISTENT[0], PERSISTENT[2]], ids=plan_id)
 def test_cluster_grid_walks_a_real_layer(plan):
     """Several tiles an SM on the whole GPU, normal data through fp16 with ReLU; 8 groups of 64."""
     check_tma_fprop_on_real_layers(plan, "cluster-big")
+
 
 # dgrad at stride 1: dx's tiles an odd count (a block past them still copies its parts of B),
 # filter tails (half a box past K), persistent and ping-pong on one SM
@@ -79,9 +76,7 @@ DGRAD_PLANS = [
 @pytest.mark.parametrize("problem", DGRAD_SHAPES, ids=plan_id)
 @pytest.mark.parametrize("plan", DGRAD_PLANS, ids=plan_id)
 def test_cluster_dgrad_exact_tier(problem, plan, one_sm):
-    res = run_pass(problem, Pass.DGRAD, seeded("cluster-dgrad", problem, plan), out_dtype="float32", plan=plan,
-                   exact=True)
-    check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()} on one SM")
+    check_exact_fp32(problem, Pass.DGRAD, plan, "cluster-dgrad", " on one SM")
 
 
 @given(h=st.integers(3, 20), w=st.integers(3, 20), c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(1, 160),

@@ -54,14 +54,10 @@ def test_plan_round_trips_is_named_and_is_checked():
 def test_the_gpu_tests_plans_are_valid_on_their_shapes():
     """test_tma_store_gpu's plans pass the planner's checks on its shapes, so that file tests
     kernels, not refusals."""
-    import test_tma_store_gpu as g
+    import test_tma_store_gpu
+    from gpu_helpers import check_plans_pass_the_planner
 
-    for plan in g.PLANS + g.PERSISTENT:
-        for problem in g.SHAPES:
-            check_plan(plan, problem, Pass.FPROP, SM90, "float16")
-    for plan in g.DGRAD_PLANS:
-        for problem in g.DGRAD_SHAPES:
-            check_plan(plan, problem, Pass.DGRAD, SM90, "float16")
+    check_plans_pass_the_planner(test_tma_store_gpu, SM90)
 
 
 def test_each_warp_has_room_for_its_strips():

@@ -17,7 +17,8 @@ from convgen.ir import ConvProblem, Pass
 from convgen.mainloop import TmaWgmma
 from convgen.spec import Plan
 
-from gpu_helpers import check, check_tma_fprop_fuzz_case, check_tma_fprop_on_real_layers, plan_id, run_pass, seeded
+from gpu_helpers import (check, check_exact_fp32, check_tma_fprop_fuzz_case, check_tma_fprop_on_real_layers, plan_id,
+                         run_pass, seeded)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poison_outputs", "sm90_only")]
 
@@ -54,9 +55,7 @@ def test_tma_store_exact_tier(problem, plan, out_dtype):
 @pytest.mark.parametrize("problem", SHAPES, ids=plan_id)
 @pytest.mark.parametrize("plan", PERSISTENT, ids=plan_id)
 def test_tma_store_persistent_exact_tier(problem, plan, one_sm):
-    res = run_pass(problem, Pass.FPROP, seeded("store-persistent", problem, plan), out_dtype="float32", bias=True,
-                   plan=plan, exact=True)
-    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} on one SM")
+    check_exact_fp32(problem, Pass.FPROP, plan, "store-persistent", " on one SM")
 
 
 @pytest.mark.parametrize("plan", [PLANS[0], PERSISTENT[0], PERSISTENT[2]], ids=plan_id)
@@ -90,9 +89,7 @@ DGRAD_PLANS = [
 @pytest.mark.parametrize("problem", DGRAD_SHAPES, ids=plan_id)
 @pytest.mark.parametrize("plan", DGRAD_PLANS, ids=plan_id)
 def test_tma_store_dgrad_exact_tier(problem, plan, one_sm):
-    res = run_pass(problem, Pass.DGRAD, seeded("store-dgrad", problem, plan), out_dtype="float32", plan=plan,
-                   exact=True)
-    check(res, "float32", exact=True, what=f"dgrad {problem.describe()} {plan.brief()} on one SM")
+    check_exact_fp32(problem, Pass.DGRAD, plan, "store-dgrad", " on one SM")
 
 
 @given(h=st.integers(3, 20), w=st.integers(3, 20), c=st.integers(1, 3).map(lambda i: 64 * i), k=st.integers(1, 160),
