@@ -131,9 +131,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_suites(args: argparse.Namespace) -> int:
-    for name, layers in SUITES.items():
-        print(f"{name} ({len(layers)} layers): {SUITE_INFO[name].source}")
-        for layer in layers:
+    for name, suite in SUITES.items():
+        print(f"{name} ({len(suite)} layers): {SUITE_INFO[name].source}")
+        for layer in suite:
             print(f"  {layer.name:<14} {layer.problem.describe()}")
     return 0
 

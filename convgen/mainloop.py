@@ -39,9 +39,10 @@ The kinds:
   of channels on the CUDA cores (convgen/depthwise.py plans it).
 
 A kind's :attr:`~MainLoop.tag` is a short name derived from its configuration (CUTLASS
-names its kernels this way).  :meth:`~MainLoop.flags` is the kind in the five fields plans
-were once written with; ``Plan.as_dict`` and ``Plan.from_dict`` use it, so tuning databases
-and spec keys keep their format.
+names its kernels this way).  :meth:`~MainLoop.flags` is the kind in the fields of a plan's
+dict; ``Plan.as_dict`` uses it and ``Plan.from_dict`` reads it back
+(:func:`convgen.spec.from_flags`, beside the dict format), so tuning databases and spec keys
+keep their format.
 """
 
 from __future__ import annotations
@@ -561,74 +562,3 @@ class Depthwise(MainLoop):
 
 
 KINDS: tuple[type[MainLoop], ...] = (Im2col, Wgmma, TmaWgmma, TmaHalo, HaloTile, HaloLdsm, FlatHalo, StagedHalo, Depthwise)
-
-
-def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
-               tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
-               dw_rows: Any = 0, halo_pitch: Any = 0, cluster: Any = 1, dw_interleave: Any = False,
-               tma_store: Any = False, *,
-               staged: bool = False) -> MainLoop:
-    """The kind a plan dict's fields name.  ``staged``: whether the layer stages its whole
-    halo (fprop, C not a multiple of 8), which the dict does not record: there a 2-D tile
-    is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
-    narrower than a fragment)."""
-    for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent), ("pingpong", pingpong),
-                    ("dw_interleave", dw_interleave), ("tma_store", tma_store)):
-        if not isinstance(v, bool):
-            raise TypeError(f"plan.{name} must be a bool, got {v!r}")
-    tile_w, tiles, warps_k = as_int("plan.tile_w", tile_w), as_int("plan.tiles", tiles), as_int("plan.warps_k", warps_k)
-    if as_int("plan.cluster", cluster) != 1 and (not tma or as_int("plan.halo_pitch", halo_pitch)):
-        raise ValueError(f"plan.cluster={cluster} launches the TMA main loop's blocks as clusters: it needs "
-                         "plan.tma=True and no halo_pitch")
-    if tma_store and (not tma or as_int("plan.halo_pitch", halo_pitch)):
-        raise ValueError("plan.tma_store=True stores the TMA main loop's output through the copy engine: it needs "
-                         "plan.tma=True and no halo_pitch")
-    if as_int("plan.halo_pitch", halo_pitch):
-        if not tma or wgmma or flat or tile_w or persistent or pingpong or warps_k != 1 or tiles != 1 or depthwise:
-            raise ValueError(f"plan.halo_pitch={halo_pitch} names the TMA halo loop: tma=True and no other flag")
-        return TmaHalo(halo_pitch)
-    if dw_interleave and not as_int("plan.depthwise", depthwise):
-        raise ValueError("plan.dw_interleave=True orders a depthwise stencil's blocks: it needs plan.depthwise > 0")
-    if as_int("plan.dw_rows", dw_rows) and not as_int("plan.depthwise", depthwise):
-        raise ValueError(f"plan.dw_rows={dw_rows} splits a depthwise wgrad's filter rows: it needs plan.depthwise > 0")
-    if as_int("plan.depthwise", depthwise):
-        if flat or wgmma or tma or persistent or pingpong or warps_k != 1:
-            raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w and tiles")
-        return Depthwise(tile_w, depthwise, dw_rows, tiles, dw_interleave)
-    if tile_w < 0 or tile_w % 8:
-        raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
-    halo = bool(tile_w) or flat
-    if wgmma and (halo or warps_k != 1 or tiles != 1):
-        raise ValueError(f"plan.wgmma=True takes no halo tile and no sliced K, got tile_w={tile_w}, flat={flat}, "
-                         f"tiles={tiles}, warps_k={warps_k}")
-    if halo and warps_k != 1:
-        raise ValueError(f"plan.warps_k={warps_k} needs an im2col plan (tile_w=0, flat=False): a halo step's "
-                         "fragments are spread over the taps, not over block_k")
-    if flat and tile_w:
-        raise ValueError(f"plan.flat=True takes tile_w=0, got tile_w={tile_w}: a flat tile is block_m consecutive "
-                         "positions of the batch's grid, not a tile_w-wide rectangle")
-    if tiles != 1 and not halo:
-        raise ValueError(f"plan.tiles={tiles} must be 1 without a halo tile (tile_w > 0 or flat)")
-    if tma and (wgmma or halo or warps_k != 1 or tiles != 1):
-        raise ValueError(f"plan.tma=True names the TMA main loop alone, got wgmma={wgmma}, tile_w={tile_w}, "
-                         f"flat={flat}, tiles={tiles}, warps_k={warps_k}")
-    if persistent and not tma:
-        raise ValueError("plan.persistent=True names a persistent TMA main loop: it needs plan.tma=True")
-    if pingpong and not persistent:
-        raise ValueError("plan.pingpong=True names a persistent ping-pong TMA main loop: it needs plan.persistent=True")
-    if tma:
-        return TmaWgmma(persistent, pingpong, as_int("plan.cluster", cluster), tma_store)
-    if wgmma:
-        return Wgmma()
-    if flat:
-        return FlatHalo(tiles)
-    if tile_w % FRAG:
-        return HaloLdsm(tile_w, tiles)
-    if tile_w and staged:
-        if tiles != 1:
-            raise ValueError(f"plan.tiles={tiles}: a layer that stages its whole halo (fprop, C not a multiple "
-                             "of 8) computes one tile per block")
-        return StagedHalo(tile_w)
-    if tile_w:
-        return HaloTile(tile_w, tiles)
-    return Im2col(warps_k)

@@ -14,7 +14,8 @@ from convgen import reference
 from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass
 from convgen.spec import Plan
-from convgen.mainloop import Depthwise, HaloTile, from_flags
+from convgen.mainloop import Depthwise, HaloTile
+from convgen.spec import from_flags
 from convgen.planner import check_plan, make_spec, plan
 from convgen.ir import ARCHES, Target
 
