@@ -5,6 +5,9 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44   # all that has not run since 40d7cdc, in one call
+#                     # (about 9.5 min): the store's and the clusters' GPU tests, then the rest of the GPU suite,
+#                     # racecheck on the store's cases and memcheck on the clusters'
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43   # what no GPU has run (about 7 min): the TMA store's,
 #                     # the cluster twins', the depthwise tiles', packed-wgrad and first-use tuning GPU tests; memcheck
 #                     # and racecheck on the store's and the clusters' cases
@@ -632,6 +635,23 @@ twin_ab() {  # TWIN RUNS: the planner's plans against their TWIN twins (tma_twin
 
 cluster_ab() { twin_ab cluster "$1"; }
 
+s44() {  # one call for all that has not run since 40d7cdc (about 9.5 min): the TMA store's and the clusters' GPU
+    # tests first (a hang there is a barrier fault, found before the rest), then every other GPU test, then
+    # racecheck on the store's cases and memcheck on the clusters'
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 150 $PYTEST tests/test_tma_store_gpu.py tests/test_tma_cluster_gpu.py 2>&1 \
+        | tee "$OUT/s44-twins-gpu-tests.log" | tail -4
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_S:-330}" $PYTEST --ignore=tests/test_tma_store_gpu.py \
+        --ignore=tests/test_tma_cluster_gpu.py 2>&1 | tee "$OUT/gpu-suite.log" | tail -8
+    for run in "store racecheck" "cluster memcheck"; do
+        set -- $run
+        CONVGEN_CACHE_DIR=/tmp/cg-suite timeout 45 /usr/local/cuda/bin/compute-sanitizer --tool $2 --report-api-errors no \
+            python3 benchmarks/probes/sanitize_tma.py $1 > "$OUT/sanitize-$1-$2.log" 2>&1
+        echo "$1 $2: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-$1-$2.log" | sort | uniq -c \
+            | head -6 | tr '\n' ' ')"
+    done
+}
+
 s43() {  # what no GPU has run (about 7 min): the GPU tests of the TMA store (forty-third session), the cluster
     # twins, the depthwise fitted tiles and spare lanes, packed-wgrad tuning and tuning on first use; memcheck and
     # racecheck on the store's and the clusters' cases
@@ -713,6 +733,7 @@ case "${1:-}" in
     cluster) cluster ;;
     s42c) s42c ;;
     s43) s43 ;;
+    s44) s44 ;;
     s43ab) s43ab ;;
     s43min) s43min ;;
     s42min) s42min ;;
