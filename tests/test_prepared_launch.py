@@ -179,3 +179,27 @@ def test_stream_k_wgrad_launches_one_wave_then_its_reduction_on_the_same_workspa
             ws, db_ws, 0x30000, 0x40000, layer.n)
     assert launches[1]["grid"] == (-(-256 * 1152 // (256 * 4)), 1, 1) and launches[1]["block"] == (256, 1, 1)
     assert all(c["stream"] == 0x99 and not c["cooperative"] for c in launches)
+
+
+@pytest.mark.parametrize("block_n,out_dtype", [(128, "float16"), (48, "float32"), (16, "float16")])
+def test_a_tma_store_launch_maps_y_in_the_kernels_strips(launches, tma_encodes, block_n, out_dtype):
+    """TmaWgmma(tma_store=True): y leaves through a third map, built at the first call on y's
+    address, whose box must be the strip the kernel's warps fill (16 pixels x 16 * DRAIN_G
+    filters, in y's dtype): a wider box would store bytes past the strip, a narrower one drop
+    filters, and both compile and launch."""
+    import re
+
+    from convgen.mainloop import TmaWgmma
+    from convgen.spec import Plan
+
+    layer = ConvProblem(14, 14, 64, 96, 3, 3, 1, 1, 1, n=4)
+    fprop = op("fprop", layer, Plan(64, block_n, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(tma_store=True)),
+               out_dtype=out_dtype)
+    src = fprop._kernel.source
+    fprop.launch(0x10000, 0x20000, (0x30000,))
+    (y_map,) = [e for e in tma_encodes if e["ptr"] == 0x30000]
+    strip = 16 * int(re.search(r"constexpr int DRAIN_G = (\d+);", src.source).group(1))
+    assert y_map["box"] == [strip, 16] and y_map["dims"] == [96, 4 * 14 * 14]
+    assert y_map["dtype"] == {"float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+                              "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}[out_dtype]
+    assert "y" not in src.main.args and dict(zip(src.main.args, launches[0]["args"]))["y_map"] is not None

@@ -32,7 +32,7 @@ SHAPES = [
 ]
 PLANS = [
     Plan(128, 256, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(tma_store=True)),
-    Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma(tma_store=True)),  # strips of 48 filters
+    Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma(tma_store=True)),  # three 16-wide strips a tile's row
 ]
 # persistent on a one-SM target: a block's warps carry their strips from tile to tile
 PERSISTENT = [
