@@ -84,6 +84,8 @@
 # Each part installs convgen; everything lands under $OUT.  Nothing here is run by CI.
 set -uo pipefail
 : "${OUT:?set OUT to the folder whose files come back}" "${COMMIT:?set COMMIT to the commit under test}"
+# CONVGEN_TUNED=0: the planner's plans, unless a part says otherwise.  It also turns tuning on first
+# use off (autotune.enabled), so a part that times autotune sets CONVGEN_TUNED=1 with it.
 export PYTHONUNBUFFERED=1 CONVGEN_BENCH_COMMIT="$COMMIT" CONVGEN_TUNED=0
 PYTEST="python3 -m pytest -q -m gpu -n 16 --dist worksteal --timeout 200 --timeout-method thread -rfE -p no:cacheprovider"
 BENCH="--reps 30 --warmup 5 --no-compile-time --plot off --no-progress"
@@ -510,7 +512,7 @@ s42b() {  # the fitted tiles on ConvNeXt's and MobileNetV2's 28/14/7-pixel rows,
     tune_passes s42-convnext 60 convnext-dw fprop dgrad
     tune_passes s42-mbv2 90 mobilenetv2-dw fprop dgrad
     mkdir -p "$OUT/s42-autotune"
-    CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-s42at timeout 200 python3 -m convgen.cli bench --suite efficientnet-b0-dw \
+    CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-s42at timeout 200 python3 -m convgen.cli bench --suite efficientnet-b0-dw \
         --pass fprop $BENCH --out "$OUT/s42-autotune" 2>&1 | grep -E "rror|geomean speedup"
     (cd "$OUT" && tar czf s42-autotune.tgz s42-autotune && rm -rf s42-autotune)
 }

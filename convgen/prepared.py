@@ -221,6 +221,13 @@ class PreparedConv:
             self._store = store is not None
 
     @property
+    def plan(self) -> Optional[Plan]:
+        """The plan this op's kernel runs: the caller's, else this GPU's tuned one, else the
+        tuner's on first use (autotune on), else the planner's; None for an empty batch (no
+        kernel).  A benchmark that names its plans reads them here, after the first call."""
+        return self._kernel.source.spec.plan if self._kernel is not None else None
+
+    @property
     def workspace_elems(self) -> int:
         """fp32 elements of workspace a call needs (0 without split-K or copies around the
         kernel): the size of a caller-supplied ``workspace``."""

@@ -792,6 +792,33 @@ def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
         == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
 
 
+def test_rows_and_settings_name_where_the_plans_come_from(monkeypatch):
+    """Issue 16's targets differ by plan source (the planner's defaults, or tuning on first
+    use), so each row and the run's settings say which it was: a database entry, the planner,
+    or the tuner at the first call, whose plan the run reads back afterwards."""
+    import convgen
+
+    layer = next(l for l in SUITES["resnet50"] if l.name == "l4-1x1")  # tuned on the H200
+    target = Target("sm_90", 132)
+    item = rows.Item("resnet50", layer, Pass.WGRAD)
+
+    def source(gpu: str) -> str:
+        return rows.new_row(item, target=target, with_cudnn=True, gpu_name=gpu)["convgen"]["plan_source"]
+
+    try:
+        convgen.set_autotune(False)
+        assert (source("NVIDIA H200"), source("Some Other GPU")) == ("tuning database", "planner")
+        assert rows.plans_setting() == "this GPU's tuning databases, else the planner"
+        convgen.set_autotune(True)
+        assert (source("NVIDIA H200"), source("Some Other GPU")) == ("tuning database", "first use")
+        assert rows.plans_setting().endswith("; a shape neither covers is tuned on its first call (autotune)")
+        monkeypatch.setenv("CONVGEN_TUNED", "0")  # the planner's plans only: no tuning on first use either
+        assert source("NVIDIA H200") == "planner"
+        assert rows.plans_setting() == "the planner's defaults (CONVGEN_TUNED=0: no tuning database)"
+    finally:
+        convgen.set_autotune(None)
+
+
 def test_run_bench_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path):
     """run_bench's orchestration (stream, device, ceilings, launch floor, one data set per
     layer, rows of both variants, settings, grouping) with CuPy, the device and the session's
@@ -837,3 +864,17 @@ def test_run_bench_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path):
     path = report.write_json(result, tmp_path, "r.json")
     assert json.loads(path.read_text())["fused"]["summary"]["count"]["all"] == 0  # no cuDNN side: no speedups
     assert "launch floor" in report.format_report(result)
+    assert result["settings"]["plans"] == rows.plans_setting()
+    assert f"convgen's plans: {rows.plans_setting()}" in report.format_report(result)
+    # with tuning on first use, a row whose shape no database covers names the plan its calls ran
+    ran = {"block_m": 999}
+    monkeypatch.setattr(harness, "plan_run", lambda it: ran)
+    monkeypatch.setattr(convgen.runtime, "_gpu_name", lambda i: "Some Other GPU")
+    convgen.set_autotune(True)
+    try:
+        tuned = harness.run_bench(args, suites, items)
+    finally:
+        convgen.set_autotune(None)
+    assert all(r["convgen"]["plan_source"] == "first use" and r["convgen"]["plan"] is ran
+               for r in tuned["suites"][0]["rows"])
+    assert all(r["convgen"]["plan"] is not ran for r in result["suites"][0]["rows"])

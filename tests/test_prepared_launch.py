@@ -203,3 +203,18 @@ def test_a_tma_store_launch_maps_y_in_the_kernels_strips(launches, tma_encodes, 
     assert y_map["dtype"] == {"float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
                               "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"}[out_dtype]
     assert "y" not in src.main.args and dict(zip(src.main.args, launches[0]["args"]))["y_map"] is not None
+
+
+def test_a_prepared_op_names_the_plan_its_kernel_runs(launches):
+    """PreparedConv.plan: the caller's plan, else the one the runtime chose (here the
+    planner's); and the bench's record of a row's plan reads it through a prepared twin of
+    the row's call (convgen/tools/bench/rows.py: plan_run), which must name that same plan."""
+    from convgen.suites import Layer
+    from convgen.tools.bench import rows
+
+    assert op("fprop", FPROP).plan == plan_for(FPROP, Pass.FPROP, SM90)
+    hand = dataclasses.replace(plan_for(WGRAD, Pass.WGRAD, SM90), split_reduce="grid")
+    assert op("wgrad", WGRAD, hand).plan == hand != plan_for(WGRAD, Pass.WGRAD, SM90)
+    assert op("fprop", dataclasses.replace(FPROP, n=0)).plan is None  # an empty batch has no kernel
+    item = rows.Item("t", Layer("wgrad-layer", WGRAD), Pass.WGRAD, rows.FUSED)  # dW and db
+    assert rows.plan_run(item) == plan_for(WGRAD, Pass.WGRAD, SM90).as_dict()

@@ -34,7 +34,8 @@ from ...ir import ConvProblem, Pass, Target
 from ..timing import L2_FLUSH_BYTES, MIN_SPIN_US, CudaDevice, eager_interleaved, host_overhead, time_interleaved
 from .report import build_result, git_info, group
 from .rows import (FUSED, LABELS, RESIDUAL, LOW_RATE_TFLOPS, REFERENCE_GBPS, REFERENCE_SOURCE, REFERENCE_TFLOPS, SAME,
-                   TOLERANCE, Item, _err, finish_row, new_row, torch_conv_args, torch_weight_shape, work)
+                   TOLERANCE, Item, _err, finish_row, new_row, plan_run, plans_setting, torch_conv_args,
+                   torch_weight_shape, work)
 from .stats import time_stats
 
 GEMM_SIZE = 8192
@@ -521,6 +522,11 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
                     data_key = key
                 if data:
                     session.run_row(it, row, data, i, tmp_root)
+                    if row["convgen"].get("plan_source") == "first use" and not row["convgen"]["error"]:
+                        try:  # the tuner chose during the row's first call: name what ran
+                            row["convgen"]["plan"] = plan_run(it)
+                        except Exception as exc:
+                            row["convgen"]["error"] = "plan: " + _err(exc)
                 finish_row(row, ceilings)
                 progress.update()
             data = {}
@@ -544,6 +550,7 @@ def run_bench(args: argparse.Namespace, suites: Sequence[str], items: Sequence[I
         "cudnn_benchmark": True if torch is not None else None, "tolerance": TOLERANCE,
         "l2_flush_bytes": L2_FLUSH_BYTES, "min_spin_us": MIN_SPIN_US,
         "compile_time": not args.no_compile_time,
+        "plans": plans_setting(),
         "timing": "CUDA events around the op only, one pair per rep; spin kernel + L2 flush before every rep; "
                   "convgen/cuDNN reps interleaved; median reported",
         "eager": "perf_counter from a synchronised start over eager_calls back-to-back calls to a final synchronise, "

@@ -219,6 +219,8 @@ def format_report(result: dict[str, Any]) -> str:
                f"/ calls, median of {st.get('eager_trials')} trials; host = host cost per call with the GPU held busy. "
                "Times in us; cg = convgen; x = cuDNN/convgen")
     out.append(f"rows: {LABELS[SAME]}")
+    if st.get("plans"):  # runs before the plans' source was recorded say nothing
+        out.append(f"convgen's plans: {st['plans']}")
     for note in result.get("notes", []):
         out.append(f"note: {note}")
     _section(out, result["suites"], result.get("summary"), "")

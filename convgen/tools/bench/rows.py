@@ -287,9 +287,44 @@ def new_row(item: Item, *, target: Optional[Target], with_cudnn: bool,
                              in_dtype="float16", plan_=tuned)
             row["convgen"]["key"] = spec.key
             row["convgen"]["plan"] = spec.plan.as_dict()
+            row["convgen"]["plan_source"] = plan_source(tuned is not None)
         except Exception as exc:  # a shape the planner refuses: the run says so in the row
             row["convgen"]["error"] = _err(exc)
     return row
+
+
+def plan_source(tuned: bool) -> str:
+    """Where a row's plan comes from, as the run's settings decide: this GPU's tuning database,
+    the tuner on the shape's first call (autotune on, no database entry; the plan is read back
+    after the run, :func:`plan_run`), or the planner.  Issue 16's targets differ by source."""
+    from ...autotune import enabled
+
+    return "tuning database" if tuned else "first use" if enabled() else "planner"
+
+
+def plans_setting() -> str:
+    """The run's plan sources in words, for the JSON's settings and the report's header."""
+    from ... import config
+    from ...autotune import enabled
+
+    base = ("this GPU's tuning databases, else the planner" if config.TUNED.enabled()
+            else "the planner's defaults (CONVGEN_TUNED=0: no tuning database)")
+    return base + ("; a shape neither covers is tuned on its first call (autotune)" if enabled() else "")
+
+
+def plan_run(item: Item) -> dict[str, Any]:
+    """The plan convgen's call in a row ran, as a dict: its prepared twin (the same arguments,
+    so the same cached kernel) names it.  Read after the row's calls, when tuning on first use
+    has chosen it."""
+    import convgen
+
+    prob, pass_ = item.layer.problem, item.pass_
+    bias, relu = work(pass_, item.variant)
+    op = convgen.prepare(pass_, prob.x_shape, prob.w_shape, stride=prob.stride, padding=prob.padding,
+                         dilation=prob.dilation, bias=bias and pass_ is not Pass.DGRAD,
+                         activation="relu" if relu else None, residual=item.variant == RESIDUAL,
+                         groups=prob.groups)
+    return op.plan.as_dict()
 
 
 def _err(exc: BaseException) -> str:
