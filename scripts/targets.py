@@ -1,0 +1,126 @@
+"""The open issues' speed targets, checked against `convgen bench` results (JSON), so a closing
+note quotes figures a run produced rather than figures read off by eye.
+
+    python3 scripts/targets.py benchmarks/results/nvidia-h200_DATE_COMMIT-*.json
+
+Each file is one bench run of one or more suites; give the runs to judge (a suite named by
+several files is judged once per file, so give one run per suite and plan source).  Per suite
+and pass it prints the targets that apply, the figure, and met / MISSED / "-" (no verdict: the
+run's plan source is not the one the target names, or the rows it needs are absent):
+
+- issue 16: rows where cuDNN runs below 300 TFLOP/s (latency- or memory-bound), geometric
+  mean of GPU-time speedup: >= 0.9x with the planner's defaults, >= 1.0x with tuning on first
+  use.  The plan source is the run's `settings.plans` (`convgen bench` records it since
+  10e1077); older runs have none and get no verdict.  The compute-bound rest is listed with
+  TFLOP/s on both sides, for issue 17.
+- issue 17: resnet50's geometric mean >= 1.0x in each pass; 3x3 rows of >= 128 channels and
+  >= 25 GFLOP (the large suite's, resnet50's and any other's) at >= 600 TFLOP/s in fprop and
+  dgrad, >= 500 in wgrad.
+- issue 21: the depthwise suites (MobileNetV2's and ConvNeXt's) >= 1.5x cuDNN per pass, and
+  convgen within 2x of the roofline floor (geometric mean of time over floor).
+
+Only same-work rows count; a row that failed or disagreed with cuDNN is left out and named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+LOW_RATE = 300.0  # TFLOP/s: cuDNN below it is latency- or memory-bound (issue 16)
+DEPTHWISE = ("mobilenetv2-dw", "convnext-dw")  # issue 21's suites
+BIG_3X3 = {"fprop": 600.0, "dgrad": 600.0, "wgrad": 500.0}  # issue 17, TFLOP/s
+PASSES = ("fprop", "dgrad", "wgrad")
+
+
+def geomean(values: Iterable[float]) -> Optional[float]:
+    vals = [v for v in values if v and v > 0]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
+
+
+def source(result: dict[str, Any]) -> Optional[str]:
+    """"defaults", "first use" or "database": the run's plan source (None: not recorded)."""
+    plans = (result.get("settings") or {}).get("plans")
+    if not plans:
+        return None
+    if "tuned on its first call" in plans:
+        return "first use"
+    return "defaults" if plans.startswith("the planner's defaults") else "database"
+
+
+def usable(row: dict[str, Any]) -> bool:
+    """A same-work row both sides timed, whose outputs agreed."""
+    cg, cd = row.get("convgen") or {}, row.get("cudnn") or {}
+    ok = (row.get("check") or {}).get("ok")
+    return row.get("variant", "same") == "same" and row.get("speedup") is not None and not cg.get("error") \
+        and not cd.get("error") and ok is not False
+
+
+def verdict(value: Optional[float], bound: float, applies: bool = True, at_most: bool = False) -> str:
+    if value is None or not applies:
+        return "-"
+    return "met" if (value <= bound if at_most else value >= bound) else "MISSED"
+
+
+def _x(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def judge(result: dict[str, Any], name: str) -> list[str]:
+    """The report's lines for one bench result."""
+    gpu = (result.get("gpu") or {}).get("name", "?")
+    commit = (result.get("git") or {}).get("commit", "?")
+    src = source(result)
+    out = [f"== {name}: {gpu}, {result.get('date', '?')}, commit {commit}, plans: {src or 'not recorded'} =="]
+    for suite in result.get("suites", []):
+        rows = suite.get("rows", [])
+        bad = [f"{r['layer']} {r['pass']}" for r in rows if r.get("variant", "same") == "same" and not usable(r)]
+        if bad:
+            out.append(f"{suite['name']}: left out (failed or mismatched): {', '.join(bad)}")
+        for p in PASSES:
+            mine = [r for r in rows if r["pass"] == p and usable(r)]
+            if not mine:
+                continue
+            low = [r for r in mine if (r["cudnn"].get("tflops") or 0) < LOW_RATE]
+            g_low = geomean(r["speedup"] for r in low)
+            bound16 = {"defaults": 0.9, "first use": 1.0}.get(src or "")
+            out.append(f"{suite['name']} {p}: issue 16, {len(low)} of {len(mine)} rows under {LOW_RATE:.0f} TFLOP/s: "
+                       f"{_x(g_low)} (target {'-' if bound16 is None else f'{bound16}x'}): "
+                       f"{verdict(g_low, bound16 or 0.0, bound16 is not None and bool(low))}")
+            for r in mine:
+                if (r["cudnn"].get("tflops") or 0) >= LOW_RATE:
+                    out.append(f"    compute-bound {r['layer']}: convgen {r['convgen']['tflops']:.0f}, cuDNN "
+                               f"{r['cudnn']['tflops']:.0f} TFLOP/s ({_x(r['speedup'])})")
+            if suite["name"] == "resnet50":
+                g = geomean(r["speedup"] for r in mine)
+                out.append(f"{suite['name']} {p}: issue 17, all {len(mine)} rows: {_x(g)} (target 1.0x): "
+                           f"{verdict(g, 1.0)}")
+            for r in mine:
+                pr = r["problem"]
+                if pr["r"] == pr["s"] == 3 and min(pr["c"], pr["k"]) >= 128 and r["flops"] >= 25e9:
+                    tf = r["convgen"]["tflops"]
+                    out.append(f"{suite['name']} {p}: issue 17, {r['layer']} ({r['flops'] / 1e9:.0f} GFLOP): "
+                               f"{tf:.0f} TFLOP/s (target {BIG_3X3[p]:.0f}): {verdict(tf, BIG_3X3[p])}")
+            if suite["name"] in DEPTHWISE:
+                g = geomean(r["speedup"] for r in mine)
+                fl = geomean(r.get("over_floor") for r in mine)
+                out.append(f"{suite['name']} {p}: issue 21, {_x(g)} cuDNN (target 1.5x): {verdict(g, 1.5)}; "
+                           f"{_x(fl)} the floor (target 2x): {verdict(fl, 2.0, at_most=True)}")
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+", type=Path, help="convgen bench JSON files")
+    args = ap.parse_args(argv)
+    for path in args.results:
+        print("\n".join(judge(json.loads(path.read_text()), path.name)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
