@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44   # all that has not run since 40d7cdc, in one call
 #                     # (about 9.5 min): the store's and the clusters' GPU tests, then the rest of the GPU suite,
 #                     # racecheck on the store's cases and memcheck on the clusters'
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh step-batch  # the training step at batch 256 and 2048,
+#                     # all three modes (about 6 min): where the GPU sets the pace, not torch's host work
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s43   # what no GPU has run (about 7 min): the TMA store's,
 #                     # the cluster twins', the depthwise tiles', packed-wgrad and first-use tuning GPU tests; memcheck
 #                     # and racecheck on the store's and the clusters' cases
@@ -637,6 +639,17 @@ twin_ab() {  # TWIN RUNS: the planner's plans against their TWIN twins (tma_twin
 
 cluster_ab() { twin_ab cluster "$1"; }
 
+step_batch() {  # issue 18's training step where the GPU, not torch's host work, sets the pace (about 6 min): at
+    # batch 256 both sides' compiled steps take 1.3-1.9 ms of host time over 0.2-0.4 ms of GPU work (thirty-second
+    # session's profile: the same phases, the same cost), so their ratio is 1.0 plus noise whatever the kernels do;
+    # at batch 2048 the GPU work is about 8x, and the ratio shows the kernels
+    install
+    for b in 256 2048; do
+        timeout 270 python3 examples/train_step.py --batch $b --steps 30 --warmup 10 2>&1 \
+            | tee "$OUT/train-step-batch$b.log" | tail -8
+    done
+}
+
 s44() {  # one call for all that has not run since 40d7cdc (about 9.5 min): the TMA store's and the clusters' GPU
     # tests first (a hang there is a barrier fault, found before the rest), then every other GPU test, then
     # racecheck on the store's cases and memcheck on the clusters'
@@ -736,6 +749,7 @@ case "${1:-}" in
     s42c) s42c ;;
     s43) s43 ;;
     s44) s44 ;;
+    step-batch) step_batch ;;
     s43ab) s43ab ;;
     s43min) s43min ;;
     s42min) s42min ;;
