@@ -5,6 +5,9 @@
 # carry a stale git HEAD, and its git may not hold recent commits (thirty-sixth session).  The
 # device returns at most 8 files a call: parts with many outputs tar them.
 #
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
+#                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
+#                     # planner's fprop on large and resnet50
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44   # all that has not run since 40d7cdc, in one call
 #                     # (about 9.5 min): the store's and the clusters' GPU tests, then the rest of the GPU suite,
 #                     # racecheck on the store's cases and memcheck on the clusters'
@@ -650,6 +653,31 @@ step_batch() {  # issue 18's training step where the GPU, not torch's host work,
     done
 }
 
+s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the clusters' GPU tests, then, if they
+    # pass, the planner's fprop against its store twins and its cluster twins on large and resnet50 (one baseline
+    # run a suite, shared by both twins)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-st timeout 150 $PYTEST tests/test_tma_store_gpu.py tests/test_tma_cluster_gpu.py 2>&1 \
+        | tee "$OUT/s44-twins-gpu-tests.log" | tail -4
+    if ! grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s44-twins-gpu-tests.log"); then
+        echo "s44one: the twins' GPU tests did not all pass; no A/B"
+        return
+    fi
+    mkdir -p "$OUT/twins"
+    for s in large resnet50; do
+        for t in none store cluster; do
+            TWIN=$t CONVGEN_CACHE_DIR=/tmp/cg-tw$t timeout 75 python3 benchmarks/probes/tma_twin_probe.py bench \
+                --suite $s --pass fprop $BENCH --out "$OUT/twins/$t-$s" 2>&1 | grep -E "rror|geomean speedup" | head -2
+        done
+        for t in store cluster; do
+            python3 scripts/bench_compare.py "$OUT/twins/none-$s/"*.json "$OUT/twins/$t-$s/"*.json \
+                > "$OUT/twins/compare-$t-$s.txt" 2>&1
+            echo "$t $s: $(grep -E "^geomean|rror" "$OUT/twins/compare-$t-$s.txt" | tr '\n' ' ')"
+        done
+    done
+    (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
+}
+
 s44() {  # one call for all that has not run since 40d7cdc (about 9.5 min): the TMA store's and the clusters' GPU
     # tests first (a hang there is a barrier fault, found before the rest), then every other GPU test, then
     # racecheck on the store's cases and memcheck on the clusters'
@@ -749,6 +777,7 @@ case "${1:-}" in
     s42c) s42c ;;
     s43) s43 ;;
     s44) s44 ;;
+    s44one) s44one ;;
     step-batch) step_batch ;;
     s43ab) s43ab ;;
     s43min) s43min ;;
