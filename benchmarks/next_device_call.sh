@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh dw-ablate  # where depthwise fprop's time goes: its
+#                     # halo copies or its filter loop, taken away in turn (about 5 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44   # all that has not run since 40d7cdc, in one call
 #                     # (about 9.5 min): the store's and the clusters' GPU tests, then the rest of the GPU suite,
 #                     # racecheck on the store's cases and memcheck on the clusters'
@@ -653,6 +655,22 @@ step_batch() {  # issue 18's training step where the GPU, not torch's host work,
     done
 }
 
+dw_ablate() {  # where depthwise fprop's time goes (about 5 min): each kernel as emitted, without its later halo
+    # copies, with half its filter rows, and both (benchmarks/probes/dw_ablation_probe.py), on ConvNeXt's four 7x7
+    # layers and two of MobileNetV2's 3x3 ones
+    install
+    mkdir -p "$OUT/ablate"
+    for a in none nostage halftaps both; do
+        ABLATE=$a CONVGEN_CACHE_DIR=/tmp/cg-ab$a timeout 70 python3 benchmarks/probes/dw_ablation_probe.py bench \
+            --suite convnext-dw,mobilenetv2-dw --layers dw96-56px,dw192-28px,dw384-14px,dw768-7px,dw144-56px,dw96-112px-s2 \
+            --pass fprop $BENCH --out "$OUT/ablate/$a" 2>&1 | grep -E "rror" | head -2
+        [ $a = none ] || python3 scripts/bench_compare.py "$OUT/ablate/none/"*.json "$OUT/ablate/$a/"*.json \
+            > "$OUT/ablate/compare-$a.txt" 2>&1
+    done
+    for a in nostage halftaps both; do echo "== $a"; grep -E "fprop" "$OUT/ablate/compare-$a.txt"; done
+    (cd "$OUT" && tar czf ablate.tgz ablate && rm -rf ablate)
+}
+
 s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the clusters' GPU tests, then, if they
     # pass, the planner's fprop against its store twins and its cluster twins on large and resnet50 (one baseline
     # run a suite, shared by both twins)
@@ -778,6 +796,7 @@ case "${1:-}" in
     s43) s43 ;;
     s44) s44 ;;
     s44one) s44one ;;
+    dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
     s43ab) s43ab ;;
     s43min) s43min ;;
