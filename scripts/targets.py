@@ -11,7 +11,7 @@ run's plan source is not the one the target names, or the rows it needs are abse
 - issue 16: rows where cuDNN runs below 300 TFLOP/s (latency- or memory-bound), geometric
   mean of GPU-time speedup: >= 0.9x with the planner's defaults, >= 1.0x with tuning on first
   use.  The plan source is the run's `settings.plans` (`convgen bench` records it since
-  10e1077); older runs have none and get no verdict.  The compute-bound rest is listed with
+  10e1077); older runs have none and get no verdict unless ``--assume-plans`` names it.  The compute-bound rest is listed with
   TFLOP/s on both sides, for issue 17.
 - issue 17: resnet50's geometric mean >= 1.0x in each pass; 3x3 rows of >= 128 channels and
   >= 25 GFLOP (the large suite's, resnet50's and any other's) at >= 600 TFLOP/s in fprop and
@@ -42,11 +42,12 @@ def geomean(values: Iterable[float]) -> Optional[float]:
     return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None
 
 
-def source(result: dict[str, Any]) -> Optional[str]:
-    """"defaults", "first use" or "database": the run's plan source (None: not recorded)."""
+def source(result: dict[str, Any], assume: Optional[str] = None) -> Optional[str]:
+    """"defaults", "first use" or "database": the run's plan source; for a run that did not
+    record it, ``assume`` (what its notes say it ran), else None."""
     plans = (result.get("settings") or {}).get("plans")
     if not plans:
-        return None
+        return assume
     if "tuned on its first call" in plans:
         return "first use"
     return "defaults" if plans.startswith("the planner's defaults") else "database"
@@ -70,12 +71,14 @@ def _x(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def judge(result: dict[str, Any], name: str) -> list[str]:
-    """The report's lines for one bench result."""
+def judge(result: dict[str, Any], name: str, assume: Optional[str] = None) -> list[str]:
+    """The report's lines for one bench result (``assume``: the plan source of a run that did
+    not record one)."""
     gpu = (result.get("gpu") or {}).get("name", "?")
     commit = (result.get("git") or {}).get("commit", "?")
-    src = source(result)
-    out = [f"== {name}: {gpu}, {result.get('date', '?')}, commit {commit}, plans: {src or 'not recorded'} =="]
+    src = source(result, assume)
+    said = src if src is None or (result.get("settings") or {}).get("plans") else f"{src} (assumed: not recorded)"
+    out = [f"== {name}: {gpu}, {result.get('date', '?')}, commit {commit}, plans: {said or 'not recorded'} =="]
     for suite in result.get("suites", []):
         rows = suite.get("rows", [])
         bad = [f"{r['layer']} {r['pass']}" for r in rows if r.get("variant", "same") == "same" and not usable(r)]
@@ -116,9 +119,12 @@ def judge(result: dict[str, Any], name: str) -> list[str]:
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", type=Path, help="convgen bench JSON files")
+    ap.add_argument("--assume-plans", choices=("defaults", "first use"),
+                    help="the plan source of runs that did not record one, as their notes say (the "
+                         "device script's runs are the planner's defaults: CONVGEN_TUNED=0)")
     args = ap.parse_args(argv)
     for path in args.results:
-        print("\n".join(judge(json.loads(path.read_text()), path.name)))
+        print("\n".join(judge(json.loads(path.read_text()), path.name, args.assume_plans)))
     return 0
 
 

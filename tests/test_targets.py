@@ -41,6 +41,10 @@ def test_issue_16_bound_depends_on_the_plan_source_and_skips_bad_rows():
     assert "plans: first use" in first and "3 of 3 rows under 300 TFLOP/s: 1.04x (target 1.0x): met" in first
     unknown = "\n".join(targets.judge(_result(None, [("resnet18", rows)]), "r.json"))
     assert "plans: not recorded" in unknown and "0.89x (target -): -" in unknown  # no verdict without a source
+    assumed = "\n".join(targets.judge(_result(None, [("resnet18", rows)]), "r.json", "defaults"))
+    assert "plans: defaults (assumed: not recorded)" in assumed and "0.89x (target 0.9x): MISSED" in assumed
+    recorded = "\n".join(targets.judge(_result(FIRST_USE, [("resnet18", rows)]), "r.json", "defaults"))
+    assert "plans: first use ==" in recorded  # a run's own record wins over the assumption
 
 
 def test_issue_17_and_21_targets():
