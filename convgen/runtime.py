@@ -361,17 +361,25 @@ _calls: dict[tuple, _Call] = {}
 
 
 def _call_key(tag: str, arrays: tuple, *options: Any) -> Optional[tuple]:
+    """None for non-CuPy arrays (full checks); hashed once, by the lookup, which catches a list option."""
     try:
-        key = (tag, *[None if a is None else (type(a), a.shape, a.dtype.char, a.data.device_id) for a in arrays], *options)
-        hash(key)
-    except (TypeError, AttributeError):  # unhashable options or non-CuPy arrays: full checks
+        return (tag, *[None if a is None else (type(a), a.shape, a.dtype.char, a.data.device_id) for a in arrays],
+                *options)
+    except AttributeError:
         return None
-    return key
+
+
+def _known(key: Optional[tuple]) -> Optional[_Call]:
+    try:
+        return None if key is None else _calls.get(key)
+    except TypeError:  # an unhashable option: full checks on every call
+        return None
 
 
 def _remember(key: Optional[tuple], call: _Call) -> _Call:
-    if key is not None:
-        _calls[key] = call
+    with contextlib.suppress(TypeError):
+        if key is not None:
+            _calls[key] = call
     return call
 
 
@@ -404,7 +412,7 @@ def conv2d(
     cupy = _cupy()
     key = _call_key("fprop", (x, w, bias, residual), stride, padding, dilation, activation, out_dtype, alpha, beta,
                     plan, scalar, mma_dtype, groups)
-    call = _calls.get(key) if key is not None else None
+    call = _known(key)
     if call is None:
         call = _remember(key, _setup_fprop(x, w, bias, stride, padding, dilation, activation, out_dtype, plan, scalar,
                                            residual, alpha, beta, mma_dtype, groups))
@@ -472,7 +480,7 @@ def conv2d_dgrad(
     cupy = _cupy()
     shape_key = tuple(input_shape) if isinstance(input_shape, (tuple, list)) else input_shape
     key = _call_key("dgrad", (dy, w), shape_key, stride, padding, dilation, out_dtype, plan, scalar, mma_dtype, groups)
-    call = _calls.get(key) if key is not None else None
+    call = _known(key)
     if call is None:
         call = _remember(key, _setup_dgrad(dy, w, input_shape, stride, padding, dilation, out_dtype, plan, scalar,
                                            mma_dtype, groups))
@@ -524,7 +532,7 @@ def conv2d_wgrad(
     shape_key = tuple(weight_shape) if isinstance(weight_shape, (tuple, list)) else weight_shape
     key = _call_key("wgrad", (x, dy), shape_key, stride, padding, dilation, bias, out_dtype, plan, scalar, mma_dtype,
                     groups)
-    call = _calls.get(key) if key is not None else None
+    call = _known(key)
     if call is None:
         call = _remember(key, _setup_wgrad(x, dy, weight_shape, stride, padding, dilation, bias, out_dtype, plan, scalar,
                                            mma_dtype, groups))

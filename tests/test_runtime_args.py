@@ -107,3 +107,19 @@ def test_array_rank_names_the_layout(call, message):
 def test_options_name_the_argument(call, message):
     with pytest.raises((TypeError, ValueError), match=message):
         call()
+
+
+def test_repeat_call_keys_are_hashed_once_and_a_list_option_means_full_checks():
+    """The repeat path's key holds each array's type, shape, dtype and device and the call's
+    options; a list among the options (stride=[1, 1]) cannot key a dict, so that call is
+    checked in full every time rather than failing, and a hashable key finds its call."""
+    class Arr:  # what the key reads of a CuPy array
+        shape, dtype, data = (2, 8, 8, 16), np.dtype(np.float16), types.SimpleNamespace(device_id=0)
+
+    call = object()
+    listed = runtime._call_key("fprop", (Arr(), None), [1, 1], 1)
+    assert runtime._known(listed) is None and runtime._remember(listed, call) is call and not runtime._calls
+    key = runtime._call_key("fprop", (Arr(), None), (1, 1), 1)
+    assert key == ("fprop", (Arr, (2, 8, 8, 16), "e", 0), None, (1, 1), 1)
+    assert runtime._known(key) is None and runtime._remember(key, call) is call and runtime._known(key) is call
+    assert runtime._call_key("fprop", (np.zeros(1), None)) is None  # not a CuPy array: no .data.device_id
