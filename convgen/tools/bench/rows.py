@@ -318,12 +318,10 @@ def plan_run(item: Item) -> dict[str, Any]:
     has chosen it."""
     import convgen
 
-    prob, pass_ = item.layer.problem, item.pass_
-    bias, relu = work(pass_, item.variant)
-    op = convgen.prepare(pass_, prob.x_shape, prob.w_shape, stride=prob.stride, padding=prob.padding,
-                         dilation=prob.dilation, bias=bias and pass_ is not Pass.DGRAD,
-                         activation="relu" if relu else None, residual=item.variant == RESIDUAL,
-                         groups=prob.groups)
+    prob, epi = item.layer.problem, epilogue_for(item.pass_, item.variant)
+    op = convgen.prepare(item.pass_, prob.x_shape, prob.w_shape, stride=prob.stride, padding=prob.padding,
+                         dilation=prob.dilation, bias=epi.bias, activation="relu" if epi.relu else None,
+                         residual=epi.residual, groups=prob.groups)
     return op.plan.as_dict()
 
 
