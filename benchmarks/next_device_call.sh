@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s45dw  # the held-filter depthwise fprop: its GPU tests, then
+#                     # ConvNeXt and EfficientNet-B0 fprop tuned, held plans beside the default (about 6 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh dw-ablate  # where depthwise fprop's time goes: its
 #                     # halo copies or its filter loop, taken away in turn (about 5 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44   # all that has not run since 40d7cdc, in one call
@@ -696,6 +698,35 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+s45dw() {  # the held-filter depthwise fprop (forty-fifth session, issue 21) in one call (about 6 min): its GPU tests
+    # (exact tier, epilogues, fuzz), then `convgen tune` on ConvNeXt's and EfficientNet-B0's fprop, whose logs time
+    # each held-filter candidate beside the default; the logs tarred as $OUT/dw45.tgz
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-dw45 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k held 2>&1 \
+        | tee "$OUT/s45-held-gpu-tests.log" | tail -4
+    if ! grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s45-held-gpu-tests.log"); then
+        echo "s45dw: the held-filter GPU tests did not all pass; no tuning"
+        return
+    fi
+    tune_passes dw45 110 convnext-dw fprop
+    tune_passes dw45b 150 efficientnet-b0-dw fprop
+    python3 - "$OUT" <<'PY'
+import json, pathlib, sys, tarfile
+for tgz in sorted(pathlib.Path(sys.argv[1]).glob("dw45*.tgz")):
+    with tarfile.open(tgz) as t:
+        for m in t.getmembers():
+            if not m.name.endswith(".json"):
+                continue
+            for layer in json.load(t.extractfile(m))["layers"]:
+                rows = [r for r in layer["rows"] if r.get("ok") and r.get("us")]
+                default = next((r["us"] for r in rows if r.get("default")), None)
+                held = sorted((r["us"], r["plan"].get("dw_out_rows", 1), r["plan"]["depthwise"], r["plan"]["vec_a"])
+                              for r in rows if r["plan"].get("dw_out_rows", 1) > 1)
+                best = min(r["us"] for r in rows) if rows else None
+                print(layer["layer"], layer["pass"], f"default {default} best {best} held (us, rows, cols, vec)", held[:4])
+PY
+}
+
 s44() {  # one call for all that has not run since 40d7cdc (about 9.5 min): the TMA store's and the clusters' GPU
     # tests first (a hang there is a barrier fault, found before the rest), then every other GPU test, then
     # racecheck on the store's cases and memcheck on the clusters'
@@ -796,6 +827,7 @@ case "${1:-}" in
     s43) s43 ;;
     s44) s44 ;;
     s44one) s44one ;;
+    s45dw) s45dw ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
     s43ab) s43ab ;;

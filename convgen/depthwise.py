@@ -97,6 +97,8 @@ class DwFacts:
     dy_halves: int = 0  # wgrad: the staged dy tile, rounded up to 16 bytes
     stage_vec: int = 0  # wgrad: halves per staging copy (as wide as C and the chunk allow, up to 16 bytes)
     interleave: bool = False  # fprop, dgrad: blocks ordered chunk first (Depthwise.interleave)
+    out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (Depthwise.out_rows)
+    halo_vec: int = 0  # fprop, dgrad: halves per halo staging copy (the thread's vec, or 8 for a held filter)
 
 
 def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFacts:
@@ -107,6 +109,7 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     tile_w, tile_h = loop.tile_w, plan.block_m // loop.tile_w
     ch_lanes = chunk // vec
     groups = row_groups(loop, g)
+    halo_vec = held_halo_vec(g.c, chunk, vec) if loop.out_rows > 1 else vec
     threads = plan.warps_m * warp_size  # the block (a few past its runs' lanes, where they are not whole warps)
     row0 = col0 = 0
     if pass_ is Pass.FPROP:
@@ -128,7 +131,7 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     halo = -(-halo_h * halo_w * pix_ld // 8) * 8
     return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, row0, col0,
                    pix_ld, in_cols, tiles[0], tiles[1], loop.tiles, 1 if loop.tiles == 1 else plan.stages, halo, weights,
-                   interleave=loop.interleave)
+                   interleave=loop.interleave, out_rows=loop.out_rows, halo_vec=halo_vec)
 
 
 def _round16(halves: int) -> int:
@@ -231,8 +234,10 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
     if loop.rows and (pass_ is not Pass.WGRAD or g.r % loop.rows):
         raise ValueError(f"Depthwise.rows={loop.rows} splits wgrad's filter rows between threads: it needs wgrad "
                          f"and a divisor of R={g.r}")
+    if loop.out_rows > 1:
+        _check_held(plan, g, pass_, target)
     groups = row_groups(loop, g)
-    threads = plan.block_m // loop.cols * (plan.block_n // plan.vec_a) * groups
+    threads = plan.block_m // (loop.cols * loop.out_rows) * (plan.block_n // plan.vec_a) * groups
     warps = -(-threads // target.warp_size)  # fprop, dgrad: the last warp's lanes past the runs repeat the last run
     if pass_ is Pass.WGRAD and threads != target.warp_size * plan.warps_m:
         raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s), {plan.vec_a} channel(s) and "
@@ -240,8 +245,8 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
                          f"{plan.vec_a} x {groups} = {threads} threads, but plan.warps_m={plan.warps_m} gives "
                          f"{target.warp_size * plan.warps_m} on {target.arch}")
     if pass_ is not Pass.WGRAD and plan.warps_m != warps:
-        raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s) and {plan.vec_a} channel(s): "
-                         f"{plan.block_m} // {loop.cols} x {plan.block_n} // {plan.vec_a} = {threads} threads, "
+        raise ValueError(f"Depthwise runs a thread per {loop.cols * loop.out_rows} pixel(s) and {plan.vec_a} channel(s): "
+                         f"{plan.block_m} // {loop.cols * loop.out_rows} x {plan.block_n} // {plan.vec_a} = {threads} threads, "
                          f"{warps} warp(s) of {target.warp_size} on {target.arch}, but plan.warps_m={plan.warps_m}")
     threads = plan.warps_m * target.warp_size
     if pass_ is Pass.WGRAD and (plan.block_m // loop.cols * (plan.block_n // plan.vec_a)) % target.warp_size:
@@ -456,6 +461,40 @@ def whole_pixel_chunk(problem: ConvProblem, vec: int, elem: DType, chunk: int, t
     if c <= chunk or not straddles_granules(c, elem, target) or c % vec or c // vec > 32:
         return None
     return c
+
+
+# A held filter (Depthwise.out_rows > 1) keeps R x S x vec x m weights and out_rows x cols x vec x m
+# sums in registers for the whole block: at most this many by held_registers' estimate, below
+# sm_90's 255 with room for the addresses, so that no plan offered spills.
+MAX_HELD_REGISTERS = 200
+
+
+def held_registers(g: ConvGeometry, out_rows: int, cols: int, vec: int) -> int:
+    """An estimate of a held-filter fprop thread's registers: its filter's weights, its sums, the
+    staged column in flight and the addresses (the 24 of :func:`stencil_registers`)."""
+    return 24 + g.r * g.s * vec * g.kg + out_rows * cols * vec * g.kg + vec
+
+
+def held_halo_vec(c: int, chunk: int, vec: int) -> int:
+    """Halves a held-filter block stages its halo with: 16-byte copies where C and the chunk
+    allow them.  Its threads own narrow channel vectors (2 on a 7x7 filter, so that the filter
+    fits registers), and copies that narrow would cost four times the instructions."""
+    return next(v for v in (8, 4, 2, 1) if v >= vec and c % v == 0 and chunk % v == 0) if c % vec == 0 else vec
+
+
+def _check_held(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:
+    loop = plan.loop
+    assert isinstance(loop, Depthwise)
+    if pass_ is not Pass.FPROP:
+        raise ValueError(f"Depthwise.out_rows={loop.out_rows} holds an fprop thread's filter in registers; "
+                         f"{pass_.value} computes one row a thread (out_rows=1)")
+    regs = held_registers(g, loop.out_rows, loop.cols, plan.vec_a)
+    threads = plan.block_m // (loop.cols * loop.out_rows) * (plan.block_n // plan.vec_a)
+    if regs > MAX_HELD_REGISTERS or regs * threads > 65536:  # (a block's registers)
+        raise ValueError(f"Depthwise.out_rows={loop.out_rows}: a thread would hold {g.r}x{g.s}x{plan.vec_a}x{g.kg} "
+                         f"weights and {loop.out_rows}x{loop.cols}x{plan.vec_a}x{g.kg} sums, about {regs} registers "
+                         f"({threads} threads): more than {MAX_HELD_REGISTERS} a thread or the "
+                         f"65,536 a block would spill; use a smaller vec_a, cols or out_rows")
 
 
 def stencil_registers(cols: int, vec: int, m: int, in_cols: int) -> int:

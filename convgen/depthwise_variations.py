@@ -9,8 +9,8 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, resident_blocks,
-                        smem_bytes, stencil_registers, straddles_granules, whole_pixel_chunk)
+from .depthwise import (LONG_RUN_MIN_S, MAX_HELD_REGISTERS, WGRAD_CHUNKS, chunks_by_padding, facts, held_registers,
+                        long_run, resident_blocks, smem_bytes, stencil_registers, straddles_granules, whole_pixel_chunk)
 from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -35,13 +35,14 @@ MAX_VARIATIONS = 48
 def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) -> Iterator[Callable[[], Plan]]:
     """Makers of the depthwise plans worth timing after ``base`` (the default), unchecked:
     fprop and dgrad vary the chunk, the run, the tile and the tiles a block, the default's
-    neighbours first; wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
+    neighbours first (fprop's held-filter plans after its nearest two: :func:`held_filters`); wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
     the slices around the default's.  convgen/candidates.py checks them and drops repeats."""
     if pass_ is Pass.WGRAD:
         for plan_ in _wgrad_variations(problem, target, base.read_a, base):
             yield lambda plan_=plan_: plan_
         return
     assert isinstance(base.loop, Depthwise)
+    held = held_filters(problem, base, target) if pass_ is Pass.FPROP else []
     base, runs = _other_runs(problem, pass_, base, target)
     for run in runs:
         yield lambda run=run: run
@@ -74,16 +75,22 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
         f"tuning candidate: the default ({base.block_n}-channel chunks) with its blocks chunk first",))
     if nearest is None and base.block_n < problem.c and straddles_granules(problem.c, elem, target):
         yield lambda: interleave  # split pixels straddle granules and no whole-pixel block fits
+    neighbours = 0
     for chunk, cols, (tile_h, tile_w), block, ring in combos:
         threads = threads_of(chunk, cols, (tile_h, tile_w), block, ring)
         if not threads:
             continue
+        neighbours += 1
+        if neighbours == HELD_AFTER + 1:
+            yield from (lambda plan_=plan_: plan_ for plan_ in held)
         yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, ring=ring, threads=threads: Plan(
             tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
             reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
                      f"{block} tile(s) a block" + (f", a ring of {ring} halos" if block > 1 else ""),))
         if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
             yield lambda: interleave
+    if neighbours <= HELD_AFTER:
+        yield from (lambda plan_=plan_: plan_ for plan_ in held)
 
 
 def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, target: Target) -> tuple[Plan, list[Plan]]:
@@ -154,6 +161,43 @@ def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
     return dataclasses.replace(base, block_m=2 * base.block_m, loop=dataclasses.replace(loop, cols=8), reasons=(
         f"tuning candidate: depthwise runs of 8 over 8 channels on a {2 * rows}x{loop.tile_w} tile (the default's "
         f"threads, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
+
+
+# fprop blocks whose threads hold their channels' whole filter in registers (Depthwise.out_rows):
+# (output rows, run, tile rows) a thread and block.  The present loop reads a
+# filter row's weights and its staged columns from shared memory for every output row: on ConvNeXt's
+# 7x7 (dw96-56px) about a byte a multiply-add, with a conversion for every four, where this one reads
+# a staged value once for all the outputs and taps it feeds (benchmarks/NOTES.md, forty-fifth
+# session).  Untimed: offered to tuning, not the default.
+HELD_SHAPES = ((4, 4, 8), (2, 4, 8), (4, 8, 8), (8, 4, 16))
+HELD_AFTER = 3  # tile variations before them: the default itself (a repeat, dropped) and its two nearest
+
+
+def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]:
+    """fprop plans on :data:`HELD_SHAPES` with the filter held in registers: the widest channel
+    vector whose weights and sums fit :data:`depthwise.MAX_HELD_REGISTERS` (2 channels on a 7x7
+    filter, 4 on 5x5, 8 on 3x3 with short blocks), ``base``'s chunk and tiles a block, 8
+    columns wide or wider where the chunk has few lanes; those of at least two warps and at
+    most 512 threads.  convgen/candidates.py checks them (registers, shared
+    memory) and drops repeats."""
+    out = []
+    warp, chunk, loop = target.warp_size, base.block_n, base.loop
+    assert isinstance(loop, Depthwise)
+    for out_rows, cols, tile_h in HELD_SHAPES:
+        vec = next((v for v in (8, 4, 2, 1) if problem.c % v == 0 and chunk % v == 0
+                    and held_registers(problem, out_rows, cols, v) <= MAX_HELD_REGISTERS), 0)
+        # 8 columns, or as many more as a narrow chunk needs for two warps (a spare lane or more
+        # past the runs fills the last warp, as in the default's blocks)
+        tile_w = next((w for w in (8, 16, 32) if vec and tile_h // out_rows * (w // cols) * (chunk // vec) >= 2 * warp), 0)
+        warps = -(-tile_h // out_rows * (tile_w // cols) * (chunk // vec) // warp) if tile_w else 0
+        if not warps or warps * warp > 512:
+            continue
+        out.append(Plan(tile_h * tile_w, chunk, 16, warps, 1, 2, vec, 1, base.read_a, base.read_a, 1,
+                        Depthwise(tile_w, cols, 0, loop.tiles, out_rows=out_rows),
+                        reasons=(f"tuning candidate: depthwise {out_rows}x{cols} outputs over {vec} channels a "
+                                 f"thread, its {problem.r}x{problem.s} filter held in registers ({tile_h}x{tile_w} "
+                                 f"tile, {chunk} channels, {loop.tiles} tile(s) a block)",)))
+    return out
 
 
 WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning

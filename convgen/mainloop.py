@@ -80,6 +80,7 @@ class Flags(NamedTuple):
     depthwise: int = 0  # a Depthwise kind's pixels per thread (0: another kind)
     dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
     dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
+    dw_out_rows: int = 1  # and, in fprop, the output rows a thread computes with its filter held in registers
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
     cluster: int = 1  # a TmaWgmma kind's blocks a cluster (with tma=True)
     tma_store: bool = False  # a TmaWgmma kind stores its output through the copy engine (with tma=True)
@@ -506,10 +507,12 @@ class Depthwise(MainLoop):
     # rather than one chunk's tile groups, so a pixel's chunks are read together and share the
     # DRAM granules they straddle in L2 (convgen/depthwise.py, whole_pixel_chunk).
     interleave: bool = False
+    out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (1: read per filter row)
 
     def __post_init__(self) -> None:
         if not isinstance(self.interleave, bool):
             raise TypeError(f"Depthwise.interleave must be a bool, got {self.interleave!r}")
+        object.__setattr__(self, "out_rows", _positive("Depthwise", "out_rows", self.out_rows))
         object.__setattr__(self, "tile_w", _positive("Depthwise", "tile_w", self.tile_w))
         object.__setattr__(self, "cols", _positive("Depthwise", "cols", self.cols))
         rows = as_int("Depthwise.rows", self.rows)
@@ -524,7 +527,7 @@ class Depthwise(MainLoop):
     @property
     def tag(self) -> str:
         return (f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "") + _tiles_suffix(self.tiles)
-                + ("i" if self.interleave else ""))
+                + ("i" if self.interleave else "") + (f"o{self.out_rows}" if self.out_rows > 1 else ""))
 
     def check(self, plan: "Plan") -> None:
         if (plan.block_k, plan.warps_n) != (FRAG, 1):
@@ -542,10 +545,13 @@ class Depthwise(MainLoop):
                              "vec_a of the block's channels")
         if plan.block_m % self.cols:
             raise ValueError(f"Depthwise.cols={self.cols} does not divide plan.block_m={plan.block_m}")
+        if plan.block_m // self.tile_w % self.out_rows:
+            raise ValueError(f"Depthwise.out_rows={self.out_rows} does not divide the tile's "
+                             f"{plan.block_m // self.tile_w} rows: a thread owns out_rows whole rows of runs")
 
     def flags(self) -> Flags:
         return Flags(tile_w=self.tile_w, tiles=self.tiles, depthwise=self.cols, dw_rows=self.rows,
-                     dw_interleave=self.interleave)
+                     dw_interleave=self.interleave, dw_out_rows=self.out_rows)
 
     def layout(self) -> str:
         return " " + self.tag
@@ -557,6 +563,7 @@ class Depthwise(MainLoop):
                 + (f", filter rows {self.rows} a thread" if self.rows else "")
                 + (f", {self.tiles} tiles a block in turn" if self.tiles > 1 else "")
                 + (", blocks chunk first" if self.interleave else "")
+                + (f", {self.out_rows} output rows a thread with its filter in registers" if self.out_rows > 1 else "")
                 + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else "")
                 + (" summed in the kernel" if plan.split_reduce == "grid" else ""))
 

@@ -567,7 +567,7 @@ template <int BYTES> void cp_async(void* dst, const void* src, bool pred) {
 }
 void cp_async_commit() {}
 struct { unsigned x; } threadIdx;  // the host runs the block's threads one after another
-constexpr int VEC = %(vec)d, THREADS = %(threads)d, HALO_H = %(hh)d, HALO_W = %(hw)d, PIX_LD = %(ld)d;
+constexpr int VEC = %(vec)d, HALO_VEC = VEC, THREADS = %(threads)d, HALO_H = %(hh)d, HALO_W = %(hw)d, PIX_LD = %(ld)d;
 constexpr bool ASYNC_HALO = %(async)s;
 %(fn)s
 int main(int argc, char** argv) {

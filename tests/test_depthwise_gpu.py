@@ -227,3 +227,54 @@ def test_depthwise_multiplier_plans_exact(pass_, c, m, f):
     res = run_pass(problem, pass_, seeded("dw-mult", problem, pass_), out_dtype="float32", exact=True,
                    bias=pass_ is not Pass.DGRAD)
     check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()}")
+
+
+# The held-filter fprop loop (Depthwise.out_rows: kernels/fprop_depthwise_held.j2): every such
+# candidate the tuner offers on layers with tails (edge tiles, a part chunk, spare lanes), strides,
+# dilation, a multiplier, a rectangular filter; tests/test_depthwise_host.py runs the same source
+# on the host.
+HELD = [dw(13, 11, 96, 7, 7, 1, 3), dw(7, 7, 48, 7, 7, 1, 3, n=3), dw(12, 9, 40, 5, 5, 2, 2),
+        dw(10, 10, 24, 3, 3, 1, 2, 2), dw(9, 10, 16, 3, 3, 2, 1, mult=2), dw(11, 13, 8, 3, 5, (1, 2), (1, 2), mult=3),
+        dw(56, 56, 96, 7, 7, 1, 3, n=4)]
+
+
+def _held_plans(problem):
+    from convgen.candidates import candidates
+    from convgen.ir import Target
+
+    return [p for p in candidates(problem, Pass.FPROP, Target("sm_90")) if p.loop.out_rows > 1]
+
+
+@pytest.mark.parametrize("problem", HELD, ids=_ids)
+def test_depthwise_held_filter_plans_exact(problem):
+    """Integer data, bias added, float32 out: each held-filter plan bit for bit the reference."""
+    plans = _held_plans(problem)
+    assert plans
+    for plan in plans:
+        res = run_pass(problem, Pass.FPROP, seeded("dw-held", problem, plan.brief()), out_dtype="float32", exact=True,
+                       plan=plan, bias=True)
+        check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+def test_depthwise_held_filter_epilogues():
+    """The held loop's fused epilogues: bias and ReLU to float16, residual and GELU to float32."""
+    problem = HELD[0]
+    plan = _held_plans(problem)[0]
+    res = run_pass(problem, Pass.FPROP, seeded("dw-held-relu", problem), out_dtype="float16", bias=True, relu=True,
+                   plan=plan)
+    check(res, "float16", what="held fprop bias relu")
+    res = run_pass(problem, Pass.FPROP, seeded("dw-held-gelu", problem), out_dtype="float32", residual=True, gelu=True,
+                   alpha=0.5, beta=-1.25, plan=plan)
+    check(res, "float32", what="held fprop residual gelu")
+
+
+@given(problem=depthwise_problems(), seed=st.integers(0, 2**32 - 1))
+def test_depthwise_held_filter_fuzz(problem, seed):
+    from hypothesis import assume
+
+    plans = _held_plans(problem)
+    assume(plans)
+    plan = plans[seed % len(plans)]
+    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True,
+                   plan=plan)
+    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")

@@ -26,7 +26,7 @@ from convgen.reduction import REDUCE_BLOCK
 from convgen.resources import templates_dir
 from convgen.ir import ARCHES, ConvProblem, Epilogue, Pass, Target
 from convgen.spec import KernelSpec, Plan
-from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, TmaHalo, TmaWgmma, Wgmma
+from convgen.mainloop import Depthwise, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaHalo, TmaWgmma, Wgmma
 from convgen.planner import make_spec, plan
 from convgen.footprint import smem_bytes
 from convgen.suites import SUITES
@@ -134,6 +134,12 @@ def cases():
             for hand in (Plan(128, 64, 64, 4, 1, 3, 8, 8, loop=Wgmma()), Plan(128, 128, 32, 8, 1, 4, 8, 8, split_k=2, loop=Wgmma())):
                 out.append((f"wgmma/{prob.describe()}/{pass_.value}/{hand.brief().replace(' ', '_')}",
                             make_spec(prob, pass_, epilogue=default_epilogue(pass_), plan_=hand)))
+    # the depthwise stencil with its filter held in registers (fprop): CUDA and HIP
+    prob = ConvProblem(14, 14, 64, 64, 5, 5, 1, 2, groups=64, n=2)
+    for arch, warps in (("sm_90", 2), ("gfx942", 1)):
+        hand = Plan(64, 64, 16, warps, 1, 2, 4, 1, loop=Depthwise(8, 4, out_rows=4))
+        out.append((f"depthwise-held/{prob.describe()}/fprop/{arch}",
+                    make_spec(prob, Pass.FPROP, target=Target(arch), epilogue=Epilogue(bias=True, relu=True), plan_=hand)))
     return out
 
 

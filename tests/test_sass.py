@@ -502,3 +502,29 @@ def test_depthwise_wide_runs_convert_less_per_fma_without_spilling(suite, name, 
     assert sass[1].local == 0, sass[1].registers
     ratio = [s.count("HADD2") / s.count("FFMA") for s in sass]
     assert ratio[1] < 0.8 * ratio[0], ratio
+
+
+HELD = [(suite, name) for suite, name in (("convnext-dw", "dw96-56px"), ("efficientnet-b0-dw", "dw480-14px-5x5"),
+                                          ("mobilenetv2-dw", "dw192-28px-s2"))]
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("suite, name", HELD, ids=[f"{s}/{n}" for s, n in HELD])
+def test_depthwise_held_filters_fit_registers_and_read_less_per_fma(suite, name):
+    """The held-filter fprop candidates (depthwise_variations.held_filters) keep a 3x3, 5x5 or
+    7x7 filter and their sums in registers: on sm_90 no local memory and at most 255
+    registers (held_registers' bound), and, their reason, fewer half-to-float conversions and
+    fewer shared-memory loads per FFMA than the default."""
+    from convgen.candidates import candidates
+
+    problem = next(l.problem for l in SUITES[suite] if l.name == name)
+    plans = candidates(problem, Pass.FPROP, Target("sm_90"))
+    held = [p for p in plans if p.loop.out_rows > 1]
+    assert len(held) >= 3
+    sass = [_main_sass(make_spec(problem, Pass.FPROP, target=Target("sm_90"), epilogue=Epilogue(bias=False), plan_=p))
+            for p in (plans[0], *held)]
+    base = sass[0]
+    for p, k in zip(held, sass[1:]):
+        assert k.local == 0 and k.registers <= 255, (p.brief(), k.registers, k.local)
+        for op in ("HADD2", "LDS"):
+            assert k.count(op) / k.count("FFMA") < base.count(op) / base.count("FFMA"), (p.brief(), op)

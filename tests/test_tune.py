@@ -409,7 +409,7 @@ def test_whole_pixel_5x5_layers_offer_the_long_run_over_the_pixel_and_the_least_
             cands = tune.candidates(layer, pass_, h200)
             base = cands[0]
             assert (base.block_n, base.vec_a, base.loop.cols) == (c, 8, 4)
-            long_runs = [p for p in cands[:8] if (p.vec_a, p.loop.cols) == (4, 8)]
+            long_runs = [p for p in cands[:8] if (p.vec_a, p.loop.cols, p.loop.out_rows) == (4, 8, 1)]
             assert sorted(p.block_n for p in long_runs) == ([48, c] if f == 5 else []), (c, f, pass_)
             for p in long_runs:
                 assert (p.block_m, p.loop.tile_w, p.loop.tiles) == (base.block_m, base.loop.tile_w, base.loop.tiles)
