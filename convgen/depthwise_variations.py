@@ -42,7 +42,8 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda plan_=plan_: plan_
         return
     assert isinstance(base.loop, Depthwise)
-    held = held_filters(problem, base, target) if pass_ is Pass.FPROP else []
+    # (CUDA only: hipcc's RDNA builds of the 5x5 ones spilled 75 VGPRs, and no AMD part has timed them)
+    held = held_filters(problem, base, target) if pass_ is Pass.FPROP and target.backend == "cuda" else []
     base, runs = _other_runs(problem, pass_, base, target)
     for run in runs:
         yield lambda run=run: run
@@ -177,8 +178,7 @@ def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]
     """fprop plans on :data:`HELD_SHAPES` with the filter held in registers: the widest channel
     vector whose weights and sums fit :data:`depthwise.MAX_HELD_REGISTERS` (2 channels on a 7x7
     filter, 4 on 5x5, 8 on 3x3 with short blocks), ``base``'s chunk and tiles a block, 8
-    columns wide or wider where the chunk has few lanes; those of at least two warps and at
-    most 512 threads.  convgen/candidates.py checks them (registers, shared
+    columns wide or wider where the chunk has few lanes; those of 64 to 512 threads.  convgen/candidates.py checks them (registers, shared
     memory) and drops repeats."""
     out = []
     warp, chunk, loop = target.warp_size, base.block_n, base.loop
@@ -186,9 +186,9 @@ def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]
     for out_rows, cols, tile_h in HELD_SHAPES:
         vec = next((v for v in (8, 4, 2, 1) if problem.c % v == 0 and chunk % v == 0
                     and held_registers(problem, out_rows, cols, v) <= MAX_HELD_REGISTERS), 0)
-        # 8 columns, or as many more as a narrow chunk needs for two warps (a spare lane or more
+        # 8 columns, or as many more as a narrow chunk needs for 64 threads (a spare lane or more
         # past the runs fills the last warp, as in the default's blocks)
-        tile_w = next((w for w in (8, 16, 32) if vec and tile_h // out_rows * (w // cols) * (chunk // vec) >= 2 * warp), 0)
+        tile_w = next((w for w in (8, 16, 32) if vec and tile_h // out_rows * (w // cols) * (chunk // vec) >= 64), 0)
         warps = -(-tile_h // out_rows * (tile_w // cols) * (chunk // vec) // warp) if tile_w else 0
         if not warps or warps * warp > 512:
             continue

@@ -132,6 +132,9 @@ def _cases() -> list[Case]:
                 for variant in variants:
                     cases.append(Case(f"{variant}/{suite}/{name}-{pass_.value}-{arch}", suite, name, pass_, arch,
                                       variant))
+    for suite, name in DW_HELD_LAYERS:  # depthwise fprop with its filter held in registers (a tuning candidate)
+        for arch in ARCHES:
+            cases.append(Case(f"dw-held/{suite}/{name}-fprop-{arch}", suite, name, Pass.FPROP, arch, "dw-held"))
     for arch in ARCHES:  # sliced K: two warp grids per block, their sums added through shared memory
         for pass_ in Pass:
             cases.append(Case(f"sliced/cifar-vgg/conv3-{pass_.value}-{arch}", "cifar-vgg", "conv3", pass_, arch, "sliced"))
@@ -146,6 +149,8 @@ HALO_LAYERS = (("cifar-vgg", "conv32"), ("cifar-vgg", "conv3"))
 # (three 7x7 halos pass AMD's 64 KiB of shared memory); the tile fitted to the 14-pixel output (runs of 7)
 DW_LAYERS = (("mobilenetv2-dw", "dw192-28px", ("dw-other-run", "dw-ring3")),
              ("convnext-dw", "dw384-14px", ("dw-other-run", "dw-fitted")))
+DW_HELD_LAYERS = (("convnext-dw", "dw96-56px"), ("efficientnet-b0-dw", "dw480-14px-5x5"),
+                  ("mobilenetv2-dw", "dw192-28px-s2"))
 HALO_PLAN = Plan(64, 32, 16, 4, 1, 2, 8, 8, loop=HaloTile(16))  # fits the 64 KiB of shared memory AMD targets have
 CASES = _cases()
 
@@ -158,13 +163,28 @@ def _halo_plan(geometry, pass_: Pass) -> Plan:
 
 def _dw_variant(problem, pass_: Pass, arch: str, variant: str) -> Plan:
     """The depthwise default's other run (runs of 8 over 4 channels where the default is runs of 4
-    over 8, and the reverse on 7x7 filters), its ring of 3 halos (4 tiles a block), or its block
-    on the tile fitted to the output (depthwise_variations.fitted_tile)."""
+    over 8, and the reverse on 7x7 filters), its ring of 3 halos (4 tiles a block), its block
+    on the tile fitted to the output (depthwise_variations.fitted_tile), or its first plan with
+    the filter held in registers (depthwise_variations.held_filters)."""
     from convgen.depthwise import long_run
     from convgen.depthwise_variations import fitted_tile
     from convgen.planner import plan
 
     base = plan(problem, pass_, Target(arch))
+    if variant == "dw-held":  # the first held-filter plan that fits this part (the tuner offers them on CUDA alone)
+        from convgen.depthwise_variations import held_filters
+        from convgen.planner import check_plan
+
+        def fits(p: Plan) -> bool:
+            try:
+                check_plan(p, problem, pass_, Target(arch), "float16")
+            except ValueError:
+                return False
+            return True
+
+        held = [p for p in held_filters(problem, base, Target(arch)) if fits(p)]
+        assert held, f"no held-filter plan for {problem.describe()} on {arch}: the case tests nothing"
+        return held[0]
     if variant == "dw-fitted":
         fitted = fitted_tile(problem, pass_, base, Target(arch))
         assert fitted is not None and fitted.loop.cols == 7, f"no runs of 7 for {problem.describe()} on {arch}"
