@@ -97,3 +97,19 @@ def test_held_filter_fprop_fused_epilogues_on_the_host(tmp_path):
     v = alpha * conv + beta * residual.astype(np.float64)
     want = 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6
+
+
+@pytest.mark.parametrize("problem", [LAYERS[2], LAYERS[4]], ids=lambda p: p.describe().replace(" ", "_"))
+def test_depthwise_dgrad_default_runs_exactly_on_the_host(problem, tmp_path):
+    """The harness on the other stencil (dgrad's residue walk, strides 2, a multiplier): the
+    default plan, which the GPU suite runs, bit for bit the reference here too."""
+    rng = np.random.default_rng(zlib.crc32(repr((problem, "dgrad")).encode()))
+    dy = rng.integers(-3, 4, (problem.n, problem.p, problem.q, problem.k)).astype(np.float16)
+    w = rng.integers(-3, 4, problem.w_shape).astype(np.float16)
+    want = reference.dgrad(dy.astype(np.float64), w.astype(np.float64), (problem.n, problem.h, problem.w, problem.c),
+                           stride=problem.stride, padding=problem.padding, dilation=problem.dilation,
+                           groups=problem.groups)
+    plan = candidates(problem, Pass.DGRAD, Target("sm_90"))[0]
+    ks = emit(KernelSpec(problem, Pass.DGRAD, Epilogue(out_dtype="float32"), "float16", Target("sm_90"), plan))
+    got = host_kernel.run(ks, problem.n, dict(dy=dy, w=w), want.shape, np.float32, tmp_path)
+    np.testing.assert_array_equal(got, want, err_msg=plan.brief())
