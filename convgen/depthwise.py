@@ -479,7 +479,7 @@ def held_halo_vec(c: int, chunk: int, vec: int) -> int:
     """Halves a held-filter block stages its halo with: 16-byte copies where C and the chunk
     allow them.  Its threads own narrow channel vectors (2 on a 7x7 filter, so that the filter
     fits registers), and copies that narrow would cost four times the instructions."""
-    return next(v for v in (8, 4, 2, 1) if v >= vec and c % v == 0 and chunk % v == 0) if c % vec == 0 else vec
+    return next((v for v in (8, 4, 2) if v > vec and c % v == 0 and chunk % v == 0), vec)
 
 
 def _check_held(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:

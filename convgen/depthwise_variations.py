@@ -35,7 +35,8 @@ MAX_VARIATIONS = 48
 def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) -> Iterator[Callable[[], Plan]]:
     """Makers of the depthwise plans worth timing after ``base`` (the default), unchecked:
     fprop and dgrad vary the chunk, the run, the tile and the tiles a block, the default's
-    neighbours first (fprop's held-filter plans after its nearest two: :func:`held_filters`); wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
+    neighbours first (fprop's held-filter plans after its nearest two: :func:`held_filters`);
+    wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
     the slices around the default's.  convgen/candidates.py checks them and drops repeats."""
     if pass_ is Pass.WGRAD:
         for plan_ in _wgrad_variations(problem, target, base.read_a, base):
@@ -178,8 +179,8 @@ def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]
     """fprop plans on :data:`HELD_SHAPES` with the filter held in registers: the widest channel
     vector whose weights and sums fit :data:`depthwise.MAX_HELD_REGISTERS` (2 channels on a 7x7
     filter, 4 on 5x5, 8 on 3x3 with short blocks), ``base``'s chunk and tiles a block, 8
-    columns wide or wider where the chunk has few lanes; those of 64 to 512 threads.  convgen/candidates.py checks them (registers, shared
-    memory) and drops repeats."""
+    columns wide or wider where the chunk has few lanes; those of 64 to 512 threads.
+    convgen/candidates.py checks them (registers, shared memory) and drops repeats."""
     out = []
     warp, chunk, loop = target.warp_size, base.block_n, base.loop
     assert isinstance(loop, Depthwise)

@@ -552,6 +552,32 @@ def test_interleave_is_a_depthwise_fprop_and_dgrad_flag_that_round_trips():
             wgrad, loop=dataclasses.replace(wgrad.loop, interleave=True))))
 
 
+def test_held_filter_is_an_fprop_field_that_round_trips_and_names_its_limits():
+    """Depthwise.out_rows (a thread's output rows, its filter held in registers) survives a plan
+    dict and names its kernel and template; it must divide the tile's rows, runs fprop alone,
+    and is refused where the filter and sums would pass the register bound."""
+    problem = dw(13, 11, 96, 7, 7, 1, 3)
+    held = Plan(64, 64, 16, 4, 1, 2, 2, 1, loop=Depthwise(8, 4, 0, 2, out_rows=4))
+    check_plan(held, problem, Pass.FPROP, Target("sm_90"), "float16")
+    d = held.as_dict()
+    assert d["dw_out_rows"] == 4 and Plan.from_dict(d) == held
+    assert "dw_out_rows" not in dataclasses.replace(held, loop=Depthwise(8, 4, 0, 2)).as_dict()
+    ks = emit(make_spec(problem, Pass.FPROP, plan_=held))
+    assert "o4" in ks.main.kernel and "constexpr int OUT_ROWS = 4;" in ks.source and "IN_ROWS" in ks.source
+    assert "constexpr int HALO_VEC = 8;" in ks.source  # 16-byte copies for a 2-channel thread
+    with pytest.raises(ValueError, match="out_rows=3 does not divide the tile's 8 rows"):
+        Plan(64, 64, 16, 4, 1, 2, 2, 1, loop=Depthwise(8, 4, 0, 2, out_rows=3))
+    with pytest.raises(ValueError, match="out_rows must be >= 1"):
+        Depthwise(8, 4, out_rows=0)
+    with pytest.raises(ValueError, match="dgrad computes one row a thread"):
+        check_plan(held, problem, Pass.DGRAD, Target("sm_90"), "float16")
+    with pytest.raises(ValueError, match="7x7x4x1 weights and 4x4x4x1 sums, about 288 registers"):
+        check_plan(Plan(64, 64, 16, 2, 1, 2, 4, 1, loop=Depthwise(8, 4, 0, 2, out_rows=4)), problem, Pass.FPROP,
+                   Target("sm_90"), "float16")
+    with pytest.raises(ValueError, match="needs plan.depthwise"):
+        from_flags(dw_out_rows=2)
+
+
 HALO_HOST_MAIN = r"""
 #include <cstdio>
 #include <cstdlib>
