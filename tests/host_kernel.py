@@ -1,13 +1,16 @@
-"""Run an emitted depthwise fprop or dgrad kernel on the host: its CUDA source, compiled by g++.
+"""Run an emitted kernel on the host: its CUDA source, compiled by g++, block by block.
 
 Why: a kernel's index walk, staging, barriers and epilogue are what its GPU test checks, and a
-GPU is not always there when a kernel changes.  These kernels use no MMA, no warp shuffle and no
-PTX outside convgen/device.h's cp.async and 16-byte stores, so the emitted source compiles as
-C++ as it is, against the real device.h built without both (its register staging path, the
-one HIP runs) and a few host definitions: _Float16 for __half, thread_local thread and block
-indices, a std::barrier for __syncthreads.  A block runs as one std::thread per CUDA thread,
-blocks one after another.  What this cannot check: the cp.async path, timing, shared-memory
-banks, and the GPU's own compiler; the GPU tests still do.
+GPU is not always there when a kernel changes.  The emitted source compiles as C++ as it is,
+against the real convgen/device.h with CONVGEN_HOST defined, and a few host definitions:
+_Float16 for __half, thread_local thread and block indices, a std::barrier for
+__syncthreads, cp.async as a copy that lands at once, and the warp's collectives (ldmatrix and
+mma.sync m16n8k16, convgen/mma_sync.h) by each warp's lanes meeting at a barrier and taking their
+parts as PTX lays out the fragments.  A block runs as one std::thread per CUDA thread.  The
+depthwise stencils and the ldmatrix halo kernels run here (tests/test_depthwise_host.py,
+tests/test_mma_host.py); kernels with warpgroup MMAs, TMA or warp shuffles do not.  What this
+cannot check: timing, shared-memory banks, races a real schedule would expose, and the GPU's own
+compiler; the GPU tests still do.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ PRELUDE = r"""
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+#define __builtin_assume(...) ((void)0)
 // device.h's split-K and warp helpers, which no depthwise fprop or dgrad kernel calls
 template <class T> T __ldcg(const T* p) { return *p; }
 inline float __shfl_xor_sync(unsigned, float, int) { std::abort(); }
@@ -56,9 +62,80 @@ typedef _Float16 __half;
 inline float __half2float(__half h) { return static_cast<float>(h); }
 inline __half __float2half_rn(float f) { return static_cast<__half>(f); }
 typedef __half half_t;
-#define CONVGEN_CP_ASYNC 0
+#define CONVGEN_HOST 1
+#define CONVGEN_CP_ASYNC 1
 #define CONVGEN_PTX_STORE16 0
+// cp.async as the host does it: each copy lands at once (a valid schedule of an asynchronous
+// copy: the waits then have nothing left to wait for), zero-filled where the predicate is off.
+template <int BYTES, bool L2_PREFETCH = false> inline void cp_async(void* smem, const void* gmem, bool pred) {
+  if (pred) std::memcpy(smem, gmem, BYTES); else std::memset(smem, 0, BYTES);
+}
+inline void cp_async_commit() {}
+template <int N> inline void cp_async_wait() {}
 #include "convgen/device.h"
+#include "convgen/mma_sync.h"
+
+// The warp's collectives (ldmatrix, mma.sync): each lane posts its operands, the warp meets,
+// each lane takes its part of the result as PTX's fragment layouts give it, the warp meets again.
+struct WarpCtx {
+  std::barrier<> bar{32};
+  const half_t* row[32];
+  unsigned a[32][4], b[32][2];
+};
+thread_local WarpCtx* my_warp;
+inline void __syncwarp() { my_warp->bar.arrive_and_wait(); }
+
+inline float bits_to_float(unsigned short bits) {
+  half_t h;
+  std::memcpy(&h, &bits, 2);
+  return static_cast<float>(h);
+}
+
+// Matrix i's row j is lane 8i + j's address; lane l receives (row l/4, columns 2(l%4), +1) of each.
+inline void ldsm_host(unsigned (&r)[4], const half_t* row, bool trans) {
+  WarpCtx& w = *my_warp;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  w.row[lane] = row;
+  w.bar.arrive_and_wait();
+  for (int i = 0; i < 4; ++i) {
+    unsigned short e[2];
+    for (int k = 0; k < 2; ++k) {
+      const int rr = lane / 4, cc = 2 * (lane % 4) + k;  // the element of matrix i this lane holds
+      const half_t* src = trans ? w.row[8 * i + cc] + rr : w.row[8 * i + rr] + cc;
+      std::memcpy(&e[k], src, 2);
+    }
+    r[i] = e[0] | static_cast<unsigned>(e[1]) << 16;
+  }
+  w.bar.arrive_and_wait();
+}
+inline void ldsm_x4(unsigned (&r)[4], const half_t* row) { ldsm_host(r, row, false); }
+inline void ldsm_x4_trans(unsigned (&r)[4], const half_t* row) { ldsm_host(r, row, true); }
+
+// d += a (16x16, row-major) * b (16x8, column-major), fp32 sums: A's register i of lane l holds
+// (row l/4 + 8*(i%2), columns 2(l%4) + 8*(i/2), +1); B's register j (rows 2(l%4) + 8j, +1; column l/4).
+template <int C> void mma_16816(Acc& d, const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  WarpCtx& w = *my_warp;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
+  w.b[lane][0] = b0;
+  w.b[lane][1] = b1;
+  w.bar.arrive_and_wait();
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    for (int i = 0; i < 4; ++i)
+      for (int k = 0; k < 2; ++k)
+        A[l / 4 + 8 * (i % 2)][2 * (l % 4) + 8 * (i / 2) + k] = bits_to_float(w.a[l][i] >> (16 * k) & 0xFFFF);
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 2; ++k) B[2 * (l % 4) + 8 * j + k][l / 4] = bits_to_float(w.b[l][j] >> (16 * k) & 0xFFFF);
+  }
+  for (int e = 0; e < 4; ++e) {
+    const int row = lane / 4 + 8 * (e / 2), col = 2 * (lane % 4) + e % 2;
+    float sum = 0;
+    for (int k = 0; k < 16; ++k) sum += A[row][k] * B[k][col];
+    d.x[4 * C + e] += sum;
+  }
+  w.bar.arrive_and_wait();
+}
 """
 
 MAIN = r"""
@@ -80,6 +157,7 @@ int main(int argc, char** argv) {
     for (unsigned bx = 0; bx < gridDim.x; ++bx) {
       std::barrier<> bar(%(threads)d);
       std::vector<std::thread> threads;
+      std::vector<WarpCtx> warps((%(threads)d + 31) / 32);
       std::memset(smem.data(), 0xFF, smem.size());  // shared memory starts as garbage, never zeros
       for (unsigned t = 0; t < %(threads)d; ++t)
         threads.emplace_back([&, t] {
@@ -87,6 +165,7 @@ int main(int argc, char** argv) {
           blockIdx = dim3{bx, by, 0};
           block_barrier = &bar;
           block_smem = smem.data();
+          my_warp = &warps[t / 32];
           %(kernel)s(%(call)s);
         });
       for (auto& th : threads) th.join();
