@@ -10,6 +10,8 @@
 //   CONVGEN_CP_ASYNC     1: cp.async global->shared copies (sm_80+); 0: stubs, staging goes through registers
 //   CONVGEN_PTX_STORE16  1: 16-byte global stores written in PTX (NVVM splits some uint4 stores)
 //   CONVGEN_BF16         1: half_t is bfloat16 (defined only then; convgen/dtypes.py)
+//   CONVGEN_HOST         defined only by tests/host_kernel.py, which runs kernels on the host and
+//                        supplies cp.async (and convgen/mma_sync.h's instructions) itself
 #pragma once
 
 #if !defined(CONVGEN_CP_ASYNC) || !defined(CONVGEN_PTX_STORE16)
@@ -76,7 +78,7 @@ template <int V> __device__ __forceinline__ typename HalfVec<V>::T to_halves(con
   return out;
 }
 
-#if CONVGEN_CP_ASYNC
+#if CONVGEN_CP_ASYNC && !defined(CONVGEN_HOST)  // (CONVGEN_HOST: tests/host_kernel.py supplies host copies)
 // ---- cp.async (sm_80+): global -> shared without a register round trip;
 //      src_bytes = 0 zero-fills, which is how the padding halo and tile edges are staged ----
 // .ca keeps the line in L1: an im2col gather reads each input pixel once per filter tap.
@@ -105,7 +107,7 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool pred
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#else
+#elif !CONVGEN_CP_ASYNC
 // No asynchronous copies on this target: every operand is staged through registers.
 template <int BYTES, bool L2_PREFETCH = false> __device__ __forceinline__ void cp_async(void*, const void*, bool) {}
 __device__ __forceinline__ void cp_async_commit() {}
