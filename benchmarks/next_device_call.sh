@@ -698,14 +698,14 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
-s45dw() {  # the held-filter depthwise fprop (forty-fifth session, issue 21) in one call (about 6 min): its GPU tests
-    # (exact tier, epilogues, fuzz), then `convgen tune` on ConvNeXt's and EfficientNet-B0's fprop, whose logs time
-    # each held-filter candidate beside the default; the logs tarred as $OUT/dw45.tgz
+s45dw() {  # the depthwise fprop candidates of the forty-fifth session (issue 21) in one call (about 6 min): the
+    # held-filter and mma.sync stencils' GPU tests (exact tier, bf16, epilogues, fuzz), then `convgen tune` on
+    # ConvNeXt's and EfficientNet-B0's fprop, whose logs time each beside the default; tarred as $OUT/dw45*.tgz
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-dw45 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k held 2>&1 \
+    CONVGEN_CACHE_DIR=/tmp/cg-dw45 timeout 150 $PYTEST tests/test_depthwise_gpu.py -k "held or mma" 2>&1 \
         | tee "$OUT/s45-held-gpu-tests.log" | tail -4
     if ! grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s45-held-gpu-tests.log"); then
-        echo "s45dw: the held-filter GPU tests did not all pass; no tuning"
+        echo "s45dw: the held-filter and mma.sync stencils' GPU tests did not all pass; no tuning"
         return
     fi
     tune_passes dw45 110 convnext-dw fprop
@@ -720,10 +720,13 @@ for tgz in sorted(pathlib.Path(sys.argv[1]).glob("dw45*.tgz")):
             for layer in json.load(t.extractfile(m))["layers"]:
                 rows = [r for r in layer["rows"] if r.get("ok") and r.get("us")]
                 default = next((r["us"] for r in rows if r.get("default")), None)
-                held = sorted((r["us"], r["plan"].get("dw_out_rows", 1), r["plan"]["depthwise"], r["plan"]["vec_a"])
+                held = sorted((round(r["us"], 1), r["plan"].get("dw_out_rows", 1), r["plan"]["depthwise"], r["plan"]["vec_a"])
                               for r in rows if r["plan"].get("dw_out_rows", 1) > 1)
+                mma = sorted((round(r["us"], 1), r["plan"]["block_m"], r["plan"]["tile_w"], r["plan"]["block_n"])
+                             for r in rows if r["plan"].get("dw_mma"))
                 best = min(r["us"] for r in rows) if rows else None
-                print(layer["layer"], layer["pass"], f"default {default} best {best} held (us, rows, cols, vec)", held[:4])
+                print(layer["layer"], layer["pass"], f"default {default} best {best} held (us, rows, cols, vec)", held[:4],
+                      "mma (us, pixels, tile_w, chunk)", mma[:3])
 PY
 }
 

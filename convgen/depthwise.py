@@ -99,6 +99,7 @@ class DwFacts:
     interleave: bool = False  # fprop, dgrad: blocks ordered chunk first (Depthwise.interleave)
     out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (Depthwise.out_rows)
     halo_vec: int = 0  # fprop, dgrad: halves per halo staging copy (the thread's vec, or 8 for a held filter)
+    mma: bool = False  # fprop: the stencil on mma.sync (Depthwise.mma): pix_ld is then a channel plane's row
 
 
 def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFacts:
@@ -112,6 +113,13 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     halo_vec = held_halo_vec(g.c, chunk, vec) if loop.out_rows > 1 else vec
     threads = plan.warps_m * warp_size  # the block (a few past its runs' lanes, where they are not whole warps)
     row0 = col0 = 0
+    if loop.mma:  # a plane per channel: HALO_H rows of LD halves (tile columns and the last A window's 8 more)
+        tiles = (math.ceil(g.p / tile_h), math.ceil(g.q / tile_w))
+        halo_h, halo_w = tile_h + g.r - 1, tile_w + 8
+        ld = mma_plane_ld(halo_w)
+        return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, 0, 0,
+                       ld, halo_w, tiles[0], tiles[1], loop.tiles, 1, chunk * halo_h * ld, g.r * g.s * chunk,
+                       interleave=loop.interleave, halo_vec=8, mma=True)
     if pass_ is Pass.FPROP:
         halo_h, halo_w = (tile_h - 1) * sh + (g.r - 1) * dh + 1, (tile_w - 1) * sw + (g.s - 1) * dw + 1
         pix_ld = chunk + PIX_PAD
@@ -193,8 +201,18 @@ def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
     return g.r // loop.rows if loop.rows else 1
 
 
+def mma_plane_ld(halo_w: int) -> int:
+    """Halves a row of a channel's staged plane (Depthwise.mma): the fewest 16-byte units
+    that hold ``halo_w``, made odd, so that ldmatrix's eight row addresses fall in distinct
+    banks."""
+    units = -(-halo_w // 8)
+    return 8 * (units if units % 2 else units + 1)
+
+
 def smem_bytes(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> int:
     f = facts(plan, g, pass_, warp_size)
+    if f.mma:  # the planes, the filters (halves) and the tile's fp32 sums, a pixel CHUNK + 1 floats
+        return f.halo_halves * 2 + -(-f.weight_floats * 2 // 16) * 16 + f.tile_h * f.tile_w * (f.chunk + 1) * 4
     if pass_ is Pass.WGRAD:  # two x halos and two dy tiles; the sums reuse them once the last tile is done
         return max((f.halo_halves + f.dy_halves) * 2 * 2, f.weight_floats * 4)
     return f.halo_halves * 2 * f.halo_bufs + f.weight_floats * 4
@@ -234,6 +252,13 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
     if loop.rows and (pass_ is not Pass.WGRAD or g.r % loop.rows):
         raise ValueError(f"Depthwise.rows={loop.rows} splits wgrad's filter rows between threads: it needs wgrad "
                          f"and a divisor of R={g.r}")
+    if loop.mma:
+        _check_mma(plan, g, pass_, target)
+        smem = smem_bytes(plan, g, pass_, target.warp_size)
+        if smem > target.smem_limit:
+            raise ValueError(f"Depthwise plan needs {smem} bytes of shared memory but {target.arch} allows "
+                             f"{target.smem_limit}; use a smaller tile or channel chunk")
+        return
     if loop.out_rows > 1:
         _check_held(plan, g, pass_, target)
     groups = row_groups(loop, g)
@@ -480,6 +505,37 @@ def held_halo_vec(c: int, chunk: int, vec: int) -> int:
     allow them.  Its threads own narrow channel vectors (2 on a 7x7 filter, so that the filter
     fits registers), and copies that narrow would cost four times the instructions."""
     return next((v for v in (8, 4, 2) if v > vec and c % v == 0 and chunk % v == 0), vec)
+
+
+def mma_eligible(g: ConvGeometry, pass_: Pass, target: Target) -> str | None:
+    """Why the depthwise stencil on mma.sync (Depthwise.mma) cannot run this layer (None when it can)."""
+    if pass_ is not Pass.FPROP:
+        return f"it computes fprop ({pass_.value} keeps the CUDA-core stencil)"
+    if g.stride != (1, 1) or g.dilation != (1, 1) or g.kg != 1:
+        return (f"it needs stride 1, no dilation and one filter a channel (stride {g.stride}, dilation "
+                f"{g.dilation}, {g.kg} filter(s) a channel)")
+    if g.s > 9:
+        return f"a filter row of S = {g.s} and 8 outputs pass its 16-column window (S <= 9)"
+    if g.c % 8:
+        return f"it stages 8 channels a copy: C = {g.c} is not a multiple of 8"
+    if not (target.info.mma_sync and target.info.ldmatrix):
+        return f"{target.arch} has no mma.sync m16n8k16 and ldmatrix (sm_80+)"
+    return None
+
+
+def _check_mma(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:
+    loop = plan.loop
+    assert isinstance(loop, Depthwise)
+    why = mma_eligible(g, pass_, target)
+    if why:
+        raise ValueError(f"Depthwise.mma: {why}")
+    tile_h = plan.block_m // loop.tile_w
+    if tile_h % 16 or loop.tile_w % 8 or loop.cols != 8 or loop.out_rows != 1 or plan.block_n % 8:
+        raise ValueError(f"Depthwise.mma computes 16 x 8 output blocks of 8-channel staged pixels: the tile "
+                         f"({tile_h}x{loop.tile_w}) must be 16-row and 8-column multiples, cols 8, out_rows 1, and "
+                         f"plan.block_n={plan.block_n} a multiple of 8")
+    if plan.warps_m * target.warp_size > 1024:
+        raise ValueError(f"plan has {plan.warps_m * target.warp_size} threads; a block holds at most 1024")
 
 
 def _check_held(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:

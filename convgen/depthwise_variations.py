@@ -10,7 +10,8 @@ import itertools
 from typing import Callable, Iterator
 
 from .depthwise import (LONG_RUN_MIN_S, MAX_HELD_REGISTERS, WGRAD_CHUNKS, chunks_by_padding, facts, held_registers,
-                        long_run, resident_blocks, smem_bytes, stencil_registers, straddles_granules, whole_pixel_chunk)
+                        long_run, mma_eligible, resident_blocks, smem_bytes, stencil_registers, straddles_granules,
+                        whole_pixel_chunk)
 from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -45,6 +46,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     assert isinstance(base.loop, Depthwise)
     # (CUDA only: hipcc's RDNA builds of the 5x5 ones spilled 75 VGPRs, and no AMD part has timed them)
     held = held_filters(problem, base, target) if pass_ is Pass.FPROP and target.backend == "cuda" else []
+    held += mma_stencils(problem, pass_, base, target)
     base, runs = _other_runs(problem, pass_, base, target)
     for run in runs:
         yield lambda run=run: run
@@ -199,6 +201,31 @@ def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]
                                  f"thread, its {problem.r}x{problem.s} filter held in registers ({tile_h}x{tile_w} "
                                  f"tile, {chunk} channels, {loop.tiles} tile(s) a block)",)))
     return out
+
+
+# fprop's stencil on mma.sync (Depthwise.mma): (tile rows, tile columns, channels) a block of 4
+# warps, each warp a channel at a time.  A 16 x 8 block of one channel's outputs is R MMAs of
+# 16 staged rows by a filter row's banded Toeplitz matrix: 7 of 16 columns of B are taps on a
+# 7x7 filter, so the tensor cores do the 49 multiply-adds an output in 7 MMA slots of 16,
+# where the CUDA-core loops issue 49 FFMAs (benchmarks/NOTES.md, forty-fifth session).
+# Untimed: offered to tuning, not the default.
+MMA_TILES = ((16, 16, 32), (16, 32, 16), (32, 16, 16))
+MMA_WARPS = 4
+
+
+def mma_stencils(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -> list[Plan]:
+    """The :data:`MMA_TILES` plans of the stencil on mma.sync where the layer and part take it
+    (:func:`depthwise.mma_eligible`), each storing 8 channels at a time and computing
+    ``base``'s tiles a block; convgen/candidates.py drops those whose shared memory does not fit."""
+    if mma_eligible(problem, pass_, target) is not None:
+        return []
+    loop = base.loop
+    assert isinstance(loop, Depthwise)
+    return [Plan(tile_h * tile_w, chunk, 16, MMA_WARPS, 1, 2, 8, 1, base.read_a, base.read_a, 1,
+                 Depthwise(tile_w, 8, 0, loop.tiles, mma=True),
+                 reasons=(f"tuning candidate: depthwise on mma.sync, each filter row a banded Toeplitz matrix "
+                          f"({tile_h}x{tile_w} tile, {chunk} channels, {loop.tiles} tile(s) a block)",))
+            for tile_h, tile_w, chunk in MMA_TILES]
 
 
 WGRAD_NEXT_TILES = 5  # the tile search's runners-up offered to tuning

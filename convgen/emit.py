@@ -390,6 +390,8 @@ class Context:
             return "kernels/tma_halo.j2"
         if self.dw is not None and self.dw.out_rows > 1:  # the stencil with its filter held in registers
             return f"kernels/{self.pass_}_depthwise_held.j2"
+        if self.dw is not None and self.dw.mma:  # the stencil on mma.sync
+            return f"kernels/{self.pass_}_depthwise_mma.j2"
         return f"kernels/{self.pass_}_{self.loop}.j2"
 
 

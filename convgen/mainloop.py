@@ -81,6 +81,7 @@ class Flags(NamedTuple):
     dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
     dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
     dw_out_rows: int = 1  # and, in fprop, the output rows a thread computes with its filter held in registers
+    dw_mma: bool = False  # and, in fprop, its stencil on mma.sync (banded Toeplitz filter rows)
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
     cluster: int = 1  # a TmaWgmma kind's blocks a cluster (with tma=True)
     tma_store: bool = False  # a TmaWgmma kind stores its output through the copy engine (with tma=True)
@@ -495,8 +496,13 @@ class Depthwise(MainLoop):
     registers with 16-byte channel vectors.  ``tiles`` > 1 (fprop, dgrad) has a block compute
     that many neighbouring tiles in turn, copying the next one's halo while it computes the
     current one.  ``plan.stages`` is then the ring of halo buffers: 2 copies the next tile's
-    halo while one is computed, 3 (with ``tiles`` of 3 or more) the next two.  block_k has no
-    meaning here: it must be 16, and warps_n 1 (the thread count is warps_m warps)."""
+    halo while one is computed, 3 (with ``tiles`` of 3 or more) the next two.  ``out_rows`` > 1
+    (fprop): a thread owns that many rows of runs and holds its channels' whole filter in
+    registers, so each staged value is read once for every output and tap it feeds.  ``mma``
+    (fprop, stride 1): the stencil on the tensor cores, each filter row a banded Toeplitz
+    matrix that 16 staged rows of one channel multiply (mma.sync m16n8k16), the halo staged
+    channel-major; ``cols`` is then 8, the MMA's output columns.  block_k has no meaning
+    here: it must be 16, and warps_n 1 (the thread count is warps_m warps)."""
 
     warp_grid: ClassVar[bool] = False
     tile_w: int = 16
@@ -508,10 +514,13 @@ class Depthwise(MainLoop):
     # DRAM granules they straddle in L2 (convgen/depthwise.py, whole_pixel_chunk).
     interleave: bool = False
     out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (1: read per filter row)
+    mma: bool = False  # fprop: the stencil on mma.sync, filter rows as banded Toeplitz matrices
 
     def __post_init__(self) -> None:
         if not isinstance(self.interleave, bool):
             raise TypeError(f"Depthwise.interleave must be a bool, got {self.interleave!r}")
+        if not isinstance(self.mma, bool):
+            raise TypeError(f"Depthwise.mma must be a bool, got {self.mma!r}")
         object.__setattr__(self, "out_rows", _positive("Depthwise", "out_rows", self.out_rows))
         object.__setattr__(self, "tile_w", _positive("Depthwise", "tile_w", self.tile_w))
         object.__setattr__(self, "cols", _positive("Depthwise", "cols", self.cols))
@@ -527,7 +536,8 @@ class Depthwise(MainLoop):
     @property
     def tag(self) -> str:
         return (f"dw{self.tile_w}c{self.cols}" + (f"r{self.rows}" if self.rows else "") + _tiles_suffix(self.tiles)
-                + ("i" if self.interleave else "") + (f"o{self.out_rows}" if self.out_rows > 1 else ""))
+                + ("i" if self.interleave else "") + (f"o{self.out_rows}" if self.out_rows > 1 else "")
+                + ("m" if self.mma else ""))
 
     def check(self, plan: "Plan") -> None:
         if (plan.block_k, plan.warps_n) != (FRAG, 1):
@@ -551,7 +561,7 @@ class Depthwise(MainLoop):
 
     def flags(self) -> Flags:
         return Flags(tile_w=self.tile_w, tiles=self.tiles, depthwise=self.cols, dw_rows=self.rows,
-                     dw_interleave=self.interleave, dw_out_rows=self.out_rows)
+                     dw_interleave=self.interleave, dw_out_rows=self.out_rows, dw_mma=self.mma)
 
     def layout(self) -> str:
         return " " + self.tag
@@ -564,6 +574,7 @@ class Depthwise(MainLoop):
                 + (f", {self.tiles} tiles a block in turn" if self.tiles > 1 else "")
                 + (", blocks chunk first" if self.interleave else "")
                 + (f", {self.out_rows} output rows a thread with its filter in registers" if self.out_rows > 1 else "")
+                + (", on mma.sync (banded Toeplitz filter rows)" if self.mma else "")
                 + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else "")
                 + (" summed in the kernel" if plan.split_reduce == "grid" else ""))
 

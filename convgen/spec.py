@@ -29,7 +29,7 @@ def stages_whole_halo(geometry: "ConvGeometry", pass_: "Pass | str") -> bool:
 def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any = 1, wgmma: Any = False,
                tma: Any = False, persistent: Any = False, pingpong: Any = False, depthwise: Any = 0,
                dw_rows: Any = 0, halo_pitch: Any = 0, cluster: Any = 1, dw_interleave: Any = False,
-               tma_store: Any = False, dw_out_rows: Any = 1, *,
+               tma_store: Any = False, dw_out_rows: Any = 1, dw_mma: Any = False, *,
                staged: bool = False) -> MainLoop:
     """The kind a plan dict's fields name (the inverse of :meth:`MainLoop.flags`, kept with
     :meth:`Plan.from_dict`, the format's reader).  ``staged``: whether the layer stages its whole
@@ -37,7 +37,7 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
     is a :class:`StagedHalo`, elsewhere a :class:`HaloTile` (or :class:`HaloLdsm` when
     narrower than a fragment)."""
     for name, v in (("flat", flat), ("wgmma", wgmma), ("tma", tma), ("persistent", persistent), ("pingpong", pingpong),
-                    ("dw_interleave", dw_interleave), ("tma_store", tma_store)):
+                    ("dw_interleave", dw_interleave), ("tma_store", tma_store), ("dw_mma", dw_mma)):
         if not isinstance(v, bool):
             raise TypeError(f"plan.{name} must be a bool, got {v!r}")
     tile_w, tiles, warps_k = _int("plan.tile_w", tile_w), _int("plan.tiles", tiles), _int("plan.warps_k", warps_k)
@@ -55,13 +55,15 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
         raise ValueError("plan.dw_interleave=True orders a depthwise stencil's blocks: it needs plan.depthwise > 0")
     if _int("plan.dw_rows", dw_rows) and not _int("plan.depthwise", depthwise):
         raise ValueError(f"plan.dw_rows={dw_rows} splits a depthwise wgrad's filter rows: it needs plan.depthwise > 0")
+    if dw_mma and not _int("plan.depthwise", depthwise):
+        raise ValueError("plan.dw_mma=True runs a depthwise stencil on mma.sync: it needs plan.depthwise > 0")
     if _int("plan.dw_out_rows", dw_out_rows) != 1 and not _int("plan.depthwise", depthwise):
         raise ValueError(f"plan.dw_out_rows={dw_out_rows} is a depthwise fprop thread's output rows: it needs "
                          "plan.depthwise > 0")
     if _int("plan.depthwise", depthwise):
         if flat or wgmma or tma or persistent or pingpong or warps_k != 1:
             raise ValueError(f"plan.depthwise={depthwise} names the depthwise stencil alone, with its tile_w and tiles")
-        return Depthwise(tile_w, depthwise, dw_rows, tiles, dw_interleave, dw_out_rows)
+        return Depthwise(tile_w, depthwise, dw_rows, tiles, dw_interleave, dw_out_rows, dw_mma)
     if tile_w < 0 or tile_w % 8:
         raise ValueError(f"plan.tile_w={tile_w} must be 0 (no halo tile) or a multiple of 8")
     halo = bool(tile_w) or flat

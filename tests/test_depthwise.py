@@ -489,7 +489,9 @@ def test_tuning_variations_emulated_are_exact(problem, pass_):
     fitted = [p for p in plans if "fitted to the" in p.reasons[0]]
     if problem.h == 14:  # 8-pixel tiles overhang the 14x14 output: runs of 7 tile it exactly
         assert any(p.loop.cols == 7 and p.block_m % 16 for p in fitted), [p.brief() for p in fitted]
-    for i, pl in enumerate([*plans[::4], plans[1], *fitted]):
+    # (the held-filter and mma.sync stencils walk otherwise: tests/test_depthwise_host.py runs their source)
+    stencils = [p for p in plans if p.loop.out_rows == 1 and not p.loop.mma]
+    for i, pl in enumerate([*stencils[::4], plans[1], *fitted]):
         got, ref = _emulate_stencil(problem, pass_, pl, np.random.default_rng(i))
         np.testing.assert_array_equal(got, ref, err_msg=pl.brief())
 
@@ -576,6 +578,38 @@ def test_held_filter_is_an_fprop_field_that_round_trips_and_names_its_limits():
                    Target("sm_90"), "float16")
     with pytest.raises(ValueError, match="needs plan.depthwise"):
         from_flags(dw_out_rows=2)
+
+
+def test_mma_stencil_is_an_fprop_field_that_round_trips_and_names_what_it_needs():
+    """Depthwise.mma (the stencil on mma.sync) survives a plan dict and picks its template; it is
+    refused by name on what it cannot run: another pass, a stride, a dilation, a multiplier, a
+    filter wider than 9, C not a multiple of 8, a part without mma.sync, or a tile that is not
+    whole 16 x 8 blocks."""
+    problem = dw(13, 11, 96, 7, 7, 1, 3)
+    mma = Plan(256, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(16, 8, 0, 2, mma=True))
+    check_plan(mma, problem, Pass.FPROP, Target("sm_90"), "float16")
+    d = mma.as_dict()
+    assert d["dw_mma"] is True and Plan.from_dict(d) == mma
+    assert "dw_mma" not in dataclasses.replace(mma, loop=Depthwise(16, 8, 0, 2)).as_dict()
+    ks = emit(make_spec(problem, Pass.FPROP, plan_=mma))
+    assert ks.main.kernel.startswith("convgen_fprop_dw16c8x2m_") and "mma_16816<0>" in ks.source
+    refusals = [(problem, Pass.DGRAD, "sm_90", "dgrad keeps the CUDA-core stencil"),
+                (dw(13, 11, 96, 7, 7, 2, 3), Pass.FPROP, "sm_90", "stride 1"),
+                (dw(13, 11, 96, 3, 3, 1, 2, 2), Pass.FPROP, "sm_90", "no dilation"),
+                (dw(13, 11, 48, 3, 3, 1, 1, mult=2), Pass.FPROP, "sm_90", "2 filter"),
+                (dw(13, 13, 96, 11, 11, 1, 5), Pass.FPROP, "sm_90", "S <= 9"),
+                (dw(13, 11, 36, 3, 3, 1, 1), Pass.FPROP, "sm_90", "C = 36 is not a multiple of 8"),
+                (problem, Pass.FPROP, "sm_75", "no mma.sync")]
+    for prob, pass_, arch, match in refusals:
+        with pytest.raises(ValueError, match=match):  # (4-channel stores: C = 36 reaches the stencil's own check)
+            check_plan(dataclasses.replace(mma, vec_a=4), prob, pass_, Target(arch), "float16")
+    with pytest.raises(ValueError, match="16-row and 8-column multiples"):
+        check_plan(Plan(128, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(16, 8, 0, 2, mma=True)), problem, Pass.FPROP,
+                   Target("sm_90"), "float16")
+    with pytest.raises(ValueError, match="needs plan.depthwise"):
+        from_flags(dw_mma=True)
+    with pytest.raises(TypeError, match="Depthwise.mma must be a bool"):
+        Depthwise(16, 8, mma=1)
 
 
 HALO_HOST_MAIN = r"""

@@ -278,3 +278,54 @@ def test_depthwise_held_filter_fuzz(problem, seed):
     res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True,
                    plan=plan)
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
+
+
+# The stencil on mma.sync (Depthwise.mma: kernels/fprop_depthwise_mma.j2): every such candidate,
+# on stride-1 layers with tails, a rectangular and a 9-wide filter, float16 and bfloat16;
+# tests/test_depthwise_host.py runs the same source on the host.
+MMA = [dw(13, 11, 96, 7, 7, 1, 3), dw(7, 7, 48, 7, 7, 1, 3, n=3), dw(11, 19, 40, 5, 5, 1, 2), dw(9, 9, 24, 3, 3, 1, 1, n=3),
+       dw(10, 13, 16, 3, 5, 1, (1, 2)), dw(6, 8, 8, 9, 9, 1, 4), dw(56, 56, 96, 7, 7, 1, 3, n=4)]
+
+
+def _mma_plans(problem, dtype="float16"):
+    from convgen.candidates import candidates
+    from convgen.ir import Target
+
+    return [dataclasses.replace(p, read_a=dtype, read_b=dtype)
+            for p in candidates(problem, Pass.FPROP, Target("sm_90")) if p.loop.mma]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("problem", MMA, ids=_ids)
+def test_depthwise_mma_stencil_exact(problem, dtype):
+    """Integer data (exact in bfloat16 too), bias added, float32 out: bit for bit the reference."""
+    plans = _mma_plans(problem, dtype)
+    assert plans
+    for plan in plans:
+        res = run_pass(problem, Pass.FPROP, seeded("dw-mma", problem, plan.brief(), dtype), in_dtype=dtype,
+                       out_dtype="float32", exact=True, plan=plan, bias=True)
+        check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} {dtype}")
+
+
+def test_depthwise_mma_stencil_epilogues():
+    """Its fused epilogues: bias and ReLU to float16, residual and GELU to float32."""
+    problem = MMA[0]
+    plan = _mma_plans(problem)[0]
+    res = run_pass(problem, Pass.FPROP, seeded("dw-mma-relu", problem), out_dtype="float16", bias=True, relu=True,
+                   plan=plan)
+    check(res, "float16", what="mma fprop bias relu")
+    res = run_pass(problem, Pass.FPROP, seeded("dw-mma-gelu", problem), out_dtype="float32", residual=True, gelu=True,
+                   alpha=0.5, beta=-1.25, plan=plan)
+    check(res, "float32", what="mma fprop residual gelu")
+
+
+@given(problem=depthwise_problems(), seed=st.integers(0, 2**32 - 1))
+def test_depthwise_mma_stencil_fuzz(problem, seed):
+    from hypothesis import assume
+
+    plans = _mma_plans(problem)
+    assume(plans)
+    plan = plans[seed % len(plans)]
+    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True,
+                   plan=plan)
+    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")

@@ -113,3 +113,54 @@ def test_depthwise_dgrad_default_runs_exactly_on_the_host(problem, tmp_path):
     ks = emit(KernelSpec(problem, Pass.DGRAD, Epilogue(out_dtype="float32"), "float16", Target("sm_90"), plan))
     got = host_kernel.run(ks, problem.n, dict(dy=dy, w=w), want.shape, np.float32, tmp_path)
     np.testing.assert_array_equal(got, want, err_msg=plan.brief())
+
+
+MMA_LAYERS = [
+    LAYERS[0],                          # ConvNeXt's 7x7 on an odd image, a 32-channel last chunk
+    LAYERS[1],                          # a 7x7 image under 16-row tiles, three images
+    dw(11, 19, 40, 5, 1, 2),            # 5x5, C = 40: chunks past C
+    dw(9, 9, 24, 3, 1, 1, n=3),         # 3x3
+    ConvProblem(n=2, h=10, w=13, c=16, k=16, r=3, s=5, padding=(1, 2), groups=16),  # 3x5, unequal padding
+    dw(6, 8, 8, 9, 1, 4),               # a 9-wide filter: B's 16 rows all taps or zeros at the window's end
+]
+
+
+def _mma(problem: ConvProblem) -> list:
+    return [p for p in candidates(problem, Pass.FPROP, Target("sm_90")) if p.loop.mma]
+
+
+@pytest.mark.parametrize("problem", MMA_LAYERS, ids=lambda p: p.describe().replace(" ", "_"))
+def test_mma_stencil_fprop_runs_exactly_on_the_host(problem, tmp_path):
+    """Every mma.sync stencil candidate of the layer (Depthwise.mma: channel-major planes,
+    ldmatrix, banded Toeplitz filter rows, sums back through shared memory), bias added, float32
+    out: bit for bit the float64 reference, every output written."""
+    plans = _mma(problem)
+    assert plans, "the tuner offers the mma.sync stencil on this layer"
+    x, w, bias = _data(problem, "mma")
+    want = _reference(problem, x, w) + bias
+    for plan in plans:
+        ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(bias=True, out_dtype="float32"), "float16",
+                             Target("sm_90"), plan))
+        got = host_kernel.run(ks, problem.n, dict(x=x, w=w, bias=bias), want.shape, np.float32, tmp_path)
+        np.testing.assert_array_equal(got, want, err_msg=f"{plan.brief()} ({plan.reasons[0]})")
+
+
+def test_mma_stencil_fused_epilogues_on_the_host(tmp_path):
+    """Its epilogue is the stencils' shared piece: bias and ReLU to float16, residual and GELU."""
+    problem = MMA_LAYERS[0]
+    plan = _mma(problem)[0]
+    x, w, bias = _data(problem, "mma-epilogue")
+    conv = _reference(problem, x, w)
+    ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(bias=True, relu=True), "float16", Target("sm_90"), plan))
+    got = host_kernel.run(ks, problem.n, dict(x=x, w=w, bias=bias), conv.shape, np.float16, tmp_path)
+    np.testing.assert_array_equal(got.astype(np.float64), np.maximum(conv + bias, 0))
+    residual = np.random.default_rng(11).standard_normal(conv.shape).astype(np.float32)
+    ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(out_dtype="float32", gelu=True, residual=True), "float16",
+                         Target("sm_90"), plan))
+    got = host_kernel.run(ks, problem.n, dict(x=x, w=w, residual=residual, alpha=2.0, beta=0.75), conv.shape,
+                          np.float32, tmp_path)
+    from math import erf
+
+    v = 2.0 * conv + 0.75 * residual.astype(np.float64)
+    want = 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6

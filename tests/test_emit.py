@@ -140,6 +140,10 @@ def cases():
         hand = Plan(64, 64, 16, warps, 1, 2, 4, 1, loop=Depthwise(8, 4, out_rows=4))
         out.append((f"depthwise-held/{prob.describe()}/fprop/{arch}",
                     make_spec(prob, Pass.FPROP, target=Target(arch), epilogue=Epilogue(bias=True, relu=True), plan_=hand)))
+    # ... and on mma.sync (CUDA)
+    out.append((f"depthwise-mma/{prob.describe()}/fprop/sm_90", make_spec(
+        prob, Pass.FPROP, epilogue=Epilogue(bias=True, relu=True),
+        plan_=Plan(256, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(16, 8, 0, 1, mma=True)))))
     return out
 
 
@@ -515,6 +519,9 @@ def test_sliced_k_kernels_add_their_slices_and_only_slice_zero_drains(sources):
         assert "if (warp >= WARPS_M * WARPS_N) return;" in src  # only slice 0 drains
 
 
+MMA_SYNC_H = (templates_dir() / "include" / "convgen" / "mma_sync.h").read_text()
+
+
 def test_narrow_halo_tiles_read_fragment_rows_through_ldmatrix(sources):
     """A halo tile narrower than a fragment (tile_w = 8): A and B come in through ldmatrix,
     the MMAs are raw m16n8k16, and no WMMA is left in the kernel; other kernels keep WMMA."""
@@ -524,11 +531,12 @@ def test_narrow_halo_tiles_read_fragment_rows_through_ldmatrix(sources):
         src = sources[name].source
         body = src.split("namespace {", 1)[1]
         if spec.plan.tile_w % 16 == 0:
-            assert "ldmatrix.sync" not in src
+            assert "ldmatrix.sync" not in src and "convgen/mma_sync.h" not in src
             continue
-        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "mma.sync.aligned.m16n8k16.row.col" in src
+        assert '#include "convgen/mma_sync.h"' in src and "ldsm_x4(" in body and "mma_16816<" in body
         assert ("ldsm_x4_trans(b[j]" in src) == (spec.pass_ is Pass.DGRAD)  # dgrad's [BK][BN] weights
         assert "wmma::" not in body
+        assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in MMA_SYNC_H and "mma.sync.aligned.m16n8k16.row.col" in MMA_SYNC_H
         stacked = name.startswith("ldsm-stacked")
         assert ("pix[i] = m / TILE_W * HALO_W + m % TILE_W;" in src) != stacked
         assert ("pix[i] = img * (HALO_H1 * HALO_W) + r / TILE_W * HALO_W + r % TILE_W;" in src) == stacked

@@ -390,7 +390,7 @@ def test_depthwise_candidates_try_the_chunk_that_pads_c_least_first():
         assert base.block_n == 64 and first.block_n == 48
         assert (first.block_m, first.loop.tile_w, first.loop.cols) == (base.block_m, base.loop.tile_w, base.loop.cols)
     even = ConvProblem(28, 28, 192, 192, 3, 3, 1, 1, groups=192, n=128)
-    assert {c.block_n for c in tune.candidates(even, Pass.FPROP, h200)} == {64}
+    assert {c.block_n for c in tune.candidates(even, Pass.FPROP, h200) if not c.loop.mma} == {64}  # (the MMA's own)
     # a strided dgrad's runs stay whole multiples of the stride
     strided = ConvProblem(112, 112, 96, 96, 3, 3, 2, 1, groups=96, n=128)
     assert all(c.loop.cols % 2 == 0 for c in tune.candidates(strided, Pass.DGRAD, h200))
