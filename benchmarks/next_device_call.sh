@@ -708,8 +708,14 @@ s45dw() {  # the depthwise fprop candidates of the forty-fifth session (issue 21
         echo "s45dw: the held-filter and mma.sync stencils' GPU tests did not all pass; no tuning"
         return
     fi
+    for tool in memcheck racecheck; do
+        CONVGEN_CACHE_DIR=/tmp/cg-dw45 timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool \
+            --report-api-errors no python3 benchmarks/probes/sanitize_dw.py > "$OUT/sanitize-dw-$tool.log" 2>&1
+        echo "dw $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-dw-$tool.log" \
+            | grep -v " 0 of " | sort | uniq -c | head -6 | tr '\n' ' ')"
+    done
     tune_passes dw45 110 convnext-dw fprop
-    tune_passes dw45b 150 efficientnet-b0-dw fprop
+    tune_passes dw45b 120 efficientnet-b0-dw fprop
     python3 - "$OUT" <<'PY'
 import json, pathlib, sys, tarfile
 for tgz in sorted(pathlib.Path(sys.argv[1]).glob("dw45*.tgz")):
