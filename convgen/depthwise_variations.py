@@ -9,9 +9,9 @@ import dataclasses
 import itertools
 from typing import Callable, Iterator
 
-from .depthwise import (LONG_RUN_MIN_S, MAX_HELD_REGISTERS, WGRAD_CHUNKS, chunks_by_padding, facts, held_registers,
-                        long_run, mma_eligible, resident_blocks, smem_bytes, stencil_registers, straddles_granules,
-                        whole_pixel_chunk)
+from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, resident_blocks,
+                        smem_bytes, stencil_registers, straddles_granules, whole_pixel_chunk)
+from .depthwise_forms import MAX_HELD_REGISTERS, held_registers, mma_eligible
 from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -179,7 +179,7 @@ HELD_AFTER = 3  # tile variations before them: the default itself (a repeat, dro
 
 def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]:
     """fprop plans on :data:`HELD_SHAPES` with the filter held in registers: the widest channel
-    vector whose weights and sums fit :data:`depthwise.MAX_HELD_REGISTERS` (2 channels on a 7x7
+    vector whose weights and sums fit :data:`depthwise_forms.MAX_HELD_REGISTERS` (2 channels on a 7x7
     filter, 4 on 5x5, 8 on 3x3 with short blocks), ``base``'s chunk and tiles a block, 8
     columns wide or wider where the chunk has few lanes; those of 64 to 512 threads.
     convgen/candidates.py checks them (registers, shared memory) and drops repeats."""
@@ -215,7 +215,7 @@ MMA_WARPS = 4
 
 def mma_stencils(problem: ConvProblem, pass_: Pass, base: Plan, target: Target) -> list[Plan]:
     """The :data:`MMA_TILES` plans of the stencil on mma.sync where the layer and part take it
-    (:func:`depthwise.mma_eligible`), each storing 8 channels at a time and computing
+    (:func:`depthwise_forms.mma_eligible`), each storing 8 channels at a time and computing
     ``base``'s tiles a block; convgen/candidates.py drops those whose shared memory does not fit."""
     if mma_eligible(problem, pass_, target) is not None:
         return []
