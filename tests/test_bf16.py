@@ -78,8 +78,15 @@ def test_every_kind_compiles_in_bf16_without_warnings(case):
     assert ".f16" not in src.source  # no fp16 MMA left behind in the raw PTX
     if src.spec.plan.tma or src.spec.plan.wgmma:
         assert ".f32.bf16.bf16 " in src.source
-    if "ldsm" in case:
-        assert ".row.col.f32.bf16.bf16.f32 " in src.source
+    if "ldsm" in case:  # raw mma.sync through convgen/mma_sync.h, its bf16 form under CONVGEN_BF16
+        assert '#include "convgen/mma_sync.h"' in src.source
+        from convgen.tools.sass import find_cuobjdump, kernel_sass
+
+        cuobjdump = find_cuobjdump()
+        if cuobjdump:  # what NVRTC made of it: bf16 HMMAs, no fp16 ones
+            ops = kernel_sass(src, cuobjdump)[src.main.kernel].opcodes
+            hmma = [op for op in ops if op.startswith("HMMA")]
+            assert hmma and all(".BF16" in op for op in hmma), hmma
     _compile(src)
 
 
