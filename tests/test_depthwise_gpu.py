@@ -242,7 +242,7 @@ def _held_plans(problem):
     from convgen.candidates import candidates
     from convgen.ir import Target
 
-    return [p for p in candidates(problem, Pass.FPROP, Target("sm_90")) if p.loop.out_rows > 1]
+    return [p for p in candidates(problem, Pass.FPROP, Target("sm_90")) if isinstance(p.loop, Depthwise) and p.loop.out_rows > 1]
 
 
 @pytest.mark.parametrize("problem", HELD, ids=_ids)
@@ -292,7 +292,7 @@ def _mma_plans(problem, dtype="float16"):
     from convgen.ir import Target
 
     return [dataclasses.replace(p, read_a=dtype, read_b=dtype)
-            for p in candidates(problem, Pass.FPROP, Target("sm_90")) if p.loop.mma]
+            for p in candidates(problem, Pass.FPROP, Target("sm_90")) if isinstance(p.loop, Depthwise) and p.loop.mma]
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
