@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .spec import Plan
 from .mainloop import Depthwise
-from .depthwise_forms import check_held, check_mma, held_halo_vec, mma_plane_ld
+from .depthwise_forms import check_held, check_mma, held_filters, held_halo_vec, mma_plane_ld
 
 PIX_PAD = 8  # halves of padding per staged pixel: a thread's next run starts in other banks
 MAX_WGRAD_ACCS = 56  # fp32 sums a wgrad thread keeps (vec x m x its taps): 3-4 blocks of 256 an SM
@@ -318,6 +318,20 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
         from .depthwise_wgrad import plan_wgrad  # (it builds on this module's facts and limits)
 
         return plan_wgrad(g, target, elem, reasons)
+    stencil = stencil_plan(g, pass_, target, elem, reasons)
+    held = held_default(g, pass_, stencil, target)
+    if held is None:
+        return stencil
+    reasons.append(f"then 4 x 4 outputs over {held.vec_a} channels a thread with its {g.r}x{g.s} filter held in "
+                   "registers (depthwise_forms.held_filters), the same chunk and tiles a block: each staged value "
+                   "read once for all the outputs and taps it feeds (HELD_DEFAULT_MIN_PX: 0.84-0.85x the "
+                   "CUDA-core stencil's time on ConvNeXt's three 7x7 rows of 14-56 pixels, timed on an H100)")
+    return held
+
+
+def stencil_plan(g: ConvProblem, pass_: Pass, target: Target, elem: DType, reasons: list[str]) -> Plan:
+    """fprop's and dgrad's CUDA-core stencil of one output row a thread, as the default takes it
+    where no held filter does (and what tuning varies around), its reasons appended."""
     plan = _plan_stencil(g, pass_, target, elem, reasons)
     longer = long_run(g, pass_, plan) if g.s >= LONG_RUN_MIN_S else None
     if longer is None:
@@ -327,6 +341,30 @@ def plan_depthwise(problem: ConvProblem, pass_: Pass, target: Target, elem: DTyp
                    f"outputs, not {4 + g.s - 1} for 4 (depthwise.LONG_RUN_MIN_S: 1.05-1.16x on every ConvNeXt 7x7 and "
                    "EfficientNet-B0 5x5 fprop and dgrad it takes, timed on an H100)")
     return longer
+
+
+# 7x7 stride-1 fprop on outputs of at least this many pixels a side holds each thread's filter in
+# registers (Depthwise.out_rows = 4, runs of 4 over 2 channels): `convgen tune` on ConvNeXt's fprop
+# (H100, 360b732, tuning/nvidia-h100_2026-12-07_360b732-tune-convnext-dw-fprop.json) timed it
+# fastest of 49 candidates on the 56-, 28- and 14-pixel rows, 0.84-0.85x the long run's time, and
+# 1.20x slower on the 7-pixel row (an 8-row tile of 4-row threads over 7 rows).  5x5 filters gain
+# 0.87-0.88x from held shapes that differ by layer (EfficientNet-B0's log): tuning picks those.
+HELD_DEFAULT_MIN_PX = 14
+
+
+def held_default(g: ConvProblem, pass_: Pass, base: Plan, target: Target) -> Plan | None:
+    """The default's held-filter form where HELD_DEFAULT_MIN_PX says it pays: the first of
+    depthwise_forms.held_filters on ``base``'s chunk and tiles, if it fits; else None."""
+    if (pass_ is not Pass.FPROP or (g.r, g.s) != (7, 7) or g.stride != (1, 1) or g.dilation != (1, 1) or g.kg != 1
+            or min(g.p, g.q) < HELD_DEFAULT_MIN_PX or target.backend != "cuda"):
+        return None
+    for plan in held_filters(g, base, target)[:1]:
+        try:
+            check(plan, g, pass_, target, base.read_a, base.read_a)
+        except ValueError:
+            return None
+        return dataclasses.replace(plan, reasons=())
+    return None
 
 
 # Runs of 8 outputs over 4 channels, where a thread's run of 4 over 8 would convert more staged

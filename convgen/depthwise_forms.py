@@ -6,7 +6,7 @@ fact each adds; convgen/depthwise.py plans and checks the rest as for every sten
 
 from __future__ import annotations
 
-from .ir import ConvGeometry, Pass, Target
+from .ir import ConvGeometry, ConvProblem, Pass, Target
 from .mainloop import Depthwise
 from .spec import Plan
 
@@ -81,3 +81,38 @@ def mma_plane_ld(halo_w: int) -> int:
     banks."""
     units = -(-halo_w // 8)
     return 8 * (units if units % 2 else units + 1)
+
+
+# fprop blocks whose threads hold their channels' whole filter in registers (Depthwise.out_rows):
+# (output rows, run, tile rows) a thread and block.  The present loop reads a
+# filter row's weights and its staged columns from shared memory for every output row: on ConvNeXt's
+# 7x7 (dw96-56px) about a byte a multiply-add, with a conversion for every four, where this one reads
+# a staged value once for all the outputs and taps it feeds (benchmarks/NOTES.md, forty-fifth
+# session).  Untimed: offered to tuning, not the default.
+HELD_SHAPES = ((4, 4, 8), (2, 4, 8), (4, 8, 8), (8, 4, 16))
+
+
+def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]:
+    """fprop plans on :data:`HELD_SHAPES` with the filter held in registers: the widest channel
+    vector whose weights and sums fit :data:`depthwise_forms.MAX_HELD_REGISTERS` (2 channels on a 7x7
+    filter, 4 on 5x5, 8 on 3x3 with short blocks), ``base``'s chunk and tiles a block, 8
+    columns wide or wider where the chunk has few lanes; those of 64 to 512 threads.
+    convgen/candidates.py checks them (registers, shared memory) and drops repeats."""
+    out = []
+    warp, chunk, loop = target.warp_size, base.block_n, base.loop
+    assert isinstance(loop, Depthwise)
+    for out_rows, cols, tile_h in HELD_SHAPES:
+        vec = next((v for v in (8, 4, 2, 1) if problem.c % v == 0 and chunk % v == 0
+                    and held_registers(problem, out_rows, cols, v) <= MAX_HELD_REGISTERS), 0)
+        # 8 columns, or as many more as a narrow chunk needs for 64 threads (a spare lane or more
+        # past the runs fills the last warp, as in the default's blocks)
+        tile_w = next((w for w in (8, 16, 32) if vec and tile_h // out_rows * (w // cols) * (chunk // vec) >= 64), 0)
+        warps = -(-tile_h // out_rows * (tile_w // cols) * (chunk // vec) // warp) if tile_w else 0
+        if not warps or warps * warp > 512:
+            continue
+        out.append(Plan(tile_h * tile_w, chunk, 16, warps, 1, 2, vec, 1, base.read_a, base.read_a, 1,
+                        Depthwise(tile_w, cols, 0, loop.tiles, out_rows=out_rows),
+                        reasons=(f"tuning candidate: depthwise {out_rows}x{cols} outputs over {vec} channels a "
+                                 f"thread, its {problem.r}x{problem.s} filter held in registers ({tile_h}x{tile_w} "
+                                 f"tile, {chunk} channels, {loop.tiles} tile(s) a block)",)))
+    return out

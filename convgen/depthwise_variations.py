@@ -10,8 +10,8 @@ import itertools
 from typing import Callable, Iterator
 
 from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, resident_blocks,
-                        smem_bytes, stencil_registers, straddles_granules, whole_pixel_chunk)
-from .depthwise_forms import MAX_HELD_REGISTERS, held_registers, mma_eligible
+                        smem_bytes, stencil_plan, stencil_registers, straddles_granules, whole_pixel_chunk)
+from .depthwise_forms import held_filters, mma_eligible
 from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
@@ -44,6 +44,10 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             yield lambda plan_=plan_: plan_
         return
     assert isinstance(base.loop, Depthwise)
+    if base.loop.out_rows > 1:  # a held-filter default (depthwise.held_default): vary the stencil it replaced
+        base = dataclasses.replace(stencil_plan(problem, pass_, target, base.read_a, []), reasons=(
+            "tuning candidate: the CUDA-core stencil, one output row a thread (what the held-filter default replaced)",))
+        yield lambda base=base: base
     # (CUDA only: hipcc's RDNA builds of the 5x5 ones spilled 75 VGPRs, and no AMD part has timed them)
     held = held_filters(problem, base, target) if pass_ is Pass.FPROP and target.backend == "cuda" else []
     held += mma_stencils(problem, pass_, base, target)
@@ -167,40 +171,7 @@ def _wide_run(problem: ConvProblem, pass_: Pass, base: Plan) -> Plan | None:
         f"threads, {base.block_n} channels, {loop.tiles} tile(s) a block)",))
 
 
-# fprop blocks whose threads hold their channels' whole filter in registers (Depthwise.out_rows):
-# (output rows, run, tile rows) a thread and block.  The present loop reads a
-# filter row's weights and its staged columns from shared memory for every output row: on ConvNeXt's
-# 7x7 (dw96-56px) about a byte a multiply-add, with a conversion for every four, where this one reads
-# a staged value once for all the outputs and taps it feeds (benchmarks/NOTES.md, forty-fifth
-# session).  Untimed: offered to tuning, not the default.
-HELD_SHAPES = ((4, 4, 8), (2, 4, 8), (4, 8, 8), (8, 4, 16))
-HELD_AFTER = 3  # tile variations before them: the default itself (a repeat, dropped) and its two nearest
-
-
-def held_filters(problem: ConvProblem, base: Plan, target: Target) -> list[Plan]:
-    """fprop plans on :data:`HELD_SHAPES` with the filter held in registers: the widest channel
-    vector whose weights and sums fit :data:`depthwise_forms.MAX_HELD_REGISTERS` (2 channels on a 7x7
-    filter, 4 on 5x5, 8 on 3x3 with short blocks), ``base``'s chunk and tiles a block, 8
-    columns wide or wider where the chunk has few lanes; those of 64 to 512 threads.
-    convgen/candidates.py checks them (registers, shared memory) and drops repeats."""
-    out = []
-    warp, chunk, loop = target.warp_size, base.block_n, base.loop
-    assert isinstance(loop, Depthwise)
-    for out_rows, cols, tile_h in HELD_SHAPES:
-        vec = next((v for v in (8, 4, 2, 1) if problem.c % v == 0 and chunk % v == 0
-                    and held_registers(problem, out_rows, cols, v) <= MAX_HELD_REGISTERS), 0)
-        # 8 columns, or as many more as a narrow chunk needs for 64 threads (a spare lane or more
-        # past the runs fills the last warp, as in the default's blocks)
-        tile_w = next((w for w in (8, 16, 32) if vec and tile_h // out_rows * (w // cols) * (chunk // vec) >= 64), 0)
-        warps = -(-tile_h // out_rows * (tile_w // cols) * (chunk // vec) // warp) if tile_w else 0
-        if not warps or warps * warp > 512:
-            continue
-        out.append(Plan(tile_h * tile_w, chunk, 16, warps, 1, 2, vec, 1, base.read_a, base.read_a, 1,
-                        Depthwise(tile_w, cols, 0, loop.tiles, out_rows=out_rows),
-                        reasons=(f"tuning candidate: depthwise {out_rows}x{cols} outputs over {vec} channels a "
-                                 f"thread, its {problem.r}x{problem.s} filter held in registers ({tile_h}x{tile_w} "
-                                 f"tile, {chunk} channels, {loop.tiles} tile(s) a block)",)))
-    return out
+HELD_AFTER = 3  # tile variations before the held-filter plans: the default itself (a repeat, dropped) and its two nearest
 
 
 # fprop's stencil on mma.sync (Depthwise.mma): (tile rows, tile columns, channels) a block of 4

@@ -717,5 +717,10 @@ def test_the_depthwise_reasons_say_what_the_plan_runs(pass_):
             assert tile is not None and vec is not None, what
             th, tw, cols = (int(v) for v in tile.groups())
             long_run = "then runs of 8 outputs over 4 channels" in text
+            held = re.search(r"then 4 x 4 outputs over (\d+) channels a thread with its \dx\d filter held", text)
             assert (th * tw, tw) == (p.block_m, p.loop.tile_w), what
+            if held:  # the held-filter default (depthwise.held_default): 4 rows of runs of 4
+                assert (4, 4, int(held.group(1))) == (p.loop.out_rows, p.loop.cols, p.vec_a), what
+                continue
+            assert p.loop.out_rows == 1, what
             assert (8 if long_run else cols, 4 if long_run else int(vec.group(1))) == (p.loop.cols, p.vec_a), what
