@@ -256,18 +256,6 @@ def test_depthwise_held_filter_plans_exact(problem):
         check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
 
 
-def test_depthwise_held_filter_epilogues():
-    """The held loop's fused epilogues: bias and ReLU to float16, residual and GELU to float32."""
-    problem = HELD[0]
-    plan = _held_plans(problem)[0]
-    res = run_pass(problem, Pass.FPROP, seeded("dw-held-relu", problem), out_dtype="float16", bias=True, relu=True,
-                   plan=plan)
-    check(res, "float16", what="held fprop bias relu")
-    res = run_pass(problem, Pass.FPROP, seeded("dw-held-gelu", problem), out_dtype="float32", residual=True, gelu=True,
-                   alpha=0.5, beta=-1.25, plan=plan)
-    check(res, "float32", what="held fprop residual gelu")
-
-
 @given(problem=depthwise_problems(), seed=st.integers(0, 2**32 - 1))
 def test_depthwise_held_filter_fuzz(problem, seed):
     from hypothesis import assume
@@ -307,16 +295,18 @@ def test_depthwise_mma_stencil_exact(problem, dtype):
         check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()} {dtype}")
 
 
-def test_depthwise_mma_stencil_epilogues():
-    """Its fused epilogues: bias and ReLU to float16, residual and GELU to float32."""
-    problem = MMA[0]
-    plan = _mma_plans(problem)[0]
-    res = run_pass(problem, Pass.FPROP, seeded("dw-mma-relu", problem), out_dtype="float16", bias=True, relu=True,
+@pytest.mark.parametrize("form", ["held", "mma"])
+def test_depthwise_fprop_forms_fused_epilogues(form):
+    """The held-filter and mma.sync stencils' fused epilogues: bias and ReLU to float16,
+    residual and GELU to float32."""
+    problem = (HELD if form == "held" else MMA)[0]
+    plan = (_held_plans if form == "held" else _mma_plans)(problem)[0]
+    res = run_pass(problem, Pass.FPROP, seeded(f"dw-{form}-relu", problem), out_dtype="float16", bias=True, relu=True,
                    plan=plan)
-    check(res, "float16", what="mma fprop bias relu")
-    res = run_pass(problem, Pass.FPROP, seeded("dw-mma-gelu", problem), out_dtype="float32", residual=True, gelu=True,
-                   alpha=0.5, beta=-1.25, plan=plan)
-    check(res, "float32", what="mma fprop residual gelu")
+    check(res, "float16", what=f"{form} fprop bias relu")
+    res = run_pass(problem, Pass.FPROP, seeded(f"dw-{form}-gelu", problem), out_dtype="float32", residual=True,
+                   gelu=True, alpha=0.5, beta=-1.25, plan=plan)
+    check(res, "float32", what=f"{form} fprop residual gelu")
 
 
 @st.composite

@@ -75,30 +75,6 @@ def test_held_filter_fprop_runs_exactly_on_the_host(problem, tmp_path):
         np.testing.assert_array_equal(got, want, err_msg=f"{plan.brief()} ({plan.reasons[0]})")
 
 
-def test_held_filter_fprop_fused_epilogues_on_the_host(tmp_path):
-    """The shared epilogue piece in the held loop: bias and ReLU to float16 (exact: small
-    integers), then alpha*conv + beta*residual with GELU (float32, to rounding)."""
-    problem = LAYERS[0]
-    plan = _held(problem)[0]
-    x, w, bias = _data(problem, "epilogue")
-    conv = _reference(problem, x, w)
-    ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(bias=True, relu=True), "float16", Target("sm_90"), plan))
-    got = host_kernel.run(ks, problem.n, dict(x=x, w=w, bias=bias), conv.shape, np.float16, tmp_path)
-    np.testing.assert_array_equal(got.astype(np.float64), np.maximum(conv + bias, 0))
-
-    residual = np.random.default_rng(7).standard_normal(conv.shape).astype(np.float32)
-    alpha, beta = 0.5, -1.25
-    ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(out_dtype="float32", gelu=True, residual=True), "float16",
-                         Target("sm_90"), plan))
-    got = host_kernel.run(ks, problem.n, dict(x=x, w=w, residual=residual, alpha=alpha, beta=beta), conv.shape,
-                          np.float32, tmp_path)
-    from math import erf
-
-    v = alpha * conv + beta * residual.astype(np.float64)
-    want = 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6
-
-
 @pytest.mark.parametrize("problem", [LAYERS[2], LAYERS[4]], ids=lambda p: p.describe().replace(" ", "_"))
 def test_depthwise_dgrad_default_runs_exactly_on_the_host(problem, tmp_path):
     """The harness on the other stencil (dgrad's residue walk, strides 2, a multiplier): the
@@ -145,22 +121,25 @@ def test_mma_stencil_fprop_runs_exactly_on_the_host(problem, tmp_path):
         np.testing.assert_array_equal(got, want, err_msg=f"{plan.brief()} ({plan.reasons[0]})")
 
 
-def test_mma_stencil_fused_epilogues_on_the_host(tmp_path):
-    """Its epilogue is the stencils' shared piece: bias and ReLU to float16, residual and GELU."""
-    problem = MMA_LAYERS[0]
-    plan = _mma(problem)[0]
-    x, w, bias = _data(problem, "mma-epilogue")
+@pytest.mark.parametrize("form", ["held", "mma"])
+def test_fprop_forms_fused_epilogues_on_the_host(form, tmp_path):
+    """The stencils' shared epilogue piece in the held-filter and mma.sync loops: bias and ReLU
+    to float16 (exact: small integers), then alpha*conv + beta*residual with GELU (float32, to
+    rounding)."""
+    problem = LAYERS[0]
+    plan = (_held if form == "held" else _mma)(problem)[0]
+    x, w, bias = _data(problem, form, "epilogue")
     conv = _reference(problem, x, w)
     ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(bias=True, relu=True), "float16", Target("sm_90"), plan))
     got = host_kernel.run(ks, problem.n, dict(x=x, w=w, bias=bias), conv.shape, np.float16, tmp_path)
     np.testing.assert_array_equal(got.astype(np.float64), np.maximum(conv + bias, 0))
-    residual = np.random.default_rng(11).standard_normal(conv.shape).astype(np.float32)
+    residual = np.random.default_rng(7).standard_normal(conv.shape).astype(np.float32)
     ks = emit(KernelSpec(problem, Pass.FPROP, Epilogue(out_dtype="float32", gelu=True, residual=True), "float16",
                          Target("sm_90"), plan))
-    got = host_kernel.run(ks, problem.n, dict(x=x, w=w, residual=residual, alpha=2.0, beta=0.75), conv.shape,
+    got = host_kernel.run(ks, problem.n, dict(x=x, w=w, residual=residual, alpha=0.5, beta=-1.25), conv.shape,
                           np.float32, tmp_path)
     from math import erf
 
-    v = 2.0 * conv + 0.75 * residual.astype(np.float64)
+    v = 0.5 * conv - 1.25 * residual.astype(np.float64)
     want = 0.5 * v * (1 + np.vectorize(erf)(v / np.sqrt(2)))
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-6
