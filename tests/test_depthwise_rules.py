@@ -100,11 +100,15 @@ def test_wide_filters_take_the_long_run_that_tuning_timed_faster():
     suite's default takes at most 1.10x the best as a geometric mean per pass (issue 16's bound;
     one row, EfficientNet's dw672-14px-s2-5x5 dgrad, takes 1.21x: a ring of 3 halos on an 8x16
     tile ran 32.3 us against 39.0)."""
+    from convgen.depthwise import stencil_plan
+
     rows = _timed(LONG) + _timed(EFFNET)
     assert len(rows) == 8 + 18 and {p for _, p, _, _, _ in rows} == {"fprop", "dgrad"}
     long_rows, ratios = 0, collections.defaultdict(list)
     for suite, p, problem, times, best in rows:
         default = plan(problem, Pass(p), H200)
+        if default.loop.out_rows > 1:  # a held filter replaced it (depthwise.held_default, timed in a later log:
+            default = stencil_plan(problem, Pass(p), H200, "float16", [])  # test_defaults_against_tuning)
         us = times.get(_key(default.as_dict()))
         assert us is not None, (p, problem.describe(), default.brief())
         ratios[suite, p].append(us / best)
