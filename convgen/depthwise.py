@@ -249,10 +249,10 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
         check_mma(plan, g, pass_, target)
         _check_smem(plan, g, pass_, target)
         return
-    if loop.out_rows > 1:
-        check_held(plan, g, pass_, target)
     groups = row_groups(loop, g)
     threads = plan.block_m // (loop.cols * loop.out_rows) * (plan.block_n // plan.vec_a) * groups
+    if loop.out_rows > 1:
+        check_held(plan, g, pass_, threads)
     warps = -(-threads // target.warp_size)  # fprop, dgrad: the last warp's lanes past the runs repeat the last run
     if pass_ is Pass.WGRAD and threads != target.warp_size * plan.warps_m:
         raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s), {plan.vec_a} channel(s) and "

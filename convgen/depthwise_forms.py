@@ -60,14 +60,15 @@ def check_mma(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:
         raise ValueError(f"plan has {plan.warps_m * target.warp_size} threads; a block holds at most 1024")
 
 
-def check_held(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:
+def check_held(plan: Plan, g: ConvGeometry, pass_: Pass, threads: int) -> None:
+    """Reject a held-filter plan (of ``threads`` threads, as depthwise.check counts them) that is
+    not fprop or whose filter and sums would pass the register bound."""
     loop = plan.loop
     assert isinstance(loop, Depthwise)
     if pass_ is not Pass.FPROP:
         raise ValueError(f"Depthwise.out_rows={loop.out_rows} holds an fprop thread's filter in registers; "
                          f"{pass_.value} computes one row a thread (out_rows=1)")
     regs = held_registers(g, loop.out_rows, loop.cols, plan.vec_a)
-    threads = plan.block_m // (loop.cols * loop.out_rows) * (plan.block_n // plan.vec_a)
     if regs > MAX_HELD_REGISTERS or regs * threads > 65536:  # (a block's registers)
         raise ValueError(f"Depthwise.out_rows={loop.out_rows}: a thread would hold {g.r}x{g.s}x{plan.vec_a}x{g.kg} "
                          f"weights and {loop.out_rows}x{loop.cols}x{plan.vec_a}x{g.kg} sums, about {regs} registers "
@@ -88,7 +89,8 @@ def mma_plane_ld(halo_w: int) -> int:
 # filter row's weights and its staged columns from shared memory for every output row: on ConvNeXt's
 # 7x7 (dw96-56px) about a byte a multiply-add, with a conversion for every four, where this one reads
 # a staged value once for all the outputs and taps it feeds (benchmarks/NOTES.md, forty-fifth
-# session).  Untimed: offered to tuning, not the default.
+# session).  All four are tuning candidates; the first is the default on 7x7 stride-1 fprop of 14
+# pixels or more (depthwise.held_default: 0.84-0.85x the stencil's time there, H100).
 HELD_SHAPES = ((4, 4, 8), (2, 4, 8), (4, 8, 8), (8, 4, 16))
 
 

@@ -50,7 +50,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
         yield lambda base=base: base
     # (CUDA only: hipcc's RDNA builds of the 5x5 ones spilled 75 VGPRs, and no AMD part has timed them)
     held = held_filters(problem, base, target) if pass_ is Pass.FPROP and target.backend == "cuda" else []
-    held += mma_stencils(problem, pass_, base, target)
+    held_makers = [lambda plan_=plan_: plan_ for plan_ in held + mma_stencils(problem, pass_, base, target)]
     base, runs = _other_runs(problem, pass_, base, target)
     for run in runs:
         yield lambda run=run: run
@@ -90,7 +90,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
             continue
         neighbours += 1
         if neighbours == HELD_AFTER + 1:
-            yield from (lambda plan_=plan_: plan_ for plan_ in held)
+            yield from held_makers
         yield lambda chunk=chunk, cols=cols, tile_h=tile_h, tile_w=tile_w, block=block, ring=ring, threads=threads: Plan(
             tile_h * tile_w, chunk, 16, threads // warp, 1, ring, vec, 1, elem, elem, 1, Depthwise(tile_w, cols, 0, block),
             reasons=(f"tuning candidate: depthwise {tile_h}x{tile_w} tile, {chunk} channels, runs of {cols}, "
@@ -98,7 +98,7 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
         if (chunk, cols, (tile_h, tile_w), block, ring) == nearest:
             yield lambda: interleave
     if neighbours <= HELD_AFTER:
-        yield from (lambda plan_=plan_: plan_ for plan_ in held)
+        yield from held_makers
 
 
 def _other_runs(problem: ConvProblem, pass_: Pass, default: Plan, target: Target) -> tuple[Plan, list[Plan]]:
@@ -179,7 +179,8 @@ HELD_AFTER = 3  # tile variations before the held-filter plans: the default itse
 # 16 staged rows by a filter row's banded Toeplitz matrix: 7 of 16 columns of B are taps on a
 # 7x7 filter, so the tensor cores do the 49 multiply-adds an output in 7 MMA slots of 16,
 # where the CUDA-core loops issue 49 FFMAs (benchmarks/NOTES.md, forty-fifth session).
-# Untimed: offered to tuning, not the default.
+# Timed on an H100 (360b732): 0.93x the stencil's time at best (ConvNeXt's dw96-56px), slower
+# on every other row; its staging, not its MMAs, sets the pace.  A tuning candidate only.
 MMA_TILES = ((16, 16, 32), (16, 32, 16), (32, 16, 16))
 MMA_WARPS = 4
 
