@@ -698,45 +698,6 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
-s46() {  # depthwise wgrad grids sized at 80 registers a thread, not 128 (forty-sixth session; about 6 min): the
-    # depthwise wgrad GPU tests, a check that every depthwise suite's wgrad default (with and without db) still
-    # launches cooperatively on this GPU, then ConvNeXt's and MobileNetV2's wgrad tuned (the defaults beside
-    # their variations, for test_defaults_against_tuning), tarred as $OUT/dw46.tgz
-    install
-    CONVGEN_CACHE_DIR=/tmp/cg-s46 timeout 120 $PYTEST tests/test_depthwise_gpu.py -k wgrad 2>&1 \
-        | tee "$OUT/s46-dw-wgrad-gpu-tests.log" | tail -3
-    CONVGEN_CACHE_DIR=/tmp/cg-s46 timeout 120 python3 -W error::RuntimeWarning - <<'PY' 2>&1 | tail -4
-from convgen.ir import Epilogue, Pass
-from convgen.runtime import _kernel
-from convgen.suites import get_suite
-seen = 0
-for suite in ("convnext-dw", "mobilenetv2-dw", "efficientnet-b0-dw"):
-    for layer in get_suite(suite):
-        for db in (False, True):
-            k = _kernel(layer.problem, Pass.WGRAD, Epilogue(bias=db), "float16", 0, None, False)
-            seen += k.source.main.cooperative
-print(f"s46: {seen} cooperative depthwise wgrad kernels loaded with no fallback warning")
-PY
-    tune_passes dw46 130 convnext-dw wgrad
-    tune_passes dw46b 150 mobilenetv2-dw wgrad
-}
-
-s46ab() {  # each depthwise suite's wgrad benched with the planner's grids (80 registers a thread) and with the old
-    # ones (128: benchmarks/probes/dw_wgrad_residency_probe.py), compared row by row (about 7 min); $OUT/s46.tgz
-    install
-    mkdir -p "$OUT/s46"
-    for s in convnext-dw mobilenetv2-dw efficientnet-b0-dw; do
-        for r in old new; do
-            (cd benchmarks/probes && RESIDENCY=$r CONVGEN_CACHE_DIR=/tmp/cg-s46$r timeout 100 python3 \
-                dw_wgrad_residency_probe.py bench --suite $s --pass wgrad $BENCH --out "$OUT/s46/$r-$s" 2>&1 \
-                | grep -E "rror|geomean speedup.*GPU" | head -2)
-        done
-        python3 scripts/bench_compare.py "$OUT/s46/old-$s/"*.json "$OUT/s46/new-$s/"*.json > "$OUT/s46/compare-$s.txt" 2>&1
-        echo "$s new vs old: $(grep -E "^geomean|rror" "$OUT/s46/compare-$s.txt" | tr '\n' ' ')"
-    done
-    (cd "$OUT" && tar czf s46.tgz s46 && rm -rf s46)
-}
-
 s45dw() {  # the depthwise fprop candidates of the forty-fifth session (issue 21) in one call (about 6 min): the
     # held-filter and mma.sync stencils' GPU tests (exact tier, bf16, epilogues, fuzz), then `convgen tune` on
     # ConvNeXt's and EfficientNet-B0's fprop, whose logs time each beside the default; tarred as $OUT/dw45*.tgz
@@ -876,8 +837,6 @@ case "${1:-}" in
     s44) s44 ;;
     s44one) s44one ;;
     s45dw) s45dw ;;
-    s46) s46 ;;
-    s46ab) s46ab ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
     s43ab) s43ab ;;
@@ -908,7 +867,6 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
-    ncu-dw46) ncu_layers "fprop 64 56 56 96 96 7 1 3 96" "wgrad 64 56 56 96 96 7 1 3 96" "wgrad 128 56 56 144 144 3 1 1 144" "fprop 128 112 112 96 96 3 2 1 96" ;;  # the depthwise rows issue 21 misses on (forty-sixth session)
     ncu-effnet) ncu_layers "fprop 128 28 28 240 240 5 1 2 240" "fprop 128 56 56 144 144 5 2 2 144" ;;  # the whole-pixel
         # 5x5 rows, 0.77-0.79x cuDNN in fprop (fortieth session): what bounds each side (about 3 min)
     l2-ab) l2_ab ;;

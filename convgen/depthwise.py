@@ -36,14 +36,6 @@ WGRAD_PADS = (0, 8, 16, 24, 32, 40, 48, 56)  # halves of padding a wgrad staged 
 # block whose threads cannot each have that many (65536 / threads) spilled: 7x7 filters of 2-16
 # filters a channel on 896-thread blocks (72 registers), 5x5 on 960 (64): scripts/compile_fuzz.py.
 WGRAD_REG_OVERHEAD = 32
-# Registers a wgrad thread may take where its slices are summed in the grid, whose blocks must all
-# be resident at once: the planner sizes that grid at this count (depthwise_wgrad.summed_in_grid),
-# and the kernel's launch bounds hold ptxas to it (grid_blocks_per_sm).  NVRTC 13 gave the 272
-# depthwise wgrad candidates of the three depthwise suites 64-80 on sm_90 unconstrained (their held
-# values are at most MAX_WGRAD_HELD), and ConvNeXt's with db 90 (forty-sixth session); the split-K
-# kernels' general bound, reduction.GRID_REDUCE_REGS (128), had held these grids to 2 blocks of 256
-# an SM where 3 fit.
-DW_WGRAD_REGS = 80
 # fprop's and dgrad's default block, fitted to `convgen tune` on both depthwise suites' fprop
 # and dgrad (H200, e4aaee5; benchmarks/results/tuning/*-tune-*-dw-*.json): 8x8-pixel tiles, and
 # 1, 2 or 4 of them a block in turn so that about 2 blocks an SM remain.  Its plans, measured in
@@ -108,7 +100,6 @@ class DwFacts:
     interleave: bool = False  # fprop, dgrad: blocks ordered chunk first (Depthwise.interleave)
     out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (Depthwise.out_rows)
     halo_vec: int = 0  # fprop, dgrad: halves per halo staging copy (the thread's vec, or 8 for a held filter)
-    min_blocks: int = 0  # wgrad summed in the grid: blocks an SM its grid was sized for (the launch bounds' minimum)
     mma: bool = False  # fprop: the stencil on mma.sync (Depthwise.mma): pix_ld is then a channel plane's row
 
 
@@ -180,15 +171,7 @@ def _wgrad_facts(plan: Plan, g: ConvGeometry, warp_size: int) -> DwFacts:
     sums = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
     return DwFacts(tile_h, tile_w, cols, vec, mult, chunk, lanes, threads, groups, halo_h, halo_w, 0, 0, pix_ld,
                    (cols - 1) * sw + (g.s - 1) * dw + 1, math.ceil(g.p / tile_h), math.ceil(g.q / tile_w), loop.tiles,
-                   2, _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec,
-                   min_blocks=grid_blocks_per_sm(threads) if plan.split_reduce == "grid" else 0)
-
-
-def grid_blocks_per_sm(threads: int) -> int:
-    """Blocks of ``threads`` an SM holds at DW_WGRAD_REGS registers a thread (65536 of them, 2048
-    threads): what a wgrad grid summed in the grid is sized for, and what its kernel's launch
-    bounds then promise."""
-    return min(2048 // threads, 65536 // (threads * DW_WGRAD_REGS))
+                   2, _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec)
 
 
 def _bank_ways(ld: int, vec: int, lanes: int, pix: tuple[int, ...], warp_size: int, pieces: int = 1) -> int:

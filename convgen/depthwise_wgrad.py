@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .depthwise import (DW_WGRAD_REGS, MAX_WGRAD_ACCS, MAX_WGRAD_COLS, MAX_WGRAD_HELD, MIN_RESIDENT, STAGE_COST,
-                        THREADS, TILE_COST, WGRAD_CHUNKS, WGRAD_REG_OVERHEAD, chunks_by_padding, smem_bytes)
+from .depthwise import (MAX_WGRAD_ACCS, MAX_WGRAD_COLS, MAX_WGRAD_HELD, MIN_RESIDENT, STAGE_COST, THREADS, TILE_COST,
+                        WGRAD_CHUNKS, WGRAD_REG_OVERHEAD, chunks_by_padding, smem_bytes)
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
 from .reduction import resident_split
@@ -133,11 +133,10 @@ def wgrad_split(g: ConvProblem, target: Target, plan: Plan) -> int:
 
 def summed_in_grid(g: ConvProblem, target: Target, plan: Plan) -> Plan:
     """A wgrad plan's slices summed in its own kernel after a grid-wide barrier (CUDA's
-    cooperative launch), as many as the GPU holds at once (reduction.resident_split at
-    DW_WGRAD_REGS registers a thread, which the kernel's launch bounds keep) and at most
+    cooperative launch), as many as the GPU holds at once (reduction.resident_split) and at most
     ``plan``'s; ``plan`` itself where that leaves fewer than 2 or the target has no such launch."""
     whole = resident_split(target.sm_count, target.smem_limit, smem_bytes(plan, g, Pass.WGRAD, target.warp_size),
-                           plan.warps_m * target.warp_size, math.ceil(g.c / plan.block_n), regs=DW_WGRAD_REGS)
+                           plan.warps_m * target.warp_size, math.ceil(g.c / plan.block_n))
     if target.backend != "cuda" or min(plan.split_k, whole) < 2:
         return plan
     return dataclasses.replace(plan, split_k=min(plan.split_k, whole), split_reduce="grid")

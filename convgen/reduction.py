@@ -37,10 +37,9 @@ def reduce_outputs_per_block(split_k: int, n: int) -> int:
 GRID_REDUCE_REGS = 128
 
 
-def resident_split(sm_count: int, smem_limit: int, smem: int, threads: int, blocks_a_slice: int,
-                   regs: int = GRID_REDUCE_REGS) -> int:
+def resident_split(sm_count: int, smem_limit: int, smem: int, threads: int, blocks_a_slice: int) -> int:
     """The most split-K slices whose grid (``blocks_a_slice`` blocks each) an SM count holds at
-    once, at ``regs`` registers a thread (a kernel kind that bounds its own count passes it) and
-    ``smem`` bytes of shared memory a block (the SM reserves 1 KB a block)."""
-    per_sm = max(1, min(smem_limit // (smem + 1024), 65536 // (threads * regs)))
+    once, at GRID_REDUCE_REGS registers a thread and ``smem`` bytes of shared memory a block (the
+    SM reserves 1 KB a block)."""
+    per_sm = max(1, min(smem_limit // (smem + 1024), 65536 // (threads * GRID_REDUCE_REGS)))
     return sm_count * per_sm // blocks_a_slice

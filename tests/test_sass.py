@@ -553,32 +553,3 @@ def test_depthwise_mma_stencils_run_on_the_tensor_cores_without_spills(suite, na
                                      epilogue=Epilogue(bias=False, out_dtype=dt), plan_=plan))
             assert k.local == 0, (p.brief(), dt, k.registers)
             assert k.count("HMMA") == k.count("LDSM") == blocks * problem.r, (p.brief(), dt, k.opcodes)
-
-
-DW_WGRAD = [pytest.param(suite, layer, db, id=f"{suite}/{layer.name}" + ("+db" if db else ""))
-            for suite in ("convnext-dw", "mobilenetv2-dw", "efficientnet-b0-dw") for layer in SUITES[suite]
-            for db in ((False, True) if suite == "convnext-dw" else (False,))]
-
-
-@needs_cuobjdump
-@pytest.mark.parametrize("suite, dw_layer, db", DW_WGRAD)
-def test_depthwise_wgrad_grids_fit_at_their_real_register_counts(suite, dw_layer, db):
-    """A depthwise wgrad default that sums its slices in the grid launches every block at once,
-    sized before compiling at DW_WGRAD_REGS registers a thread (depthwise_wgrad.summed_in_grid).
-    Where NVRTC gives the kernel more, the runtime would find the grid does not fit and sum the
-    slices in a second kernel: here, on sm_90, each of the depthwise suites' defaults keeps to
-    that count, spills nothing, and its grid fits an H200's 132 SMs at the registers it has."""
-    from convgen.depthwise import DW_WGRAD_REGS
-
-    target = Target("sm_90", sm_count=132)
-    spec = make_spec(dw_layer.problem, Pass.WGRAD, target=target, epilogue=Epilogue(bias=db))
-    plan = spec.plan
-    k_ = _main_sass(spec)
-    assert k_.local == 0 and k_.registers <= DW_WGRAD_REGS, (plan.brief(), k_.registers, k_.local)
-    if plan.split_reduce == "grid":
-        src = emit(spec)
-        threads = plan.warps_m * 32
-        per_sm = min(target.smem_limit // (src.main.shared_mem + 1024), 2048 // threads,
-                     65536 // (threads * -(-k_.registers // 8) * 8))
-        gx, gy, gz = src.grid(dw_layer.problem.n)
-        assert gx * gy * gz <= 132 * per_sm, (plan.brief(), gx * gy * gz, per_sm, k_.registers)
