@@ -867,6 +867,7 @@ case "${1:-}" in
     verify) verify ;;
     quick) quick ;;
     ncu) ncu_layers ;;
+    ncu-dw46) ncu_layers "fprop 64 56 56 96 96 7 1 3 96" "wgrad 64 56 56 96 96 7 1 3 96" "wgrad 128 56 56 144 144 3 1 1 144" "fprop 128 112 112 96 96 3 2 1 96" ;;  # the depthwise rows issue 21 misses on (forty-sixth session)
     ncu-effnet) ncu_layers "fprop 128 28 28 240 240 5 1 2 240" "fprop 128 56 56 144 144 5 2 2 144" ;;  # the whole-pixel
         # 5x5 rows, 0.77-0.79x cuDNN in fprop (fortieth session): what bounds each side (about 3 min)
     l2-ab) l2_ab ;;
