@@ -17,9 +17,17 @@ from .reduction import resident_split
 from .spec import Plan
 
 
-def _wgrad_chunk(c: int, vec: int, warp_size: int) -> int:
-    """wgrad's channels a block: 16, 32 or 64 (lanes of vec within a warp), the one that pads C least."""
-    return chunks_by_padding(c, vec, warp_size, WGRAD_CHUNKS)[0]
+def wgrad_chunks(c: int, vec: int, warp_size: int) -> list[int]:
+    """wgrad's channels a block, best first: 16, 32 or 64 (lanes of vec within a warp), those that
+    pad C least first; of those the widest, except where a thread sums one channel (vec 1, as
+    on 7x7 filters, whose 49 sums leave no room for two): the narrowest.  On an H100 `convgen
+    tune` timed ConvNeXt's four wgrad rows fastest with 16-channel blocks, 1.01-1.25x the
+    32-channel default's time (aee8f3a and 2d518f1, benchmarks/results/tuning/), at twice the
+    blocks: a 7-pixel row's 768 channels then fill the GPU in 48 chunks, not 24."""
+    order = chunks_by_padding(c, vec, warp_size, WGRAD_CHUNKS)
+    if vec == 1:
+        order.sort(key=lambda ch: (math.ceil(c / ch) * ch, ch))
+    return order
 
 
 def _wgrad_tile_cost(g: ConvGeometry, vec: int, rows: int, cols: int, tile_h: int, tile_w: int, chunk: int,
@@ -150,7 +158,7 @@ def plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) 
     acc = vec * m * rows * g.s
     # the chunk that pads C least, else the next whose tiles fit (a narrower chunk has fewer
     # lanes, so blocks small enough for a large multiplier's registers still have whole warps)
-    by_chunk = [(ch, wgrad_tiles(g, target, elem, rows, vec, ch)) for ch in chunks_by_padding(g.c, vec, warp, WGRAD_CHUNKS)]
+    by_chunk = [(ch, wgrad_tiles(g, target, elem, rows, vec, ch)) for ch in wgrad_chunks(g.c, vec, warp)]
     chunk, ranked = next(((ch, r) for ch, r in by_chunk if r and not _past_registers(r)),
                          next(((ch, r) for ch, r in by_chunk if r), (by_chunk[0][0], [])))
     lanes = chunk // vec
@@ -168,7 +176,7 @@ def plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) 
     split = wgrad_split(g, target, plan)
     reasons.append(f"{rows} filter row(s) a thread ({groups} row group(s)), vec {vec}: {acc} fp32 sums a thread (at "
                    f"most {MAX_WGRAD_ACCS}); every staged value it reads serves up to {rows * g.s} taps")
-    best = _wgrad_chunk(g.c, vec, warp)
+    best = wgrad_chunks(g.c, vec, warp)[0]
     reasons.append(f"{chunk} channels a block ({lanes} lanes of {vec}): C = {g.c} in {chunks} chunk(s), " + (
         "the fewest idle channels" if chunk == best else
         f"not {best} (fewer idle channels), whose blocks of whole warps need more registers than 65536 a block"))
