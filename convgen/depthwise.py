@@ -98,7 +98,7 @@ class DwFacts:
     dy_halves: int = 0  # wgrad: the staged dy tile, rounded up to 16 bytes
     stage_vec: int = 0  # wgrad: halves per staging copy (as wide as C and the chunk allow, up to 16 bytes)
     interleave: bool = False  # fprop, dgrad: blocks ordered chunk first (Depthwise.interleave)
-    out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (Depthwise.out_rows)
+    out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers; wgrad: dy rows a run sums
     halo_vec: int = 0  # fprop, dgrad: halves per halo staging copy (the thread's vec, or 8 for a held filter)
     mma: bool = False  # fprop: the stencil on mma.sync (Depthwise.mma): pix_ld is then a channel plane's row
 
@@ -158,12 +158,12 @@ def _wgrad_facts(plan: Plan, g: ConvGeometry, warp_size: int) -> DwFacts:
     (sh, sw), (dh, dw) = g.stride, g.dilation
     mult, vec, chunk, cols = g.kg, plan.vec_a, plan.block_n, loop.cols
     tile_w, tile_h = loop.tile_w, plan.block_m // loop.tile_w
-    lanes, groups, per_row = chunk // vec, row_groups(loop, g), tile_w // cols
-    threads = plan.block_m // cols * lanes * groups
+    lanes, groups, per_row, out_rows = chunk // vec, row_groups(loop, g), tile_w // cols, loop.out_rows
+    threads = plan.block_m // (cols * out_rows) * lanes * groups
     halo_h, halo_w = (tile_h - 1) * sh + (g.r - 1) * dh + 1, (tile_w - 1) * sw + (g.s - 1) * dw + 1
-    runs = range(min(tile_h * per_row, max(1, warp_size // lanes)))  # the runs of a group's first warp
-    x_pix = tuple(run // per_row * sh * halo_w + run % per_row * cols * sw for run in runs)
-    dy_pix = tuple(run // per_row * tile_w + run % per_row * cols for run in runs)
+    runs = range(min(tile_h // out_rows * per_row, max(1, warp_size // lanes)))  # the runs of a group's first warp
+    x_pix = tuple(run // per_row * out_rows * sh * halo_w + run % per_row * cols * sw for run in runs)
+    dy_pix = tuple(run // per_row * out_rows * tile_w + run % per_row * cols for run in runs)
     pix_ld = _conflict_free_ld(chunk, vec, lanes, x_pix, warp_size)
     dy_ld = _conflict_free_ld(chunk * mult, vec, lanes, dy_pix, warp_size, mult)
     stage_vec = next(v for v in (8, 4, 2, 1) if g.c % v == 0 and chunk % v == 0)
@@ -171,7 +171,8 @@ def _wgrad_facts(plan: Plan, g: ConvGeometry, warp_size: int) -> DwFacts:
     sums = max(1, threads // groups // warp_size) * (g.r * g.s + 1) * chunk * mult
     return DwFacts(tile_h, tile_w, cols, vec, mult, chunk, lanes, threads, groups, halo_h, halo_w, 0, 0, pix_ld,
                    (cols - 1) * sw + (g.s - 1) * dw + 1, math.ceil(g.p / tile_h), math.ceil(g.q / tile_w), loop.tiles,
-                   2, _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec)
+                   2, _round16(halo_h * halo_w * pix_ld), sums, dy_ld, _round16(tile_h * tile_w * dy_ld), stage_vec,
+                   out_rows=out_rows)
 
 
 def _bank_ways(ld: int, vec: int, lanes: int, pix: tuple[int, ...], warp_size: int, pieces: int = 1) -> int:
@@ -251,7 +252,7 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
         return
     groups = row_groups(loop, g)
     threads = plan.block_m // (loop.cols * loop.out_rows) * (plan.block_n // plan.vec_a) * groups
-    if loop.out_rows > 1:
+    if loop.out_rows > 1 and pass_ is not Pass.WGRAD:  # (wgrad's runs of several rows: the held-values bound below)
         check_held(plan, g, pass_, threads)
     warps = -(-threads // target.warp_size)  # fprop, dgrad: the last warp's lanes past the runs repeat the last run
     if pass_ is Pass.WGRAD and threads != target.warp_size * plan.warps_m:
@@ -264,8 +265,8 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
                          f"{plan.block_m} // {loop.cols * loop.out_rows} x {plan.block_n} // {plan.vec_a} = {threads} threads, "
                          f"{warps} warp(s) of {target.warp_size} on {target.arch}, but plan.warps_m={plan.warps_m}")
     threads = plan.warps_m * target.warp_size
-    if pass_ is Pass.WGRAD and (plan.block_m // loop.cols * (plan.block_n // plan.vec_a)) % target.warp_size:
-        raise ValueError("Depthwise wgrad's warps each sum one group of filter rows: block_m // cols x "
+    if pass_ is Pass.WGRAD and (plan.block_m // (loop.cols * loop.out_rows) * (plan.block_n // plan.vec_a)) % target.warp_size:
+        raise ValueError("Depthwise wgrad's warps each sum one group of filter rows: block_m // (cols x out_rows) x "
                          f"block_n // vec_a must be a multiple of {target.warp_size}")
     if threads > 1024:
         raise ValueError(f"plan has {threads} threads; a block holds at most 1024")
@@ -276,10 +277,11 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
     if pass_ is Pass.WGRAD and sums > 2 * MAX_WGRAD_ACCS:
         raise ValueError(f"Depthwise wgrad keeps vec_a x m x rows x S = {sums} fp32 sums a thread; at most "
                          f"{2 * MAX_WGRAD_ACCS} fit in registers: use a smaller vec_a or fewer rows")
-    held = loop.cols * plan.vec_a * g.kg
+    held = loop.out_rows * loop.cols * plan.vec_a * g.kg
     if pass_ is Pass.WGRAD and (held > 64 or loop.cols > 2 * MAX_WGRAD_COLS):
-        raise ValueError(f"Depthwise wgrad holds its run's dy values, Depthwise.cols x vec_a x m = {held} floats, "
-                         f"and unrolls cols={loop.cols} outputs: at most 64 values and {2 * MAX_WGRAD_COLS} cols")
+        raise ValueError(f"Depthwise wgrad holds its run's dy values, Depthwise.out_rows x cols x vec_a x m = {held} "
+                         f"floats, and unrolls cols={loop.cols} outputs: at most 64 values and {2 * MAX_WGRAD_COLS} "
+                         "cols")
     _check_smem(plan, g, pass_, target)
 
 

@@ -388,7 +388,7 @@ class Context:
     def template(self) -> str:
         if self.kind == "tma_halo":  # one kernel for both passes: a stride-1 dgrad is the same convolution
             return "kernels/tma_halo.j2"
-        if self.dw is not None and self.dw.out_rows > 1:  # the stencil with its filter held in registers
+        if self.dw is not None and self.dw.out_rows > 1 and self.pass_ == "fprop":  # its filter held in registers
             return f"kernels/{self.pass_}_depthwise_held.j2"
         if self.dw is not None and self.dw.mma:  # the stencil on mma.sync
             return f"kernels/{self.pass_}_depthwise_mma.j2"

@@ -80,7 +80,7 @@ class Flags(NamedTuple):
     depthwise: int = 0  # a Depthwise kind's pixels per thread (0: another kind)
     dw_rows: int = 0  # and, in wgrad, the filter rows a thread sums (0: all R)
     dw_interleave: bool = False  # and, in fprop and dgrad, its blocks ordered chunk first
-    dw_out_rows: int = 1  # and, in fprop, the output rows a thread computes with its filter held in registers
+    dw_out_rows: int = 1  # and a thread's rows: fprop's outputs with its filter in registers, wgrad's dy rows
     dw_mma: bool = False  # and, in fprop, its stencil on mma.sync (banded Toeplitz filter rows)
     halo_pitch: int = 0  # a TmaHalo kind's pitch (with tma=True; 0: another kind)
     cluster: int = 1  # a TmaWgmma kind's blocks a cluster (with tma=True)
@@ -498,7 +498,8 @@ class Depthwise(MainLoop):
     current one.  ``plan.stages`` is then the ring of halo buffers: 2 copies the next tile's
     halo while one is computed, 3 (with ``tiles`` of 3 or more) the next two.  ``out_rows`` > 1
     (fprop): a thread owns that many rows of runs and holds its channels' whole filter in
-    registers, so each staged value is read once for every output and tap it feeds.  ``mma``
+    registers, so each staged value is read once for every output and tap it feeds; (wgrad) a
+    run spans that many dy rows, each staged x row read once for all of them.  ``mma``
     (fprop, stride 1): the stencil on the tensor cores, each filter row a banded Toeplitz
     matrix that 16 staged rows of one channel multiply (mma.sync m16n8k16), the halo staged
     channel-major; ``cols`` is then 8, the MMA's output columns.  block_k has no meaning
@@ -513,7 +514,7 @@ class Depthwise(MainLoop):
     # rather than one chunk's tile groups, so a pixel's chunks are read together and share the
     # DRAM granules they straddle in L2 (convgen/depthwise.py, whole_pixel_chunk).
     interleave: bool = False
-    out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers (1: read per filter row)
+    out_rows: int = 1  # fprop: output rows a thread computes, its filter in registers; wgrad: dy rows a run spans
     mma: bool = False  # fprop: the stencil on mma.sync, filter rows as banded Toeplitz matrices
 
     def __post_init__(self) -> None:

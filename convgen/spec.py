@@ -58,7 +58,7 @@ def from_flags(tile_w: Any = 0, tiles: Any = 1, flat: Any = False, warps_k: Any 
     if dw_mma and not _int("plan.depthwise", depthwise):
         raise ValueError("plan.dw_mma=True runs a depthwise stencil on mma.sync: it needs plan.depthwise > 0")
     if _int("plan.dw_out_rows", dw_out_rows) != 1 and not _int("plan.depthwise", depthwise):
-        raise ValueError(f"plan.dw_out_rows={dw_out_rows} is a depthwise fprop thread's output rows: it needs "
+        raise ValueError(f"plan.dw_out_rows={dw_out_rows} is a depthwise thread's rows of pixels: it needs "
                          "plan.depthwise > 0")
     if _int("plan.depthwise", depthwise):
         if flat or wgmma or tma or persistent or pingpong or warps_k != 1:

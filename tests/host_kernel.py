@@ -8,7 +8,8 @@ __syncthreads, cp.async as a copy that lands at once, and the warp's collectives
 mma.sync m16n8k16, convgen/mma_sync.h) by each warp's lanes meeting at a barrier and taking their
 parts as PTX lays out the fragments.  A block runs as one std::thread per CUDA thread.  The
 depthwise stencils and the ldmatrix halo kernels run here (tests/test_depthwise_host.py,
-tests/test_mma_host.py); kernels with warpgroup MMAs, TMA or warp shuffles do not.  What this
+tests/test_mma_host.py), wgrad's unsplit (its warp shuffles as the lanes meeting too); kernels with
+warpgroup MMAs, TMA or a grid-wide barrier do not.  What this
 cannot check: timing, shared-memory banks, races a real schedule would expose, and the GPU's own
 compiler; the GPU tests still do.
 """
@@ -42,9 +43,9 @@ struct float4 { float x, y, z, w; };
 struct float2 { float x, y; };
 inline float2 make_float2(float x, float y) { return float2{x, y}; }
 #define __builtin_assume(...) ((void)0)
-// device.h's split-K and warp helpers, which no depthwise fprop or dgrad kernel calls
+// device.h's split-K helper, which no unsplit kernel calls
 template <class T> T __ldcg(const T* p) { return *p; }
-inline float __shfl_xor_sync(unsigned, float, int) { std::abort(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask);  // the warp's exchange, below
 struct dim3 { unsigned x = 0, y = 0, z = 0; };
 thread_local dim3 threadIdx, blockIdx;
 dim3 gridDim, blockDim;
@@ -81,9 +82,21 @@ struct WarpCtx {
   std::barrier<> bar{32};
   const half_t* row[32];
   unsigned a[32][4], b[32][2];
+  float v[32];
 };
 thread_local WarpCtx* my_warp;
 inline void __syncwarp() { my_warp->bar.arrive_and_wait(); }
+
+// Each lane posts its value, the warp meets, each takes its partner's (lane ^ lane_mask), the warp meets again.
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  WarpCtx& w = *my_warp;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  w.v[lane] = v;
+  w.bar.arrive_and_wait();
+  const float r = w.v[lane ^ lane_mask];
+  w.bar.arrive_and_wait();
+  return r;
+}
 
 inline float bits_to_float(unsigned short bits) {
   half_t h;
@@ -177,6 +190,11 @@ int main(int argc, char** argv) {
 """
 
 _NP = {"half_t": np.float16, "float": np.float32}
+OUTPUTS = ("y", "dx", "dw")  # what fprop, dgrad and wgrad write (wgrad unsplit: no workspace, no grid-wide sum)
+
+
+def _output(args: tuple[str, ...]) -> str:
+    return next(name for name in OUTPUTS if name in args)
 
 
 def host_source(ks: KernelSource, n: int, arrays: dict[str, np.ndarray],
@@ -204,11 +222,11 @@ def host_source(ks: KernelSource, n: int, arrays: dict[str, np.ndarray],
         elif name == "workspace":
             call.append("nullptr")
         else:
-            count = out_count if name in ("y", "dx") else arrays[name].size
+            count = out_count if name in OUTPUTS else arrays[name].size
             buffers.append(f"  {ctype}* {name} = read_file<{ctype}>(argv[{2 + len(files)}], {count});")
             files.append((name, ctype))
             call.append(name)
-    out = "y" if "y" in launch.args else "dx"
+    out = _output(launch.args)
     buffers.append(f"  {types[out][0]}* out = {out};")
     grid = launch.grid(n)
     main = MAIN % dict(grid_x=grid[0], grid_y=grid[1], threads=launch.block[0], smem=launch.shared_mem,
@@ -223,7 +241,7 @@ def run(ks: KernelSource, n: int, arrays: dict[str, np.ndarray], out_shape: tupl
     write stays NaN."""
     out_count = int(np.prod(out_shape))
     arrays = dict(arrays)
-    out_name = "y" if "y" in ks.main.args else "dx"
+    out_name = _output(ks.main.args)
     arrays[out_name] = np.full(out_count, np.nan, dtype=out_dtype)
     source, files = host_source(ks, n, arrays, out_count)
     path = tmp / "kernel.cpp"

@@ -213,7 +213,7 @@ def test_wgrad_facts_and_shared_memory():
 
 @pytest.mark.parametrize("change,match", [
     (dict(loop=Depthwise(32, 2, 0, 2)), "Depthwise.tiles must be 1"),
-    (dict(block_m=256, loop=Depthwise(32, 16), warps_m=1), r"Depthwise.cols x vec_a x m = 128"),
+    (dict(block_m=256, loop=Depthwise(32, 16), warps_m=1), r"Depthwise.out_rows x cols x vec_a x m = 128"),
     (dict(warps_m=1), "64 threads, but plan.warps_m=1 gives 32"),
     (dict(vec_b=1), "vec_b must be 8"),
     (dict(loop=Depthwise(32, 2, 2)), "Depthwise.rows=2 splits wgrad's filter rows"),
