@@ -268,6 +268,39 @@ def test_depthwise_held_filter_fuzz(problem, seed):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
 
 
+# wgrad's runs of two dy rows (Depthwise.out_rows in wgrad: depthwise_variations._wgrad_row_runs),
+# on the held filter's layers; tests/test_depthwise_host.py runs the same source on the host.
+def _row_run_plans(problem):
+    from convgen.candidates import candidates
+    from convgen.ir import Target
+
+    return [p for p in candidates(problem, Pass.WGRAD, Target("sm_90")) if isinstance(p.loop, Depthwise) and p.loop.out_rows > 1]
+
+
+@pytest.mark.parametrize("problem", HELD, ids=_ids)
+def test_depthwise_wgrad_row_runs_exact(problem):
+    """Integer data, dW and db, float32 out: each runs-of-two-rows plan (its slices summed as
+    planned) bit for bit the reference."""
+    plans = _row_run_plans(problem)
+    assert plans
+    for plan in plans:
+        res = run_pass(problem, Pass.WGRAD, seeded("dw-rows", problem, plan.brief()), out_dtype="float32", exact=True,
+                       plan=plan, bias=True)
+        check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
+
+
+@given(problem=depthwise_problems(), seed=st.integers(0, 2**32 - 1))
+def test_depthwise_wgrad_row_runs_fuzz(problem, seed):
+    from hypothesis import assume
+
+    plans = _row_run_plans(problem)
+    assume(plans)
+    plan = plans[seed % len(plans)]
+    res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True,
+                   plan=plan)
+    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
+
+
 # The stencil on mma.sync (Depthwise.mma: kernels/fprop_depthwise_mma.j2): every such candidate,
 # on stride-1 layers with tails, a rectangular and a 9-wide filter, float16 and bfloat16;
 # tests/test_depthwise_host.py runs the same source on the host.
