@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from .depthwise import (LONG_RUN_MIN_S, WGRAD_CHUNKS, chunks_by_padding, facts, long_run, resident_blocks,
                         smem_bytes, stencil_plan, stencil_registers, straddles_granules, whole_pixel_chunk)
 from .depthwise_forms import held_filters, mma_eligible
-from .depthwise_wgrad import summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
+from .depthwise_wgrad import plan_wgrad, row_run, summed_in_grid, wgrad_layout, wgrad_split, wgrad_tiles
 from .ir import ConvProblem, DType, Pass, Target
 from .mainloop import Depthwise
 from .spec import Plan
@@ -40,6 +40,10 @@ def variations(problem: ConvProblem, pass_: Pass, target: Target, base: Plan) ->
     wgrad the tile search's next-cheapest tiles, each chunk's cheapest, and
     the slices around the default's.  convgen/candidates.py checks them and drops repeats."""
     if pass_ is Pass.WGRAD:
+        if base.loop.out_rows > 1:  # a row-run default (depthwise_wgrad.ROW_RUN_DEFAULT): vary the plan it replaced
+            base = dataclasses.replace(plan_wgrad(problem, target, base.read_a, [], row_runs=False), reasons=(
+                "tuning candidate: depthwise wgrad runs of one dy row (what the row-run default replaced)",))
+            yield lambda base=base: base
         for plan_ in _wgrad_variations(problem, target, base.read_a, base):
             yield lambda plan_=plan_: plan_
         return
@@ -220,45 +224,14 @@ def _wgrad_variations(g: ConvProblem, target: Target, elem: DType, base: Plan) -
                 f"tuning candidate: depthwise wgrad {plan.block_m // loop.tile_w}x{loop.tile_w} tile, {chunk} "
                 f"channels, runs of {loop.cols} (modelled {cost:.0f} instructions a pixel)" + (
                     f", {sliced.split_k} slices summed in its grid" if sliced.split_reduce == "grid" else ""),)))
-    if target.backend == "cuda":  # (no AMD part has compiled or timed them)
-        out += _wgrad_row_runs(g, target, base)
+    if target.backend == "cuda":  # (no AMD part has timed them)
+        runs = (row_run(g, target, base, cols) for cols in dict.fromkeys((base.loop.cols, base.loop.cols // 2)))
+        out += [run for run in runs if run is not None]
     for split in (base.split_k // 2, base.split_k * 2):
         if 1 <= split <= 4096:  # summed in the grid only where it still is resident: at most the default's slices
             reduce = base.split_reduce if 1 < split <= base.split_k else "kernel"
             out.append(dataclasses.replace(base, split_k=split, split_reduce=reduce, reasons=(
                 f"tuning candidate: the default depthwise wgrad plan in {split} slices",)))
-    return out
-
-
-# wgrad runs of WGRAD_RUN_ROWS dy rows (Depthwise.out_rows): a thread sums the run's pixels over
-# that many neighbouring rows of the tile, so each staged x row it reads serves every (dy row,
-# filter row) pair it meets and is converted once for them all; one row a thread converts each
-# staged value once per filter row (on ConvNeXt's 7x7, 154 conversions and shared loads beside 686
-# FFMA a tile and thread: benchmarks/NOTES.md, forty-sixth session).  Offered on the default's tile
-# with its runs as they are (half the threads) and halved (the same threads).
-WGRAD_RUN_ROWS = 2
-
-
-def _wgrad_row_runs(g: ConvProblem, target: Target, base: Plan) -> list[Plan]:
-    """The default's tile and chunk with runs of WGRAD_RUN_ROWS dy rows, where its tile rows
-    allow them and the threads stay whole warps, each with its own slices."""
-    loop = base.loop
-    assert isinstance(loop, Depthwise)
-    tile_h, out = base.block_m // loop.tile_w, []
-    if loop.out_rows != 1 or tile_h % WGRAD_RUN_ROWS:
-        return out
-    base_threads = base.warps_m * target.warp_size
-    for cols in dict.fromkeys(c for c in (loop.cols, loop.cols // 2) if c >= 1):
-        threads = base_threads * loop.cols // (cols * WGRAD_RUN_ROWS)
-        if (loop.tile_w % cols or threads * cols * WGRAD_RUN_ROWS != base_threads * loop.cols or threads % target.warp_size
-                or not threads):
-            continue
-        plan = dataclasses.replace(base, warps_m=threads // target.warp_size, split_k=1, split_reduce="kernel",
-                                   loop=dataclasses.replace(loop, cols=cols, out_rows=WGRAD_RUN_ROWS))
-        sliced = summed_in_grid(g, target, dataclasses.replace(plan, split_k=wgrad_split(g, target, plan)))
-        out.append(dataclasses.replace(sliced, reasons=(
-            f"tuning candidate: depthwise wgrad runs of {WGRAD_RUN_ROWS} x {cols} dy pixels a thread on the default's "
-            f"tile and chunk (each staged x row read and converted once for both rows)",)))
     return out
 
 

@@ -150,8 +150,40 @@ def summed_in_grid(g: ConvProblem, target: Target, plan: Plan) -> Plan:
     return dataclasses.replace(plan, split_k=min(plan.split_k, whole), split_reduce="grid")
 
 
-def plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) -> Plan:
-    """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules above."""
+# wgrad runs of RUN_ROWS dy rows (Depthwise.out_rows): a thread sums its run's pixels over that
+# many neighbouring rows of the tile, so each staged x row it reads serves every (dy row, filter
+# row) pair it meets and is converted once for them all; a run of one row converts each staged
+# value once per filter row (ConvNeXt's 7x7: 154 conversions and shared loads beside 686 FFMA a
+# tile and thread, benchmarks/NOTES.md, forty-sixth session).  Tuning candidates on CUDA: the
+# default's tile and chunk with its runs as long (half the threads) and half as long (the same
+# threads).  The second is the default where a thread sums one channel (vec 1, ROW_RUN_DEFAULT):
+# on an H100 `convgen tune` (4997d9a) timed it at 0.84-1.00x the one-row plan's time on
+# ConvNeXt's four wgrad rows (geomean 0.94x), where the first took 1.14-1.23x.
+RUN_ROWS = 2
+ROW_RUN_DEFAULT = True
+
+
+def row_run(g: ConvProblem, target: Target, base: Plan, cols: int) -> Plan | None:
+    """``base`` (runs of one dy row) with runs of RUN_ROWS rows of ``cols`` pixels, on its tile
+    and chunk, each with its own slices; None where its tile rows or whole warps do not allow it."""
+    loop = base.loop
+    assert isinstance(loop, Depthwise)
+    threads = base.warps_m * target.warp_size
+    runs = threads * loop.cols // (max(cols, 1) * RUN_ROWS)  # the same pixels over runs of RUN_ROWS x cols
+    if (loop.out_rows != 1 or cols < 1 or base.block_m // loop.tile_w % RUN_ROWS or loop.tile_w % cols
+            or runs * cols * RUN_ROWS != threads * loop.cols or runs % target.warp_size or not runs):
+        return None
+    plan = dataclasses.replace(base, warps_m=runs // target.warp_size, split_k=1, split_reduce="kernel",
+                               loop=dataclasses.replace(loop, cols=cols, out_rows=RUN_ROWS))
+    sliced = summed_in_grid(g, target, dataclasses.replace(plan, split_k=wgrad_split(g, target, plan)))
+    return dataclasses.replace(sliced, reasons=(
+        f"tuning candidate: depthwise wgrad runs of {RUN_ROWS} x {cols} dy pixels a thread on the default's tile and "
+        "chunk (each staged x row read and converted once for both rows)",))
+
+
+def plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str], row_runs: bool = True) -> Plan:
+    """wgrad: a block sums one channel chunk over a slice of the batch's pixel tiles; see the rules above
+    (``row_runs=False``: without ROW_RUN_DEFAULT, the plan it replaces, which tuning times beside it)."""
     m, warp = g.kg, target.warp_size
     rows, vec = wgrad_layout(g)
     groups = g.r // rows
@@ -200,4 +232,11 @@ def plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str]) 
                        "tile staged while one is summed, the slices' sums added in a fixed order" + (
                            "" if split == 1 or target.backend == "cuda" else
                            f" by a second kernel ({target.arch} has no cooperative launch to sum them in this one)"))
-    return summed
+    runs = row_run(g, target, summed, summed.loop.cols // 2) if (
+        row_runs and ROW_RUN_DEFAULT and vec == 1 and target.backend == "cuda") else None
+    if runs is None:
+        return summed
+    reasons.append(f"then runs of {RUN_ROWS} dy rows of {runs.loop.cols} pixels a thread, the same threads and tile "
+                   f"({runs.split_k} slice(s)): a thread of one channel reads and converts each staged x row once for "
+                   "both rows (ROW_RUN_DEFAULT: 0.94x the one-row plan's time on ConvNeXt's four wgrad rows, H100)")
+    return runs

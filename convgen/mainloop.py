@@ -574,7 +574,7 @@ class Depthwise(MainLoop):
                 + (f", filter rows {self.rows} a thread" if self.rows else "")
                 + (f", {self.tiles} tiles a block in turn" if self.tiles > 1 else "")
                 + (", blocks chunk first" if self.interleave else "")
-                + (f", {self.out_rows} output rows a thread with its filter in registers" if self.out_rows > 1 else "")
+                + (f", {self.out_rows} rows of pixels a thread" if self.out_rows > 1 else "")
                 + (", on mma.sync (banded Toeplitz filter rows)" if self.mma else "")
                 + f", read {plan.read_a}" + (f", {plan.split_k} slices of the pixels" if plan.split_k > 1 else "")
                 + (" summed in the kernel" if plan.split_reduce == "grid" else ""))

@@ -33,7 +33,7 @@ LATEST = {
     ("mobilenetv2-dw", "wgrad"): "nvidia-h100_2026-12-06_2d518f1-tune-mobilenetv2-dw-wgrad.json",
     ("convnext-dw", "fprop"): "nvidia-h100_2026-12-07_360b732-tune-convnext-dw-fprop.json",
     ("convnext-dw", "dgrad"): "nvidia-h100_2026-12-06_40d7cdc-tune-convnext-dw-dgrad.json",
-    ("convnext-dw", "wgrad"): "nvidia-h100_2026-12-07_27d0eaa-tune-convnext-dw-wgrad.json",
+    ("convnext-dw", "wgrad"): "nvidia-h100_2026-12-07_4997d9a-tune-convnext-dw-wgrad.json",
     ("efficientnet-b0-dw", "fprop"): "nvidia-h100_2026-12-07_360b732-tune-efficientnet-b0-dw-fprop.json",
     ("efficientnet-b0-dw", "dgrad"): "nvidia-h100_2026-12-06_a40b87e-tune-efficientnet-b0-dw-dgrad.json",
     ("mobilenetv2-pw", "fprop"): "nvidia-h200_2026-12-04_faa56ad-tune-mobilenetv2-pw-fprop.json",

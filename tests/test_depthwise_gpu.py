@@ -268,7 +268,7 @@ def test_depthwise_held_filter_fuzz(problem, seed):
     check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
 
 
-# wgrad's runs of two dy rows (Depthwise.out_rows in wgrad: depthwise_variations._wgrad_row_runs),
+# wgrad's runs of two dy rows (Depthwise.out_rows in wgrad: depthwise_wgrad.row_run),
 # on the held filter's layers; tests/test_depthwise_host.py runs the same source on the host.
 def _row_run_plans(problem):
     from convgen.candidates import candidates

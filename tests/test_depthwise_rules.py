@@ -156,10 +156,11 @@ def test_wgrad_summed_in_its_grid_is_within_3_percent_of_the_tuned_best(monkeypa
     was timed on every row, and takes at most 1.03x the best candidate's time as a geometric
     mean.  The slices for WGRAD_BLOCKS_PER_SM = 4 blocks an SM summed by a second kernel (the
     default before, timed to within 3% of their count) took 1.05x or more, and 8 an SM 1.17x.
-    (Those runs timed ConvNeXt's 32-channel blocks, the chunk rule's choice before the
+    (Those runs timed ConvNeXt's 32-channel blocks of one-row runs, the rules' choice before the
     forty-sixth session's: the slices are checked on the blocks they timed.)"""
     monkeypatch.setattr(depthwise_wgrad, "wgrad_chunks",
                         lambda c, vec, warp: chunks_by_padding(c, vec, warp, depthwise_wgrad.WGRAD_CHUNKS))
+    monkeypatch.setattr(depthwise_wgrad, "ROW_RUN_DEFAULT", False)
     ratios, summed, old = [], [], []
     for path in WGRAD_LOGS:
         suite = path.name.split("-tune-")[1].split("-wgrad")[0]
@@ -184,3 +185,24 @@ def test_wgrad_summed_in_its_grid_is_within_3_percent_of_the_tuned_best(monkeypa
     assert len(ratios) == 14
     geomean = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
     assert geomean(ratios) <= 1.03 < 1.05 <= geomean(summed) < geomean(old), (ratios, summed)
+
+
+def test_one_channel_wgrad_threads_default_to_runs_of_two_rows():
+    """depthwise_wgrad.ROW_RUN_DEFAULT, against the H100 run it was fitted to (`convgen tune` of
+    ConvNeXt's wgrad at 4997d9a, where both row runs were candidates): on each row today's
+    default, runs of two dy rows half as long, was timed, at no more than 1.01x the one-row
+    plan it replaces and 0.96x as a geometric mean; the runs of two rows as long (half the
+    threads) were slower than the one-row plan on every row."""
+    path = TUNING / "nvidia-h100_2026-12-07_4997d9a-tune-convnext-dw-wgrad.json"
+    ratios = []
+    for layer in json.loads(path.read_text())["layers"]:
+        problem = _problem(layer["problem"])
+        us = {_key(r["plan"]): r["us"] for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])}
+        default = plan(problem, Pass.WGRAD, H200)
+        one_row = depthwise_wgrad.plan_wgrad(problem, H200, "float16", [], row_runs=False)
+        assert default.loop.out_rows == 2 and default.loop.cols == one_row.loop.cols // 2, layer["layer"]
+        ratios.append(us[_key(default.as_dict())] / us[_key(one_row.as_dict())])
+        assert ratios[-1] <= 1.01, (layer["layer"], ratios[-1])
+        as_long = depthwise_wgrad.row_run(problem, H200, one_row, one_row.loop.cols)
+        assert us[_key(as_long.as_dict())] > us[_key(one_row.as_dict())], layer["layer"]
+    assert len(ratios) == 4 and math.exp(sum(map(math.log, ratios)) / 4) <= 0.96, ratios
