@@ -8,6 +8,9 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s47  # the forty-sixth session's depthwise wgrad: every
+#                     # depthwise GPU test, the three depthwise suites benched, EfficientNet-B0's and MobileNetV2's
+#                     # wgrad tuned (about 7 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s45dw  # the held-filter depthwise fprop: its GPU tests, then
 #                     # ConvNeXt and EfficientNet-B0 fprop tuned, held plans beside the default (about 6 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh dw-ablate  # where depthwise fprop's time goes: its
@@ -698,6 +701,17 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+s47() {  # the forty-sixth session's depthwise wgrad (16-channel blocks and runs of two dy rows on 7x7; row-run
+    # candidates everywhere) in one call (about 7 min): every depthwise GPU test, the three depthwise suites benched
+    # against cuDNN, then EfficientNet-B0's and MobileNetV2's wgrad tuned (their row runs never timed)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-s47 timeout 150 $PYTEST tests/test_depthwise_gpu.py 2>&1 \
+        | tee "$OUT/s47-dw-gpu-tests.log" | tail -3
+    README_SUITES="convnext-dw mobilenetv2-dw efficientnet-b0-dw" readme
+    tune_passes dw47 110 efficientnet-b0-dw wgrad
+    tune_passes dw47b 110 mobilenetv2-dw wgrad
+}
+
 s45dw() {  # the depthwise fprop candidates of the forty-fifth session (issue 21) in one call (about 6 min): the
     # held-filter and mma.sync stencils' GPU tests (exact tier, bf16, epilogues, fuzz), then `convgen tune` on
     # ConvNeXt's and EfficientNet-B0's fprop, whose logs time each beside the default; tarred as $OUT/dw45*.tgz
@@ -837,6 +851,7 @@ case "${1:-}" in
     s44) s44 ;;
     s44one) s44one ;;
     s45dw) s45dw ;;
+    s47) s47 ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
     s43ab) s43ab ;;
