@@ -11,6 +11,7 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s47  # the forty-sixth session's depthwise wgrad: every
 #                     # depthwise GPU test, the three depthwise suites benched, EfficientNet-B0's and MobileNetV2's
 #                     # wgrad tuned (about 7 min)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s47b  # issue 17's 30-60 GFLOP rows tuned (about 8 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s45dw  # the held-filter depthwise fprop: its GPU tests, then
 #                     # ConvNeXt and EfficientNet-B0 fprop tuned, held plans beside the default (about 6 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh dw-ablate  # where depthwise fprop's time goes: its
@@ -712,6 +713,15 @@ s47() {  # the forty-sixth session's depthwise wgrad (16-channel blocks and runs
     tune_passes dw47b 110 mobilenetv2-dw wgrad
 }
 
+s47b() {  # issue 17's 30-60 GFLOP 3x3 rows under its per-layer rate (forty-sixth session's H100 runs): tuned, to
+    # learn whether a rule reaches them (about 8 min): resnet18's and vgg16's wgrad (7-14 pixel 512-channel rows at
+    # 0.81-0.82x cuDNN), darknet53-down's stride-2 dgrad (426-599 TFLOP/s)
+    install
+    tune_passes r18w 150 resnet18 wgrad
+    tune_passes vggw 150 vgg16 wgrad
+    tune_passes dkd 150 darknet53-down dgrad
+}
+
 s45dw() {  # the depthwise fprop candidates of the forty-fifth session (issue 21) in one call (about 6 min): the
     # held-filter and mma.sync stencils' GPU tests (exact tier, bf16, epilogues, fuzz), then `convgen tune` on
     # ConvNeXt's and EfficientNet-B0's fprop, whose logs time each beside the default; tarred as $OUT/dw45*.tgz
@@ -852,6 +862,7 @@ case "${1:-}" in
     s44one) s44one ;;
     s45dw) s45dw ;;
     s47) s47 ;;
+    s47b) s47b ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
     s43ab) s43ab ;;
