@@ -238,67 +238,41 @@ HELD = [dw(13, 11, 96, 7, 7, 1, 3), dw(7, 7, 48, 7, 7, 1, 3, n=3), dw(12, 9, 40,
         dw(56, 56, 96, 7, 7, 1, 3, n=4)]
 
 
-def _held_plans(problem):
+def _row_plans(problem, pass_):
+    """The candidates of several rows a thread: fprop's held filters, wgrad's runs of two dy rows
+    (Depthwise.out_rows in wgrad: depthwise_wgrad.row_run, the default among them on 7x7)."""
     from convgen.candidates import candidates
     from convgen.ir import Target
 
-    return [p for p in candidates(problem, Pass.FPROP, Target("sm_90")) if isinstance(p.loop, Depthwise) and p.loop.out_rows > 1]
+    return [p for p in candidates(problem, pass_, Target("sm_90")) if isinstance(p.loop, Depthwise) and p.loop.out_rows > 1]
 
 
+ROW_FORMS = [pytest.param(Pass.FPROP, id="held"), pytest.param(Pass.WGRAD, id="wgrad-rows")]
+
+
+@pytest.mark.parametrize("pass_", ROW_FORMS)
 @pytest.mark.parametrize("problem", HELD, ids=_ids)
-def test_depthwise_held_filter_plans_exact(problem):
-    """Integer data, bias added, float32 out: each held-filter plan bit for bit the reference."""
-    plans = _held_plans(problem)
+def test_depthwise_row_plans_exact(problem, pass_):
+    """Integer data, bias added (wgrad: db), float32 out: each plan of several rows a thread bit
+    for bit the reference."""
+    plans = _row_plans(problem, pass_)
     assert plans
     for plan in plans:
-        res = run_pass(problem, Pass.FPROP, seeded("dw-held", problem, plan.brief()), out_dtype="float32", exact=True,
+        res = run_pass(problem, pass_, seeded("dw-rows", problem, plan.brief()), out_dtype="float32", exact=True,
                        plan=plan, bias=True)
-        check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
+        check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
 
 
+@pytest.mark.parametrize("pass_", ROW_FORMS)
 @given(problem=depthwise_problems(), seed=st.integers(0, 2**32 - 1))
-def test_depthwise_held_filter_fuzz(problem, seed):
+def test_depthwise_row_plans_fuzz(pass_, problem, seed):
     from hypothesis import assume
 
-    plans = _held_plans(problem)
+    plans = _row_plans(problem, pass_)
     assume(plans)
     plan = plans[seed % len(plans)]
-    res = run_pass(problem, Pass.FPROP, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True,
-                   plan=plan)
-    check(res, "float32", exact=True, what=f"fprop {problem.describe()} {plan.brief()}")
-
-
-# wgrad's runs of two dy rows (Depthwise.out_rows in wgrad: depthwise_wgrad.row_run),
-# on the held filter's layers; tests/test_depthwise_host.py runs the same source on the host.
-def _row_run_plans(problem):
-    from convgen.candidates import candidates
-    from convgen.ir import Target
-
-    return [p for p in candidates(problem, Pass.WGRAD, Target("sm_90")) if isinstance(p.loop, Depthwise) and p.loop.out_rows > 1]
-
-
-@pytest.mark.parametrize("problem", HELD, ids=_ids)
-def test_depthwise_wgrad_row_runs_exact(problem):
-    """Integer data, dW and db, float32 out: each runs-of-two-rows plan (its slices summed as
-    planned) bit for bit the reference."""
-    plans = _row_run_plans(problem)
-    assert plans
-    for plan in plans:
-        res = run_pass(problem, Pass.WGRAD, seeded("dw-rows", problem, plan.brief()), out_dtype="float32", exact=True,
-                       plan=plan, bias=True)
-        check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
-
-
-@given(problem=depthwise_problems(), seed=st.integers(0, 2**32 - 1))
-def test_depthwise_wgrad_row_runs_fuzz(problem, seed):
-    from hypothesis import assume
-
-    plans = _row_run_plans(problem)
-    assume(plans)
-    plan = plans[seed % len(plans)]
-    res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True,
-                   plan=plan)
-    check(res, "float32", exact=True, what=f"wgrad {problem.describe()} {plan.brief()}")
+    res = run_pass(problem, pass_, np.random.default_rng(seed), out_dtype="float32", exact=True, bias=True, plan=plan)
+    check(res, "float32", exact=True, what=f"{pass_.value} {problem.describe()} {plan.brief()}")
 
 
 # The stencil on mma.sync (Depthwise.mma: kernels/fprop_depthwise_mma.j2): every such candidate,
@@ -333,7 +307,7 @@ def test_depthwise_fprop_forms_fused_epilogues(form):
     """The held-filter and mma.sync stencils' fused epilogues: bias and ReLU to float16,
     residual and GELU to float32."""
     problem = (HELD if form == "held" else MMA)[0]
-    plan = (_held_plans if form == "held" else _mma_plans)(problem)[0]
+    plan = (_row_plans(problem, Pass.FPROP) if form == "held" else _mma_plans(problem))[0]
     res = run_pass(problem, Pass.FPROP, seeded(f"dw-{form}-relu", problem), out_dtype="float16", bias=True, relu=True,
                    plan=plan)
     check(res, "float16", what=f"{form} fprop bias relu")
