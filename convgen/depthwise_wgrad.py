@@ -156,18 +156,24 @@ def summed_in_grid(g: ConvProblem, target: Target, plan: Plan) -> Plan:
 # value once per filter row (ConvNeXt's 7x7: 154 conversions and shared loads beside 686 FFMA a
 # tile and thread, benchmarks/NOTES.md, forty-sixth session).  Tuning candidates on CUDA: the
 # default's tile and chunk with its runs as long (half the threads) and half as long (the same
-# threads).  The second is the default where a thread sums one channel (vec 1, ROW_RUN_DEFAULT):
-# on an H100 `convgen tune` (4997d9a) timed it at 0.84-1.00x the one-row plan's time on
-# ConvNeXt's four wgrad rows (geomean 0.94x), where the first took 1.14-1.23x.
+# threads).  The second is the default where a thread sums one channel of one filter (vec 1 and
+# no multiplier, as timed; ROW_RUN_DEFAULT): on an H100 `convgen tune` (4997d9a) timed it at
+# 0.84-1.00x the one-row plan's time on ConvNeXt's four wgrad rows (geomean 0.94x), where the
+# first took 1.14-1.23x.
 RUN_ROWS = 2
 ROW_RUN_DEFAULT = True
 
 
 def row_run(g: ConvProblem, target: Target, base: Plan, cols: int) -> Plan | None:
     """``base`` (runs of one dy row) with runs of RUN_ROWS rows of ``cols`` pixels, on its tile
-    and chunk, each with its own slices; None where its tile rows or whole warps do not allow it."""
+    and chunk, each with its own slices; None where its tile rows or whole warps do not allow it,
+    or where the rows share no staged x row (a dy row's filter rows span fewer rows than the
+    stride, or the stride is no multiple of the dilation): there they would only hold more."""
     loop = base.loop
     assert isinstance(loop, Depthwise)
+    (sh, _), (dh, _) = g.stride, g.dilation
+    if sh % dh or sh >= ((loop.rows or g.r) - 1) * dh + 1:
+        return None
     threads = base.warps_m * target.warp_size
     runs = threads * loop.cols // (max(cols, 1) * RUN_ROWS)  # the same pixels over runs of RUN_ROWS x cols
     if (loop.out_rows != 1 or cols < 1 or base.block_m // loop.tile_w % RUN_ROWS or loop.tile_w % cols
@@ -233,7 +239,7 @@ def plan_wgrad(g: ConvProblem, target: Target, elem: DType, reasons: list[str], 
                            "" if split == 1 or target.backend == "cuda" else
                            f" by a second kernel ({target.arch} has no cooperative launch to sum them in this one)"))
     runs = row_run(g, target, summed, summed.loop.cols // 2) if (
-        row_runs and ROW_RUN_DEFAULT and vec == 1 and target.backend == "cuda") else None
+        row_runs and ROW_RUN_DEFAULT and vec == 1 and m == 1 and target.backend == "cuda") else None
     if runs is None:
         return summed
     reasons.append(f"then runs of {RUN_ROWS} dy rows of {runs.loop.cols} pixels a thread, the same threads and tile "

@@ -248,10 +248,13 @@ def _row_plans(problem, pass_):
 
 
 ROW_FORMS = [pytest.param(Pass.FPROP, id="held"), pytest.param(Pass.WGRAD, id="wgrad-rows")]
+# wgrad's on the same layers but the dilated one, which takes it at stride 2 (at stride 1 a
+# dilation of 2 leaves two dy rows no x row to share)
+ROW_PLANS = [pytest.param(Pass.FPROP, p, id=f"held-{_ids(p)}") for p in HELD] + [
+    pytest.param(Pass.WGRAD, p, id=f"wgrad-rows-{_ids(p)}") for p in HELD[:3] + [dw(12, 12, 24, 3, 3, 2, 2, 2)] + HELD[4:]]
 
 
-@pytest.mark.parametrize("pass_", ROW_FORMS)
-@pytest.mark.parametrize("problem", HELD, ids=_ids)
+@pytest.mark.parametrize("pass_, problem", ROW_PLANS)
 def test_depthwise_row_plans_exact(problem, pass_):
     """Integer data, bias added (wgrad: db), float32 out: each plan of several rows a thread bit
     for bit the reference."""
