@@ -256,10 +256,10 @@ def check(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target, in_dtype: DT
         check_held(plan, g, pass_, threads)
     warps = -(-threads // target.warp_size)  # fprop, dgrad: the last warp's lanes past the runs repeat the last run
     if pass_ is Pass.WGRAD and threads != target.warp_size * plan.warps_m:
-        raise ValueError(f"Depthwise runs a thread per {loop.cols} pixel(s), {plan.vec_a} channel(s) and "
-                         f"{loop.rows or g.r} filter row(s): {plan.block_m} // {loop.cols} x {plan.block_n} // "
-                         f"{plan.vec_a} x {groups} = {threads} threads, but plan.warps_m={plan.warps_m} gives "
-                         f"{target.warp_size * plan.warps_m} on {target.arch}")
+        raise ValueError(f"Depthwise runs a thread per {loop.cols * loop.out_rows} pixel(s), {plan.vec_a} channel(s) "
+                         f"and {loop.rows or g.r} filter row(s): {plan.block_m} // {loop.cols * loop.out_rows} x "
+                         f"{plan.block_n} // {plan.vec_a} x {groups} = {threads} threads, but "
+                         f"plan.warps_m={plan.warps_m} gives {target.warp_size * plan.warps_m} on {target.arch}")
     if pass_ is not Pass.WGRAD and plan.warps_m != warps:
         raise ValueError(f"Depthwise runs a thread per {loop.cols * loop.out_rows} pixel(s) and {plan.vec_a} channel(s): "
                          f"{plan.block_m} // {loop.cols * loop.out_rows} x {plan.block_n} // {plan.vec_a} = {threads} threads, "

@@ -172,11 +172,11 @@ def row_run(g: ConvProblem, target: Target, base: Plan, cols: int) -> Plan | Non
     loop = base.loop
     assert isinstance(loop, Depthwise)
     (sh, _), (dh, _) = g.stride, g.dilation
-    if sh % dh or sh >= ((loop.rows or g.r) - 1) * dh + 1:
+    if cols < 1 or sh % dh or sh >= ((loop.rows or g.r) - 1) * dh + 1:
         return None
     threads = base.warps_m * target.warp_size
-    runs = threads * loop.cols // (max(cols, 1) * RUN_ROWS)  # the same pixels over runs of RUN_ROWS x cols
-    if (loop.out_rows != 1 or cols < 1 or base.block_m // loop.tile_w % RUN_ROWS or loop.tile_w % cols
+    runs = threads * loop.cols // (cols * RUN_ROWS)  # the same pixels over runs of RUN_ROWS x cols
+    if (loop.out_rows != 1 or base.block_m // loop.tile_w % RUN_ROWS or loop.tile_w % cols
             or runs * cols * RUN_ROWS != threads * loop.cols or runs % target.warp_size or not runs):
         return None
     plan = dataclasses.replace(base, warps_m=runs // target.warp_size, split_k=1, split_reduce="kernel",
