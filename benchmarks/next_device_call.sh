@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... [AT_SUITES=...] bash benchmarks/next_device_call.sh s48at  # issue 16's suites under 1.0x
+#                     # at the defaults, benched with tuning on first use (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s47  # the forty-sixth session's depthwise wgrad: every
 #                     # depthwise GPU test, the three depthwise suites benched, EfficientNet-B0's and MobileNetV2's
 #                     # wgrad tuned (about 7 min)
@@ -702,6 +704,15 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+s48at() {  # issue 16's 1.0x with tuning on first use, on the suites whose defaults read under 1.0x on the H100
+    # (forty-sixth / forty-seventh sessions): README's bench with CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 and an empty
+    # database, so every row is tuned on its first call; $AT_SUITES (default: the pointwise suites, EfficientNet-B0's
+    # depthwise suite), as many as fit in 520 s
+    CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 README_SUITES="${AT_SUITES:-efficientnet-b0-pw mobilenetv2-pw efficientnet-b0-dw}" \
+        readme
+    (cd "$OUT" && mv readme.tgz autotune.tgz)
+}
+
 s47() {  # the forty-sixth session's depthwise wgrad (16-channel blocks and runs of two dy rows on 7x7; row-run
     # candidates everywhere) in one call (about 7 min): every depthwise GPU test, the three depthwise suites benched
     # against cuDNN, then EfficientNet-B0's and MobileNetV2's wgrad tuned (their row runs never timed)
@@ -862,6 +873,7 @@ case "${1:-}" in
     s44one) s44one ;;
     s45dw) s45dw ;;
     s47) s47 ;;
+    s48at) s48at ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
