@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48  # the mma.sync stencil restaged: GPU tests, sanitizers,
+#                     # ConvNeXt fprop tuned; then s48at in the time left (about 9.5 min)
 #   COMMIT=... OUT=... [AT_SUITES=...] bash benchmarks/next_device_call.sh s48at  # issue 16's suites under 1.0x
 #                     # at the defaults, benched with tuning on first use (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s47  # the forty-sixth session's depthwise wgrad: every
@@ -704,6 +706,39 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+s48() {  # the forty-seventh session's call (about 9.5 min): the mma.sync stencil restaged (cp.async halo, turned
+    # channel-major by ldmatrix.trans, epilogue from registers): its GPU tests and racecheck / memcheck, then
+    # ConvNeXt's fprop tuned (every candidate timed, the stencil beside the held default); then issue 16's suites
+    # under 1.0x at the defaults, benched with tuning on first use (s48at), in the time left
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 150 $PYTEST tests/test_depthwise_gpu.py -k mma 2>&1 \
+        | tee "$OUT/s48-mma-gpu-tests.log" | tail -3
+    if grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s48-mma-gpu-tests.log"); then
+        for tool in memcheck racecheck; do
+            CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool \
+                --report-api-errors no python3 benchmarks/probes/sanitize_dw.py > "$OUT/sanitize-mma-$tool.log" 2>&1
+            echo "dw $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-mma-$tool.log" \
+                | grep -v " 0 of " | sort | uniq -c | head -6 | tr '\n' ' ')"
+        done
+        tune_passes mma48 130 convnext-dw fprop
+        python3 - "$OUT/mma48.tgz" <<'PY'
+import json, sys, tarfile
+with tarfile.open(sys.argv[1]) as t:
+    for m in t.getmembers():
+        if m.name.endswith(".json"):
+            for layer in json.load(t.extractfile(m))["layers"]:
+                rows = [r for r in layer["rows"] if r.get("ok") and r.get("us")]
+                default = next((r["us"] for r in rows if r.get("default")), None)
+                mma = min((r["us"] for r in rows if r["plan"].get("dw_mma")), default=None)
+                best = min(r["us"] for r in rows)
+                print(f"{layer['layer']:12s} default {default} best {best:.1f} mma {mma}")
+PY
+    else
+        echo "s48: the mma.sync stencil's GPU tests did not all pass; no tuning"
+    fi
+    README_BUDGET=$((560 - SECONDS)) s48at
+}
+
 s48at() {  # issue 16's 1.0x with tuning on first use, on the suites whose defaults read under 1.0x on the H100
     # (forty-sixth / forty-seventh sessions): README's bench with CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 and an empty
     # database, so every row is tuned on its first call; $AT_SUITES (default: the pointwise suites, EfficientNet-B0's
@@ -850,14 +885,14 @@ s42c() {  # what changed since the last whole suite, on a short budget (about 8 
 }
 
 readme() {  # README's table re-measured (same-work bench, planner defaults): the suites in $README_SUITES (default:
-    # every suite), each whole, until 520 s have passed; the ones not reached are printed, for the next call
+    # every suite), each whole, until ${README_BUDGET:-520} s have passed; the ones not reached are printed, for the next call
     install
     local start=$SECONDS left=() s
     mkdir -p "$OUT/readme"
     for s in ${README_SUITES:-cifar-resnet cifar-vgg resnet50 resnet18 vgg16 unet darknet53-down mobilenetv2-pw \
             efficientnet-b0-pw mobilenetv2-dw convnext-dw efficientnet-b0-dw resnext50-grouped large speech}; do
-        if [ $((SECONDS - start)) -gt 400 ]; then left+=("$s"); continue; fi
-        CONVGEN_CACHE_DIR=/tmp/cg-readme timeout $((520 - (SECONDS - start))) python3 -m convgen.cli bench --suite "$s" \
+        if [ $((SECONDS - start)) -gt $((${README_BUDGET:-520} - 120)) ]; then left+=("$s"); continue; fi
+        CONVGEN_CACHE_DIR=/tmp/cg-readme timeout $((${README_BUDGET:-520} - (SECONDS - start))) python3 -m convgen.cli bench --suite "$s" \
             $BENCH --out "$OUT/readme" 2>&1 | grep -E "rror|geomean speedup|below 300" | sed "s/^/$s /"
     done
     echo "not reached: ${left[*]:-none}"
@@ -874,6 +909,7 @@ case "${1:-}" in
     s45dw) s45dw ;;
     s47) s47 ;;
     s48at) s48at ;;
+    s48) s48 ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .spec import Plan
 from .mainloop import Depthwise
-from .depthwise_forms import check_held, check_mma, held_filters, held_halo_vec, mma_plane_ld
+from .depthwise_forms import (MMA_WEIGHT_PAIRS, check_held, check_mma, held_filters, held_halo_vec, mma_plane,
+                              mma_plane_ld)
 
 PIX_PAD = 8  # halves of padding per staged pixel: a thread's next run starts in other banks
 MAX_WGRAD_ACCS = 56  # fp32 sums a wgrad thread keeps (vec x m x its taps): 3-4 blocks of 256 an SM
@@ -101,6 +102,9 @@ class DwFacts:
     out_rows: int = 1  # fprop: output rows a thread computes, its filter held in registers; wgrad: dy rows a run sums
     halo_vec: int = 0  # fprop, dgrad: halves per halo staging copy (the thread's vec, or 8 for a held filter)
     mma: bool = False  # fprop: the stencil on mma.sync (Depthwise.mma): pix_ld is then a channel plane's row
+    plane: int = 0  # mma: halves a channel's plane (halo_halves: the chunk's planes; weight_floats: its B words)
+    stage_ld: int = 0  # mma: halves a pixel of the halo staged as it lies in x (its chunk's channels), before
+    stage_halves: int = 0  # the planes take it transposed; and that staged halo's halves
 
 
 def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFacts:
@@ -114,13 +118,15 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     halo_vec = held_halo_vec(g.c, chunk, vec) if loop.out_rows > 1 else vec
     threads = plan.warps_m * warp_size  # the block (a few past its runs' lanes, where they are not whole warps)
     row0 = col0 = 0
-    if loop.mma:  # a plane per channel: HALO_H rows of LD halves (tile columns and the last A window's 8 more)
+    if loop.mma:  # the halo staged as pixels, then a plane per channel (tile columns and the last A window's 8 more)
         tiles = (math.ceil(g.p / tile_h), math.ceil(g.q / tile_w))
         halo_h, halo_w = tile_h + g.r - 1, tile_w + 8
-        ld = mma_plane_ld(halo_w)
+        ld, stage_ld = mma_plane_ld(halo_w), mma_plane_ld(chunk)
+        plane = mma_plane(halo_h, ld)
         return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, 0, 0,
-                       ld, halo_w, tiles[0], tiles[1], loop.tiles, 1, chunk * halo_h * ld, g.r * g.s * chunk,
-                       interleave=loop.interleave, halo_vec=8, mma=True)
+                       ld, halo_w, tiles[0], tiles[1], loop.tiles, 1, chunk * plane, g.r * chunk * MMA_WEIGHT_PAIRS,
+                       interleave=loop.interleave, halo_vec=8, mma=True, plane=plane, stage_ld=stage_ld,
+                       stage_halves=halo_h * halo_w * stage_ld)
     if pass_ is Pass.FPROP:
         halo_h, halo_w = (tile_h - 1) * sh + (g.r - 1) * dh + 1, (tile_w - 1) * sw + (g.s - 1) * dw + 1
         pix_ld = chunk + PIX_PAD
@@ -205,8 +211,8 @@ def row_groups(loop: Depthwise, g: ConvGeometry) -> int:
 
 def smem_bytes(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> int:
     f = facts(plan, g, pass_, warp_size)
-    if f.mma:  # the planes, the filters (halves) and the tile's fp32 sums, a pixel CHUNK + 1 floats
-        return f.halo_halves * 2 + -(-f.weight_floats * 2 // 16) * 16 + f.tile_h * f.tile_w * (f.chunk + 1) * 4
+    if f.mma:  # the halo as pixels, the planes and the filter rows' B words
+        return (f.stage_halves + f.halo_halves) * 2 + f.weight_floats * 4
     if pass_ is Pass.WGRAD:  # two x halos and two dy tiles; the sums reuse them once the last tile is done
         return max((f.halo_halves + f.dy_halves) * 2 * 2, f.weight_floats * 4)
     return f.halo_halves * 2 * f.halo_bufs + f.weight_floats * 4

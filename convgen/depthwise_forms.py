@@ -76,12 +76,25 @@ def check_held(plan: Plan, g: ConvGeometry, pass_: Pass, threads: int) -> None:
                          f"65,536 a block would spill; use a smaller vec_a, cols or out_rows")
 
 
-def mma_plane_ld(halo_w: int) -> int:
-    """Halves a row of a channel's staged plane (Depthwise.mma): the fewest 16-byte units
-    that hold ``halo_w``, made odd, so that ldmatrix's eight row addresses fall in distinct
-    banks."""
-    units = -(-halo_w // 8)
+def mma_plane_ld(halves: int) -> int:
+    """Halves a staged row of the stencil on mma.sync (Depthwise.mma), a channel plane's row or
+    a staged pixel's channels: the fewest 16-byte units that hold ``halves``, made odd, so that
+    ldmatrix's eight row addresses fall in distinct banks."""
+    units = -(-halves // 8)
     return 8 * (units if units % 2 else units + 1)
+
+
+def mma_plane(halo_h: int, ld: int) -> int:
+    """Halves a channel's plane (``halo_h`` rows of ``ld``): an odd number of 16-byte units, so
+    that the transposing stores of 8 channels' planes (a 16-byte run each) fall in distinct banks."""
+    units = halo_h * ld // 8
+    return 8 * (units if units % 2 else units + 1)
+
+
+# The stencil on mma.sync's filter rows as B fragments: lane (g, t)'s register j of filter row r
+# is the pair w[r][s0], w[r][s0 + 1] with s0 = 2t + 8j - g in [-7, 14] (zeros off the filter),
+# kept for every s0 in shared memory as 32-bit words: one load a register.
+MMA_WEIGHT_PAIRS = 22
 
 
 # fprop blocks whose threads hold their channels' whole filter in registers (Depthwise.out_rows):
