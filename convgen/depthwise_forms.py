@@ -52,9 +52,9 @@ def check_mma(plan: Plan, g: ConvGeometry, pass_: Pass, target: Target) -> None:
     if why:
         raise ValueError(f"Depthwise.mma: {why}")
     tile_h = plan.block_m // loop.tile_w
-    if tile_h % 16 or loop.tile_w % 8 or loop.cols != 8 or loop.out_rows != 1 or plan.block_n % 8:
-        raise ValueError(f"Depthwise.mma computes 16 x 8 output blocks of 8-channel staged pixels: the tile "
-                         f"({tile_h}x{loop.tile_w}) must be 16-row and 8-column multiples, cols 8, out_rows 1, and "
+    if tile_h % 16 or loop.tile_w % 16 or loop.cols != 8 or loop.out_rows != 1 or plan.block_n % 8:
+        raise ValueError(f"Depthwise.mma computes pairs of 16 x 8 output blocks of 8-channel staged pixels: the tile "
+                         f"({tile_h}x{loop.tile_w}) must be 16-row and 16-column multiples, cols 8, out_rows 1, and "
                          f"plan.block_n={plan.block_n} a multiple of 8")
     if plan.warps_m * target.warp_size > 1024:
         raise ValueError(f"plan has {plan.warps_m * target.warp_size} threads; a block holds at most 1024")

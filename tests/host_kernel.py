@@ -105,12 +105,14 @@ inline float bits_to_float(unsigned short bits) {
 }
 
 // Matrix i's row j is lane 8i + j's address; lane l receives (row l/4, columns 2(l%4), +1) of each.
-inline void ldsm_host(unsigned (&r)[4], const half_t* row, bool trans) {
+inline void ldsm_host(unsigned (&r)[4], const half_t* row, bool trans, int matrices = 4) {
   WarpCtx& w = *my_warp;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   w.row[lane] = row;
   w.bar.arrive_and_wait();
   for (int i = 0; i < 4; ++i) {
+    r[i] = 0xFFFFFFFFu;  // (NaN pairs: a matrix not loaded)
+    if (i >= matrices) continue;
     unsigned short e[2];
     for (int k = 0; k < 2; ++k) {
       const int rr = lane / 4, cc = 2 * (lane % 4) + k;  // the element of matrix i this lane holds
@@ -123,6 +125,11 @@ inline void ldsm_host(unsigned (&r)[4], const half_t* row, bool trans) {
 }
 inline void ldsm_x4(unsigned (&r)[4], const half_t* row) { ldsm_host(r, row, false); }
 inline void ldsm_x4_trans(unsigned (&r)[4], const half_t* row) { ldsm_host(r, row, true); }
+inline void ldsm_x2(unsigned (&r)[2], const half_t* row) {  // matrices 0 and 1 of an x4 whose other rows are never read
+  unsigned r4[4];
+  ldsm_host(r4, row, false, 2);
+  r[0] = r4[0], r[1] = r4[1];
+}
 
 // d += a (16x16, row-major) * b (16x8, column-major), fp32 sums: A's register i of lane l holds
 // (row l/4 + 8*(i%2), columns 2(l%4) + 8*(i/2), +1); B's register j (rows 2(l%4) + 8j, +1; column l/4).

@@ -603,9 +603,10 @@ def test_mma_stencil_is_an_fprop_field_that_round_trips_and_names_what_it_needs(
     for prob, pass_, arch, match in refusals:
         with pytest.raises(ValueError, match=match):  # (4-channel stores: C = 36 reaches the stencil's own check)
             check_plan(dataclasses.replace(mma, vec_a=4), prob, pass_, Target(arch), "float16")
-    with pytest.raises(ValueError, match="16-row and 8-column multiples"):
-        check_plan(Plan(128, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(16, 8, 0, 2, mma=True)), problem, Pass.FPROP,
-                   Target("sm_90"), "float16")
+    for block_m, tile_w in ((128, 16), (128, 8)):  # 8 x 16 and 16 x 8 tiles: a warp sums pairs of 16 x 8 blocks
+        with pytest.raises(ValueError, match="16-row and 16-column multiples"):
+            check_plan(Plan(block_m, 32, 16, 4, 1, 2, 8, 1, loop=Depthwise(tile_w, 8, 0, 2, mma=True)), problem,
+                       Pass.FPROP, Target("sm_90"), "float16")
     with pytest.raises(ValueError, match="needs plan.depthwise"):
         from_flags(dw_mma=True)
     with pytest.raises(TypeError, match="Depthwise.mma must be a bool"):

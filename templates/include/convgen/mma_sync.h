@@ -22,6 +22,11 @@ __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const half_t* row) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
+// Two 8x8 matrices, lanes 0-15 giving the rows' addresses (the others' are not read).
+__device__ __forceinline__ void ldsm_x2(unsigned (&r)[2], const half_t* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
 __device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], const half_t* row) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
