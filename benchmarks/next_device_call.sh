@@ -490,6 +490,16 @@ tune_dw7() {  # ConvNeXt's 7x7 depthwise: the long-run candidate (runs of 8 over
     tune_passes dw7 110 convnext-dw fprop dgrad
 }
 
+sanitize_dw() {  # TAG CACHE: memcheck and racecheck on benchmarks/probes/sanitize_dw.py (the depthwise fprop forms,
+    # each also checked against the exact reference), logs as $OUT/sanitize-TAG-TOOL.log
+    for tool in memcheck racecheck; do
+        CONVGEN_CACHE_DIR=$2 timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool \
+            --report-api-errors no python3 benchmarks/probes/sanitize_dw.py > "$OUT/sanitize-$1-$tool.log" 2>&1
+        echo "dw $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-$1-$tool.log" \
+            | grep -v " 0 of " | sort | uniq -c | head -6 | tr '\n' ' ')"
+    done
+}
+
 tune_passes() {  # DIR LIMIT SUITE PASS...: each pass of SUITE tuned (no bias, dW alone), the logs tarred as $OUT/DIR.tgz
     local dir=$1 limit=$2 suite=$3
     shift 3
@@ -714,12 +724,7 @@ s48() {  # the forty-seventh session's call (about 9.5 min): the mma.sync stenci
     CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 150 $PYTEST tests/test_depthwise_gpu.py -k mma 2>&1 \
         | tee "$OUT/s48-mma-gpu-tests.log" | tail -3
     if grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s48-mma-gpu-tests.log"); then
-        for tool in memcheck racecheck; do
-            CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool \
-                --report-api-errors no python3 benchmarks/probes/sanitize_dw.py > "$OUT/sanitize-mma-$tool.log" 2>&1
-            echo "dw $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-mma-$tool.log" \
-                | grep -v " 0 of " | sort | uniq -c | head -6 | tr '\n' ' ')"
-        done
+        sanitize_dw mma /tmp/cg-mma
         tune_passes mma48 130 convnext-dw fprop
         python3 - "$OUT/mma48.tgz" <<'PY'
 import json, sys, tarfile
@@ -778,12 +783,7 @@ s45dw() {  # the depthwise fprop candidates of the forty-fifth session (issue 21
         echo "s45dw: the held-filter and mma.sync stencils' GPU tests did not all pass; no tuning"
         return
     fi
-    for tool in memcheck racecheck; do
-        CONVGEN_CACHE_DIR=/tmp/cg-dw45 timeout 60 /usr/local/cuda/bin/compute-sanitizer --tool $tool \
-            --report-api-errors no python3 benchmarks/probes/sanitize_dw.py > "$OUT/sanitize-dw-$tool.log" 2>&1
-        echo "dw $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY|differ" "$OUT/sanitize-dw-$tool.log" \
-            | grep -v " 0 of " | sort | uniq -c | head -6 | tr '\n' ' ')"
-    done
+    sanitize_dw dw /tmp/cg-dw45
     tune_passes dw45 110 convnext-dw fprop
     tune_passes dw45b 120 efficientnet-b0-dw fprop
     python3 - "$OUT" <<'PY'
