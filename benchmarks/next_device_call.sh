@@ -741,7 +741,7 @@ PY
     else
         echo "s48: the mma.sync stencil's GPU tests did not all pass; no tuning"
     fi
-    README_BUDGET=$((560 - SECONDS)) s48at
+    README_BUDGET=$((440 - SECONDS)) s48at
 }
 
 s48at() {  # issue 16's 1.0x with tuning on first use, on the suites whose defaults read under 1.0x on the H100
