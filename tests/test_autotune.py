@@ -123,14 +123,17 @@ class _FakeGpu:
                 return ref * scale.get(self.last, 1.0)
             return run
 
-        def median_us(fn, reps):
-            fn()
-            return times[self.last]
+        def gpu_times(fns, reps):  # each fn runs its candidate, as the real one's launches do
+            out = []
+            for fn in fns:
+                fn()
+                out.append(times[self.last])
+            return out
 
         monkeypatch.setattr(autotune, "_capturing", lambda: False)
         monkeypatch.setattr(autotune, "_runner", runner)
         monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
-        monkeypatch.setattr(autotune, "_median_us", median_us)
+        monkeypatch.setattr(autotune, "_gpu_times", gpu_times)
 
 
 def _tune(monkeypatch, tmp_path):
@@ -288,12 +291,59 @@ def test_a_packed_grouped_wgrad_is_tuned_through_the_layers_own_call(monkeypatch
     monkeypatch.setattr(autotune, "_compile_all", compile_all)
     monkeypatch.setattr(autotune, "_capturing", lambda: False)
     monkeypatch.setattr(autotune, "_as_host", lambda out: [np.asarray(out[0])])
-    monkeypatch.setattr(autotune, "_median_us", lambda fn, reps: 10.0 - plans.index(calls[-1][4]) if fn() else 0)
+    monkeypatch.setattr(autotune, "_gpu_times", lambda fns, reps: [
+        10.0 - plans.index(calls[-1][4]) if fn() else 0 for fn in fns])
     monkeypatch.setattr(runtime, "conv2d_wgrad", fake_wgrad)
     monkeypatch.setattr(runtime, "kernels_for", lambda p: [type("K", (), {"local_bytes": 0})()])
     got = autotune.tune(slabs, Pass.WGRAD, Epilogue(bias=False), "float16", target, "NVIDIA H200", layer=layer)
     assert len(compiled) == len(plans) and all(f"x{pack}_" in src for src, _ in compiled)  # the op's kernels
     assert {c[:4] for c in calls} == {(layer.w_shape, layer.groups, None, "0")}  # its own call, databases out
-    assert [c[4] for c in calls] == [p for p in plans for _ in range(2)]  # each candidate pinned: run, timed
+    assert [c[4] for c in calls] == plans + plans  # each candidate pinned: run and checked, then timed
     assert got is not None and got.as_dict() == plans[-1].as_dict()  # the fastest, under the slabs' shape
     assert not tuning_db._pinned and "CONVGEN_TUNED" not in os.environ
+
+
+def test_candidates_are_timed_in_turns_each_behind_a_spin_and_an_l2_flush(monkeypatch):
+    """_gpu_times on a stand-in CuPy that logs what reaches the stream: rep by rep every
+    candidate, each launch bracketed by its own events after a spin and a flush that writes
+    twice the GPU's L2 (what `convgen tune` and `convgen bench` do), and each candidate's
+    median over its own reps."""
+    import sys
+    import types
+
+    log: list = []
+    elapsed = iter(range(1, 1000))
+
+    class Event:
+        def __init__(self):
+            self.n = None
+
+        def record(self, stream=None):
+            self.n = len(log)
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+
+        def fill(self, v):
+            log.append(("flush", self.nbytes))
+
+    runtime = types.SimpleNamespace(cudaDevAttrClockRate=1, cudaDevAttrL2CacheSize=2,
+                                    deviceGetAttribute=lambda attr, dev: {1: 1_500_000, 2: 50 << 20}[attr])
+    cuda = types.SimpleNamespace(
+        Device=lambda: types.SimpleNamespace(id=0), Event=Event, runtime=runtime,
+        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+        get_elapsed_time=lambda a, b: next(elapsed) / 1000.0)
+    fake = types.SimpleNamespace(cuda=cuda, int64=int, uint8="uint8",
+                                 RawKernel=lambda src, name: (lambda grid, block, args: log.append("spin")),
+                                 empty=lambda n, dtype: Buffer(n))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    times = autotune._gpu_times([lambda: log.append("A"), lambda: log.append("B")], 3)
+    assert log == ["spin", ("flush", 100 << 20), "event", "A", "event",
+                   "spin", ("flush", 100 << 20), "event", "B", "event"] * 3
+    # elapsed times come out in the order the medians read them: A's reps 1, 2, 3 us, then B's 4, 5, 6
+    assert times == [2.0, 5.0]
