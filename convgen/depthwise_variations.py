@@ -183,8 +183,11 @@ HELD_AFTER = 3  # tile variations before the held-filter plans: the default itse
 # 16 staged rows by a filter row's banded Toeplitz matrix: 7 of 16 columns of B are taps on a
 # 7x7 filter, so the tensor cores do the 49 multiply-adds an output in 7 MMA slots of 16,
 # where the CUDA-core loops issue 49 FFMAs (benchmarks/NOTES.md, forty-fifth session).
-# Timed on an H100 (360b732): 0.93x the stencil's time at best (ConvNeXt's dw96-56px), slower
-# on every other row; its staging, not its MMAs, sets the pace.  A tuning candidate only.
+# Timed on an H100: 0.93x the stencil's time at best (360b732, ConvNeXt's dw96-56px) and slower
+# on every other row; restaged (cp.async, ldmatrix.trans, the epilogue from registers) 1.34-3.5x
+# the held default's on ConvNeXt's four rows (ed9a6e2), latency- rather than shared-memory-bound
+# by its byte count (benchmarks/NOTES.md, forty-seventh session).  A tuning candidate only, past
+# tuning on first use's eight.
 MMA_TILES = ((16, 16, 32), (16, 32, 16), (32, 16, 16))
 MMA_WARPS = 4
 
