@@ -716,6 +716,14 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+s48b() {  # a short lease (about 3 min): autotune's GPU tests (its timing in turns behind an L2 flush), then
+    # MobileNetV2's pointwise suite benched with tuning on first use
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-at timeout 60 $PYTEST tests/test_autotune_gpu.py 2>&1 | tee "$OUT/s48b-autotune-gpu.log" \
+        | tail -2
+    AT_SUITES=mobilenetv2-pw README_BUDGET=$((170 - SECONDS)) s48at
+}
+
 s48() {  # the forty-seventh session's call (about 9.5 min): the mma.sync stencil restaged (cp.async halo, turned
     # channel-major by ldmatrix.trans, epilogue from registers): its GPU tests and racecheck / memcheck, then
     # ConvNeXt's fprop tuned (every candidate timed, the stencil beside the held default); then issue 16's suites
@@ -910,6 +918,7 @@ case "${1:-}" in
     s47) s47 ;;
     s48at) s48at ;;
     s48) s48 ;;
+    s48b) s48b ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;
