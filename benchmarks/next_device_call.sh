@@ -8,6 +8,9 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48b  # autotune's new timing: its GPU tests, MobileNetV2's
+#                     # pointwise suite with tuning on first use (about 3 min)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-mma  # the mma.sync stencil under Nsight Compute (3 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48  # the mma.sync stencil restaged: GPU tests, sanitizers,
 #                     # ConvNeXt fprop tuned; then s48at in the time left (about 9.5 min)
 #   COMMIT=... OUT=... [AT_SUITES=...] bash benchmarks/next_device_call.sh s48at  # issue 16's suites under 1.0x
@@ -716,6 +719,12 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+ncu_mma() {  # what bounds the restaged mma.sync stencil (about 3 min): Nsight Compute on ConvNeXt's dw96-56px
+    # fprop, its first mma.sync candidate (PROFILE_PLAN) beside cuDNN; the held default's profile is ncu-dw46's
+    install
+    PROFILE_PLAN=mma NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
+}
+
 s48b() {  # a short lease (about 3 min): autotune's GPU tests (its timing in turns behind an L2 flush), then
     # MobileNetV2's pointwise suite benched with tuning on first use
     install
@@ -920,6 +929,7 @@ case "${1:-}" in
     s48at) s48at ;;
     s48) s48 ;;
     s48b) s48b ;;
+    ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
     step-batch) step_batch ;;

@@ -7,13 +7,18 @@ sides (no bias; dgrad dx alone; wgrad dW alone):
 
 Arguments: pass, N, H, W, C, K, R (square filter), stride, padding, and optionally groups.
 Run it once without ncu first: it compiles convgen's kernels and prints both sides' relative
-difference from each other, so the profile does not time a compile."""
+difference from each other, so the profile does not time a compile.  PROFILE_PLAN=mma (or held,
+or a number: that candidate of `convgen.candidates`) profiles that tuning candidate instead of
+the planner's plan, e.g. the depthwise stencil on mma.sync."""
+import os
 import sys
 
 import cupy as cp
 import torch
 
 import convgen
+from convgen.candidates import candidates
+from convgen.ir import ConvProblem, Pass, Target
 
 pass_ = sys.argv[1]
 n, h, w_, c, k, r, stride, pad = (int(a) for a in sys.argv[2:10])
@@ -25,14 +30,22 @@ dy = cp.random.standard_normal((n, p, q, k), dtype=cp.float32).astype(cp.float16
 tx, tw, tdy = (torch.as_tensor(a, device="cuda").permute(0, 3, 1, 2) for a in (x, w, dy))  # channels_last views
 torch.backends.cudnn.benchmark = True
 mask = {"fprop": None, "dgrad": [True, False, False], "wgrad": [False, True, False]}[pass_]
+plan = None
+if os.environ.get("PROFILE_PLAN"):
+    want = os.environ["PROFILE_PLAN"]
+    sm = cp.cuda.Device().attributes["MultiProcessorCount"]
+    offered = candidates(ConvProblem(h, w_, c, k, r, r, stride, pad, 1, groups, n=n), Pass(pass_), Target("sm_90", sm))
+    pick = {"mma": lambda p: getattr(p.loop, "mma", False), "held": lambda p: getattr(p.loop, "out_rows", 1) > 1}
+    plan = offered[int(want)] if want.isdigit() else next(p for p in offered if pick[want](p))
+    print(f"profiling the candidate {plan.brief()}", flush=True)
 
 
 def ours():
     if pass_ == "fprop":
-        return convgen.conv2d(x, w, stride=stride, padding=pad, groups=groups)
+        return convgen.conv2d(x, w, stride=stride, padding=pad, groups=groups, plan=plan)
     if pass_ == "dgrad":
-        return convgen.conv2d_dgrad(dy, w, x.shape, stride=stride, padding=pad, groups=groups)
-    return convgen.conv2d_wgrad(x, dy, w.shape, stride=stride, padding=pad, bias=False, groups=groups)[0]
+        return convgen.conv2d_dgrad(dy, w, x.shape, stride=stride, padding=pad, groups=groups, plan=plan)
+    return convgen.conv2d_wgrad(x, dy, w.shape, stride=stride, padding=pad, bias=False, groups=groups, plan=plan)[0]
 
 
 def theirs():
