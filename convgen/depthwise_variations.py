@@ -179,7 +179,8 @@ HELD_AFTER = 3  # tile variations before the held-filter plans: the default itse
 
 
 # fprop's stencil on mma.sync (Depthwise.mma): (tile rows, tile columns, channels) a block of 4
-# warps, each warp a channel at a time.  A 16 x 8 block of one channel's outputs is R MMAs of
+# warps, each warp a job at a time (8 channels by two 16 x 8 output blocks; two jobs a warp on
+# these tiles).  A 16 x 8 block of one channel's outputs is R MMAs of
 # 16 staged rows by a filter row's banded Toeplitz matrix: 7 of 16 columns of B are taps on a
 # 7x7 filter, so the tensor cores do the 49 multiply-adds an output in 7 MMA slots of 16,
 # where the CUDA-core loops issue 49 FFMAs (benchmarks/NOTES.md, forty-fifth session).
@@ -187,8 +188,9 @@ HELD_AFTER = 3  # tile variations before the held-filter plans: the default itse
 # on every other row; restaged (cp.async, ldmatrix.trans, the epilogue from registers) 1.34-3.5x
 # the held default's on ConvNeXt's four rows (ed9a6e2), latency- rather than shared-memory-bound
 # by its byte count (benchmarks/NOTES.md, forty-seventh session).  A tuning candidate only, past
-# tuning on first use's eight.
-MMA_TILES = ((16, 16, 32), (16, 32, 16), (32, 16, 16))
+# tuning on first use's eight.  (16 x 16 pixels of 32 channels, also offered at ed9a6e2, spilled
+# once jobs held 8 channels: NVRTC kept it at 128 registers.)
+MMA_TILES = ((16, 32, 16), (32, 16, 16))
 MMA_WARPS = 4
 
 

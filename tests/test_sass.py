@@ -538,21 +538,22 @@ def test_depthwise_held_filters_fit_registers_and_read_less_per_fma(suite, name)
 @pytest.mark.parametrize("suite, name", HELD, ids=[f"{s}/{n}" for s, n in HELD])
 def test_depthwise_mma_stencils_run_on_the_tensor_cores_without_spills(suite, name):
     """The mma.sync stencil candidates (depthwise_variations.mma_stencils), where the layer takes
-    them (stride 1): R HMMAs and R ldmatrix.x4 for each 16 x 8 block of a channel, no local
-    memory, in float16 and bfloat16."""
+    them (stride 1): a job's 8 channels by two 16 x 8 blocks unrolled, an HMMA and an ldmatrix
+    (.x4, then .x2 for the second block's 8 more columns) each per block, channel and filter row,
+    and one transposing ldmatrix for the planes; no local memory, in float16 and bfloat16."""
     from convgen.candidates import candidates
 
     problem = next(l.problem for l in SUITES[suite] if l.name == name)
     plans = [p for p in candidates(problem, Pass.FPROP, Target("sm_90")) if p.loop.mma]
     assert bool(plans) == (problem.stride == (1, 1))
     for p in plans:
-        blocks = p.block_m // p.loop.tile_w // 16 * (p.loop.tile_w // 8)
         for dt in ("float16", "bfloat16"):
             plan = dataclasses.replace(p, read_a=dt, read_b=dt)
             k = _main_sass(make_spec(problem, Pass.FPROP, target=Target("sm_90"), in_dtype=dt,
                                      epilogue=Epilogue(bias=False, out_dtype=dt), plan_=plan))
             assert k.local == 0, (p.brief(), dt, k.registers)
-            assert k.count("HMMA") == k.count("LDSM") == blocks * problem.r, (p.brief(), dt, k.opcodes)
+            assert k.count("HMMA") == 16 * problem.r, (p.brief(), dt, k.opcodes)
+            assert k.count("LDSM") == 16 * problem.r + 1 and k.count("LDSM", "2") == 8 * problem.r, (p.brief(), dt)
 
 
 ROW_RUNS = [("convnext-dw", "dw96-56px"), ("efficientnet-b0-dw", "dw480-14px-5x5"), ("mobilenetv2-dw", "dw144-56px")]
