@@ -10,7 +10,8 @@
 #                     # planner's fprop on large and resnet50
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48b  # autotune's new timing: its GPU tests, MobileNetV2's
 #                     # pointwise suite with tuning on first use (about 3 min)
-#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-mma  # the mma.sync stencil under Nsight Compute (3 min)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-mma  # the mma.sync stencil: GPU tests, ConvNeXt fprop
+#                     # tuned, Nsight Compute (about 6 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48  # the mma.sync stencil restaged: GPU tests, sanitizers,
 #                     # ConvNeXt fprop tuned; then s48at in the time left (about 9.5 min)
 #   COMMIT=... OUT=... [AT_SUITES=...] bash benchmarks/next_device_call.sh s48at  # issue 16's suites under 1.0x
@@ -719,9 +720,12 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
-ncu_mma() {  # what bounds the restaged mma.sync stencil (about 3 min): Nsight Compute on ConvNeXt's dw96-56px
-    # fprop, its first mma.sync candidate (PROFILE_PLAN) beside cuDNN; the held default's profile is ncu-dw46's
+ncu_mma() {  # the restaged mma.sync stencil (about 6 min): its GPU tests since its jobs went to every warp
+    # (11aec81), ConvNeXt's fprop tuned again (the stencil beside the held default), then Nsight Compute on
+    # dw96-56px's first mma.sync candidate (PROFILE_PLAN) beside cuDNN; the held default's profile is ncu-dw46's
     install
+    CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 120 $PYTEST tests/test_depthwise_gpu.py -k mma 2>&1 | tail -2
+    tune_passes mma49 130 convnext-dw fprop
     PROFILE_PLAN=mma NCU_LAYERS="fprop 64 56 56 96 96 7 1 3 96" ncu_rows
 }
 
