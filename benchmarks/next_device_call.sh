@@ -8,6 +8,7 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s49  # s48b then ncu-mma in one call (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48b  # autotune's new timing: its GPU tests, MobileNetV2's
 #                     # pointwise suite with tuning on first use (about 3 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh ncu-mma  # the mma.sync stencil: GPU tests, ConvNeXt fprop
@@ -720,6 +721,13 @@ s44one() {  # issue 17's twins in one call (about 8.5 min): the store's and the 
     (cd "$OUT" && tar czf twins.tgz twins && rm -rf twins)
 }
 
+s49() {  # the forty-eighth session's first call (about 9 min): s48b (autotune's GPU tests, MobileNetV2's pointwise
+    # suite with tuning on first use, against the forty-seventh session's prediction), then ncu-mma (the mma.sync
+    # stencil's GPU tests since its jobs went to every warp, ConvNeXt's fprop tuned again, Nsight Compute on it)
+    s48b
+    ncu_mma
+}
+
 ncu_mma() {  # the restaged mma.sync stencil (about 6 min): its GPU tests since its jobs went to every warp
     # (11aec81), ConvNeXt's fprop tuned again (the stencil beside the held default), then Nsight Compute on
     # dw96-56px's first mma.sync candidate (PROFILE_PLAN) beside cuDNN; the held default's profile is ncu-dw46's
@@ -933,6 +941,7 @@ case "${1:-}" in
     s48at) s48at ;;
     s48) s48 ;;
     s48b) s48b ;;
+    s49) s49 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
