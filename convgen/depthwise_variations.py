@@ -179,7 +179,7 @@ HELD_AFTER = 3  # tile variations before the held-filter plans: the default itse
 
 
 # fprop's stencil on mma.sync (Depthwise.mma): (tile rows, tile columns, channels) a block of 4
-# warps, each warp a job at a time (8 channels by two 16 x 8 output blocks; two jobs a warp on
+# warps, each warp a job at a time (8 channels by two 16 x 8 output blocks; one job a warp on
 # these tiles).  A 16 x 8 block of one channel's outputs is R MMAs of
 # 16 staged rows by a filter row's banded Toeplitz matrix: 7 of 16 columns of B are taps on a
 # 7x7 filter, so the tensor cores do the 49 multiply-adds an output in 7 MMA slots of 16,
