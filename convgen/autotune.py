@@ -189,13 +189,18 @@ def _gpu_times(fns: Sequence[Callable[[], Any]], reps: int) -> list[float]:
     except Exception:  # noqa: BLE001 - an attribute a driver no longer reports
         clock_khz, l2_bytes = 2_000_000, 64 << 20
     cycles = cp.int64(int(SPIN_US * max(clock_khz, 1_000_000) / 1000))
-    flush = cp.empty(L2_FLUSH_FACTOR * max(l2_bytes, 1 << 20), dtype=cp.uint8)
+    try:
+        flush = cp.empty(L2_FLUSH_FACTOR * max(l2_bytes, 1 << 20), dtype=cp.uint8)
+    except cp.cuda.memory.OutOfMemoryError:  # a full GPU: time with L2 as the candidates leave it, and say so
+        log.warning("autotune: no memory for the L2 flush (%d bytes); timing without it", L2_FLUSH_FACTOR * l2_bytes)
+        flush = None
     events = [[(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)] for _ in fns]
     cp.cuda.get_current_stream().synchronize()
     for rep in range(reps):
         for fn, pairs in zip(fns, events):
             spin((1,), (1,), (cycles,))
-            flush.fill(0)
+            if flush is not None:
+                flush.fill(0)
             pairs[rep][0].record()
             fn()
             pairs[rep][1].record()

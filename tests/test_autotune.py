@@ -336,6 +336,7 @@ def test_candidates_are_timed_in_turns_each_behind_a_spin_and_an_l2_flush(monkey
                                     deviceGetAttribute=lambda attr, dev: {1: 1_500_000, 2: 50 << 20}[attr])
     cuda = types.SimpleNamespace(
         Device=lambda: types.SimpleNamespace(id=0), Event=Event, runtime=runtime,
+        memory=types.SimpleNamespace(OutOfMemoryError=MemoryError),
         get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
         get_elapsed_time=lambda a, b: next(elapsed) / 1000.0)
     fake = types.SimpleNamespace(cuda=cuda, int64=int, uint8="uint8",
@@ -347,3 +348,16 @@ def test_candidates_are_timed_in_turns_each_behind_a_spin_and_an_l2_flush(monkey
                    "spin", ("flush", 100 << 20), "event", "B", "event"] * 3
     # elapsed times come out in the order the medians read them: A's reps 1, 2, 3 us, then B's 4, 5, 6
     assert times == [2.0, 5.0]
+
+    # A GPU too full for the flush's buffer: the candidates are still timed, without it, and the log says so
+    class OutOfMemoryError(Exception):
+        pass
+
+    def no_room(n, dtype):
+        raise OutOfMemoryError(n)
+
+    cuda.memory = types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError)
+    fake.empty = no_room
+    log.clear()
+    assert autotune._gpu_times([lambda: log.append("A")], 2) == [7.5]
+    assert log == ["spin", "event", "A", "event"] * 2
