@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from .ir import ConvGeometry, ConvProblem, DType, Pass, Target
 from .spec import Plan
 from .mainloop import Depthwise
-from .depthwise_forms import (MMA_WEIGHT_PAIRS, check_held, check_mma, held_filters, held_halo_vec, mma_plane,
-                              mma_plane_ld)
+from .depthwise_forms import MMA_WEIGHT_PAIRS, check_held, check_mma, held_filters, held_halo_vec, mma_stride
 
 PIX_PAD = 8  # halves of padding per staged pixel: a thread's next run starts in other banks
 MAX_WGRAD_ACCS = 56  # fp32 sums a wgrad thread keeps (vec x m x its taps): 3-4 blocks of 256 an SM
@@ -121,8 +120,8 @@ def facts(plan: Plan, g: ConvGeometry, pass_: Pass, warp_size: int = 32) -> DwFa
     if loop.mma:  # the halo staged as pixels, then a plane per channel (tile columns and the last A window's 8 more)
         tiles = (math.ceil(g.p / tile_h), math.ceil(g.q / tile_w))
         halo_h, halo_w = tile_h + g.r - 1, tile_w + 8
-        ld, stage_ld = mma_plane_ld(halo_w), mma_plane_ld(chunk)
-        plane = mma_plane(halo_h, ld)
+        ld, stage_ld = mma_stride(halo_w), mma_stride(chunk)
+        plane = mma_stride(halo_h * ld)
         return DwFacts(tile_h, tile_w, loop.cols, vec, mult, chunk, ch_lanes, threads, groups, halo_h, halo_w, 0, 0,
                        ld, halo_w, tiles[0], tiles[1], loop.tiles, 1, chunk * plane, g.r * chunk * MMA_WEIGHT_PAIRS,
                        interleave=loop.interleave, halo_vec=8, mma=True, plane=plane, stage_ld=stage_ld,

@@ -76,18 +76,12 @@ def check_held(plan: Plan, g: ConvGeometry, pass_: Pass, threads: int) -> None:
                          f"65,536 a block would spill; use a smaller vec_a, cols or out_rows")
 
 
-def mma_plane_ld(halves: int) -> int:
-    """Halves a staged row of the stencil on mma.sync (Depthwise.mma), a channel plane's row or
-    a staged pixel's channels: the fewest 16-byte units that hold ``halves``, made odd, so that
-    ldmatrix's eight row addresses fall in distinct banks."""
+def mma_stride(halves: int) -> int:
+    """A stride of the stencil on mma.sync (Depthwise.mma), in halves: the fewest 16-byte units
+    that hold ``halves``, made odd, so that eight 16-byte runs that far apart fall in distinct
+    banks: ldmatrix's eight rows of a channel plane or of staged pixels, and the transposing
+    stores into eight channels' planes."""
     units = -(-halves // 8)
-    return 8 * (units if units % 2 else units + 1)
-
-
-def mma_plane(halo_h: int, ld: int) -> int:
-    """Halves a channel's plane (``halo_h`` rows of ``ld``): an odd number of 16-byte units, so
-    that the transposing stores of 8 channels' planes (a 16-byte run each) fall in distinct banks."""
-    units = halo_h * ld // 8
     return 8 * (units if units % 2 else units + 1)
 
 
