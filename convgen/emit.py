@@ -325,7 +325,7 @@ def _args(spec: KernelSpec, ctx: Context) -> tuple[tuple[str, ...], tuple[str, .
     workspace = () if tma and p is not Pass.WGRAD else ("workspace",)
     epilogue = (("bias",) if epi.bias_add else ()) + (("residual", "alpha", "beta") if epi.residual else ())
     main = (inputs + epilogue + (out,) + (("db", "db_workspace") if epi.db else ()) + workspace + ("batch",))
-    if ctx.streamk is not None:
+    if ctx.streamk is not None and not ctx.streamk.in_kernel:
         return main, ("workspace", out) + (("db_workspace", "db") if epi.db else ()) + ("batch",)
     if ctx.split is None or ctx.split.in_kernel:
         return main, None
@@ -381,13 +381,13 @@ def emit(spec: KernelSpec) -> KernelSource:
                      else max(1, spec.target.sm_count // ctx.box.slices) * ctx.box.slices if ctx.box
                      else spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if ctx.tile.persistent else 0),
-        cooperative=ctx.split is not None and ctx.split.in_kernel,
+        cooperative=(ctx.split or ctx.streamk) is not None and (ctx.split or ctx.streamk).in_kernel,
         stream_k=ctx.streamk is not None,
         grid_cluster=ctx.tile.cluster,
         **rows,
     )
     reduce = None
-    if ctx.streamk is not None:  # a thread per run of outputs of dW, every one at once
+    if ctx.streamk is not None and not ctx.streamk.in_kernel:  # a thread per run of outputs of dW, every one at once
         sk = ctx.streamk
         reduce = Launch(kernel=sk.reduce_name, args=reduce_args, block=(sk.threads, 1, 1), shared_mem=0,
                         grid_m_tile=sk.threads * sk.vec, grid_n_tiles=1, grid_z=1, grid_fixed_rows=g.k * gemm_n)

@@ -295,7 +295,7 @@ def check_plan(plan: Plan, geometry: ConvGeometry, pass_: Pass | str, target: Ta
     pass_ = Pass.parse(pass_)
     elem = mma_dtype_for(in_dtype, mma_dtype, target)
     if plan.split_reduce == "grid":
-        _check_grid_reduce(pass_, target)
+        _check_grid_reduce(plan, pass_, target)
     if geometry.depthwise or isinstance(plan.loop, Depthwise):
         if not isinstance(plan.loop, Depthwise):
             raise ValueError(f"groups={geometry.groups}: a depthwise layer runs the Depthwise kind, not "
@@ -391,11 +391,11 @@ def _tma_store_refusal(geometry: ConvGeometry, pass_: Pass) -> str | None:
     return None
 
 
-def _check_grid_reduce(pass_: Pass, target: Target) -> None:
-    """Where split-K's slices may be summed in the main kernel (plan.split_reduce="grid"):
-    wgrad (the one pass whose plans split K) on CUDA (a cooperative launch and a grid-wide
-    barrier through cooperative_groups)."""
-    why = ("wgrad's split-K only (fprop and dgrad plans reduce K in one block)" if pass_ is not Pass.WGRAD
+def _check_grid_reduce(plan: Plan, pass_: Pass, target: Target) -> None:
+    """Where split-K's slices, or stream-K's parts, may be summed in the main kernel
+    (plan.split_reduce="grid"): wgrad (the one pass whose plans split K) on CUDA (a
+    cooperative launch and a grid-wide barrier through cooperative_groups)."""
+    why = ("wgrad's split-K or stream-K only (fprop and dgrad plans reduce K in one block)" if pass_ is not Pass.WGRAD
            else f"a CUDA target (a cooperative launch), not {target.arch}" if target.backend != "cuda"
            else None)
     if why:

@@ -122,8 +122,9 @@ class Plan:
     its own parameters: im2col from global memory (optionally with sliced K), wgmma, or one
     of the halo tiles.
 
-    ``split_reduce`` says where split-K's slices are summed: "kernel" (a second launch) or
-    "grid" (the main kernel itself, after a grid-wide barrier; wgrad on CUDA).
+    ``split_reduce`` says where split-K's slices (or stream-K's parts of cut tiles) are summed:
+    "kernel" (a second launch) or "grid" (the main kernel itself, after a grid-wide barrier;
+    wgrad on CUDA).
 
     ``dataclasses.replace(plan, loop=HaloTile(32))`` changes the kind.  A plan's dict
     (:meth:`as_dict`, the tuning database's format and part of every spec key) writes the
@@ -178,8 +179,9 @@ class Plan:
             )
         if self.split_reduce not in SPLIT_REDUCES:
             raise ValueError(f"plan.split_reduce must be one of {SPLIT_REDUCES}, got {self.split_reduce!r}")
-        if self.split_reduce != "kernel" and self.split_k == 1:
-            raise ValueError(f"plan.split_reduce={self.split_reduce!r} sums split-K slices: it needs split_k > 1")
+        if self.split_reduce != "kernel" and self.split_k == 1 and not (isinstance(self.loop, TmaWgmma) and self.loop.persistent):
+            raise ValueError(f"plan.split_reduce={self.split_reduce!r} sums split-K slices (or stream-K's parts, "
+                             "TmaWgmma(persistent=True) in wgrad): it needs split_k > 1 or that loop")
         if not isinstance(self.loop, MainLoop) or type(self.loop) is MainLoop:
             raise TypeError(f"plan.loop must be a main-loop kind ({', '.join(k.__name__ for k in KINDS)}), "
                             f"got {self.loop!r}")

@@ -8,7 +8,11 @@ and read back (VGG-16's conv4_2 at 8 slices: 150 MB of traffic).  Stream-K (as C
 it) launches one wave of blocks and deals out the tiles' K-steps evenly, a contiguous run a
 block: every SM finishes together, a tile is cut between at most a few blocks, and a tile a
 block runs whole goes straight to dW.  The parts of the cut tiles go to workspace slots that a
-reduction kernel sums in block order (deterministic, as split-K is).  The walk is
+reduction kernel sums in block order (deterministic, as split-K is); or, with
+``split_reduce="grid"`` (the default's form), the block that ran a cut tile's first part, the
+last of its run, keeps it in registers over a grid-wide barrier and adds the other parts
+itself, in the same order: no second launch, and only the later parts cross L2 (CUTLASS's
+stream-K "fixup", here after one barrier rather than a flag a tile).  The walk is
 ``templates/parts/streamk.j2``; tests/test_stream_k.py runs its C++ on the host.
 
 Its GPU tests, fuzz and sanitizers ran clean on the H200 (thirty-fifth session), but it ran
@@ -42,6 +46,10 @@ class StreamK:
     reduce_name: str
     vec: int  # outputs a reduction thread sums: 4 when runs of 4 stay within a row of dW
     threads: int  # a reduction block's
+    # plan.split_reduce "grid": no reduction kernel.  A cut tile's first part ends its block's
+    # run, so that block holds it in registers over a grid-wide barrier (a cooperative launch)
+    # and adds the later parts, which the blocks after it ran first in theirs.
+    in_kernel: bool = False
 
     @property
     def slots(self) -> int:
@@ -58,19 +66,23 @@ def layout(plan: Plan, geometry: ConvGeometry, target: Target, name: str) -> Str
     n = geometry.r * geometry.s * geometry.c  # dW's columns
     return StreamK(blocks=target.sm_count * resident_blocks(plan, Pass.WGRAD, target, geometry),
                    tiles=math.ceil(geometry.k / plan.block_m) * math.ceil(n / plan.block_n),
-                   reduce_name=name + "_reduce", vec=reduce_vec(n), threads=REDUCE_THREADS)
+                   reduce_name=name + "_reduce", vec=reduce_vec(n), threads=REDUCE_THREADS,
+                   in_kernel=plan.split_reduce == "grid")
 
 
 def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> list[tuple[float, Plan]]:
     """Each TMA tile's stream-K plan on the deepest ring that fits beside the epilogue's strips,
-    with the cost model's microseconds (tma_rules.tma_stream_k_cost), fastest first: what the
-    tuner offers (after its own checks) and what `convgen plan` compares its split-K plan with."""
+    its cut tiles summed in the kernel, with the cost model's microseconds
+    (tma_rules.tma_stream_k_cost), fastest first: what the tuner offers (after its own checks)
+    and what the default is taken from."""
     g = problem.geometry
     out = []
     for bm, bn, stages, rate in tma_tiles(problem.gemm(Pass.WGRAD).n):
         for ring in range(stages, 1, -1):
             plan = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, ring, 8, 8, in_dtype, in_dtype, loop=TmaWgmma(persistent=True),
-                        reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages",))
+                        split_reduce="grid",
+                        reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages, "
+                                 "cut tiles summed in the kernel",))
             if smem_bytes(plan, Pass.WGRAD, target.warp_size, g) <= target.smem_limit:
                 blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, g)
                 out.append((tma_stream_k_cost(problem, target, bm, bn, rate, blocks), plan))
@@ -111,6 +123,7 @@ def default_plan(problem: ConvProblem, target: Target) -> tuple[Plan | None, str
         return None, f"split-K: no {bm}x{bn} stream-K plan fits this part's shared memory"
     blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, problem.geometry)
     return plan, (f"stream-K {bm}x{bn} on {plan.stages} stages: {tiles} tiles of {steps} K-steps dealt out evenly to "
-                  f"{blocks} blocks, one wave, a cut tile's parts summed in a second kernel (stream_k.default_plan: "
-                  f"1.04-1.43x split-K on five 72-tile VGG and ResNet-18 wgrads on an H100; split-K where tiles are "
+                  f"{blocks} blocks, one wave, a cut tile's parts summed by the block that ran its first part, after "
+                  f"a grid-wide barrier (stream_k.default_plan: 1.04-1.43x split-K, summed in a second kernel, on "
+                  f"five 72-tile VGG and ResNet-18 wgrads on an H100; split-K where tiles are "
                   f"fewer than half the SMs or reductions shorter than {STREAM_K_MIN_STEPS} K-steps)")

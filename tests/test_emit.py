@@ -277,9 +277,12 @@ def test_kernels_are_extern_c_with_the_launch_contract(name, spec, sources):
     assert bounds in ("THREADS", str(threads)) or (spec.plan.tma and bounds == "THREADS, 1")
     _check_params(spec, ks.main.args, params, reduce=False)
     assert ks.main.shared_mem == smem_bytes(spec.plan, spec.pass_, spec.target.warp_size, spec.geometry) <= spec.target.smem_limit
-    if ks.main.stream_k:  # a one-wave grid and its own reduction (tests/test_stream_k.py checks both)
-        assert ks.reduce is not None and ks.main.grid_z == 1 and spec.plan.split_k == 1
-        assert ks.reduce.kernel == spec.name + "_reduce" and ks.main.grid_blocks > 0
+    if ks.main.stream_k:  # a one-wave grid, and its own reduction or its grid's barrier (tests/test_stream_k.py)
+        assert ks.main.grid_z == 1 and spec.plan.split_k == 1 and ks.main.grid_blocks > 0
+        if spec.plan.split_reduce == "grid":
+            assert ks.reduce is None and ks.main.cooperative
+        else:
+            assert ks.reduce.kernel == spec.name + "_reduce" and not ks.main.cooperative
         return
     assert (ks.reduce is not None) == (spec.plan.split_k > 1) == (ks.main.grid_z > 1)
     if ks.reduce:

@@ -23,6 +23,7 @@ from convgen.emit import emit
 from convgen.ir import ConvProblem, Epilogue, Pass, Target
 from convgen.planner import check_plan, make_spec, plan as plan_for
 from convgen.spec import Plan
+from convgen.mainloop import TmaWgmma
 
 SM90 = Target("sm_90")
 DENSE = ConvProblem(32, 32, 16, 16, 3, 3, 1, 1, 1, n=256)  # CIFAR res1: 132 slices on the im2col loop
@@ -47,8 +48,11 @@ def test_split_reduce_values_are_checked_by_name():
     base = plan_for(DENSE, Pass.WGRAD, SM90)
     with pytest.raises(ValueError, match=r"plan.split_reduce must be one of \('kernel', 'grid'\), got 'tree'"):
         dataclasses.replace(base, split_reduce="tree")
-    with pytest.raises(ValueError, match=r"split_reduce='grid' sums split-K slices: it needs split_k > 1"):
+    with pytest.raises(ValueError, match=r"split_reduce='grid' sums split-K slices .*: it needs split_k > 1 or that loop"):
         dataclasses.replace(base, split_k=1, split_reduce="grid")
+    with pytest.raises(ValueError, match=r"it needs split_k > 1 or that loop"):  # a TMA loop, but not stream-K's
+        Plan(128, 256, 64, 8, 1, 3, 8, 8, split_reduce="grid", loop=TmaWgmma())
+    Plan(128, 256, 64, 8, 1, 3, 8, 8, split_reduce="grid", loop=TmaWgmma(persistent=True))  # stream-K's parts
 
 
 @pytest.mark.parametrize("problem", KINDS, ids=KIND_IDS)
@@ -58,11 +62,14 @@ def test_wgrad_of_the_three_splitting_kinds_may_sum_in_the_kernel(problem):
 
 def test_where_the_grid_reduction_is_refused():
     fprop = Plan(128, 64, 32, 2, 2, 3, 8, 8, split_k=2, split_reduce="grid")  # an im2col fprop may split K
-    with pytest.raises(ValueError, match=r"wgrad's split-K only"):
+    with pytest.raises(ValueError, match=r"wgrad's split-K or stream-K only"):
         check_plan(fprop, DENSE, Pass.FPROP, SM90, "float16")
     hip = Target("gfx942")
     with pytest.raises(ValueError, match=r"a CUDA target \(a cooperative launch\), not gfx942"):
         check_plan(grid(DENSE, hip), DENSE, Pass.WGRAD, hip, "float16")
+    persistent = Plan(128, 128, 64, 8, 1, 3, 8, 8, split_reduce="grid", loop=TmaWgmma(persistent=True))
+    with pytest.raises(ValueError, match=r"wgrad's split-K or stream-K only"):  # a persistent fprop has no parts
+        check_plan(persistent, DENSE, Pass.FPROP, SM90, "float16")
 
 
 
@@ -130,12 +137,13 @@ def test_tuning_offers_the_grid_reduction_where_it_was_timed(problem):
     last for the same reason), so tuning on first use (the first few) leaves it to `convgen tune`
     until a GPU has timed it.  Never on HIP."""
     plans = candidates(problem, Pass.WGRAD, SM90)
-    grids = [i for i, p in enumerate(plans) if p.split_reduce == "grid"]
+    streamk = lambda p: p.tma and p.loop.flags().persistent  # noqa: E731  (its parts, not slices: tests/test_stream_k.py)
+    grids = [i for i, p in enumerate(plans) if p.split_reduce == "grid" and not streamk(p)]
     base = plans[0]
     splits = [plans[i].split_k for i in grids]
     assert base.split_reduce == "kernel" and base.split_k in splits and base.split_k // 2 in splits
     assert len(set(splits)) == len(splits) and splits == sorted(splits, reverse=True)
-    tail = len(plans) - sum(1 for p in plans if p.tma and p.loop.flags().persistent)  # stream-K's come after
+    tail = len(plans) - sum(1 for p in plans if streamk(p))  # stream-K's come after
     assert grids == list(range(tail - len(grids), tail)) and min(grids) >= CANDIDATES
     assert all(dataclasses.replace(plans[i], split_reduce="kernel", split_k=base.split_k, reasons=())
                == dataclasses.replace(base, reasons=()) for i in grids)

@@ -11,6 +11,7 @@ or read from a slot no block wrote shows.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -31,12 +32,15 @@ def _seed(*parts) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(repr(parts).encode()))
 
 
-STREAM_K_PLANS = [
+KERNEL_SUMMED = [
     Plan(128, 256, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),
     Plan(64, 256, 64, 4, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)),
     Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True)),
     Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True)),
 ]
+# The same walks with each cut tile summed by the block that began it, after a grid-wide barrier
+GRID_SUMMED = [dataclasses.replace(p, split_reduce="grid") for p in KERNEL_SUMMED]
+STREAM_K_PLANS = KERNEL_SUMMED + GRID_SUMMED
 STREAM_K_SHAPES = [
     ConvProblem(9, 11, 64, 16, 3, 3, 1, 1, 1, n=3),                  # 5 steps a tile: most blocks' runs empty
     ConvProblem(14, 14, 128, 72, 1, 1, 1, 0, 1, n=2),                # pointwise; K tail of 72
@@ -74,6 +78,18 @@ def test_stream_k_is_repeatable():
     again = run_pass(problem, Pass.WGRAD, _seed("stream-k-repeat"), bias=True, plan=plan)
     for a, b in zip(first.out, again.out):
         assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("problem", STREAM_K_SHAPES[3:6], ids=lambda p: p.describe().replace(" ", "_"))
+def test_summed_in_the_kernel_matches_the_reduction_bit_for_bit(problem):
+    """The grid-summed form adds a cut tile's parts in the reduction kernel's order, so on the
+    same fp16 data both forms give the same bits, dW and db."""
+    kernel_plan, grid_plan = KERNEL_SUMMED[0], GRID_SUMMED[0]
+    a = run_pass(problem, Pass.WGRAD, _seed("stream-k-forms", problem), bias=True, plan=kernel_plan)
+    b = run_pass(problem, Pass.WGRAD, _seed("stream-k-forms", problem), bias=True, plan=grid_plan)
+    check(b, "float16", what=f"stream-K wgrad summed in the kernel {problem.describe()}")
+    for x, y in zip(a.out, b.out):
+        assert np.array_equal(x, y)
 
 
 @st.composite

@@ -13,7 +13,7 @@ from convgen.tools import timing, tune
 from convgen.cli import main
 from convgen.ir import ARCHES, ConvProblem, Pass, Target
 from convgen.spec import Plan
-from convgen.mainloop import Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, Wgmma
+from convgen.mainloop import Depthwise, FlatHalo, HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma, Wgmma
 from convgen.planner import check_plan, plan
 from convgen.footprint import halo_path
 from convgen.suites import SUITES, TUNED_ON
@@ -35,7 +35,9 @@ def test_candidates_are_feasible_unique_and_start_with_the_default(arch, pass_):
         assert len(set(bare)) == len(bare), "duplicate candidates"
         # the limit bounds the im2col plans (their twins summing split-K in the kernel come on top)
         assert 1 <= len([c for c in cands if c.loop == Im2col() and c.split_reduce == "kernel"]) <= 48
-        assert len([c for c in cands if c.split_reduce == "grid"]) <= 3
+        streamk = [c for c in cands if isinstance(c.loop, TmaWgmma) and c.loop.persistent and pass_ is Pass.WGRAD]
+        assert len([c for c in cands if c.split_reduce == "grid" and c not in streamk]) <= 3
+        assert len(streamk) <= 5  # the default, stream-K's three tiles and the first's kernel-summed twin
         assert len([c for c in cands if c.loop == Im2col(2)]) <= tune.SLICED_PER_LAYER
         assert len([c for c in cands if isinstance(c.loop, Wgmma)]) <= tune.WGMMA_PER_LAYER
         for c in cands:

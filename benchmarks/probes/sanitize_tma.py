@@ -14,6 +14,7 @@ reference so a run that the sanitizer passes also computed the right numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -68,6 +69,8 @@ STREAM_K_CASES = [
     (ConvProblem(14, 14, 128, 256, 3, 3, 1, 1, 1, n=8), Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))),
     (ConvProblem(7, 7, 256, 512, 3, 3, 1, 1, 1, n=2), Plan(64, 64, 64, 4, 1, 4, 8, 8, loop=TmaWgmma(persistent=True))),
 ]
+# ... and each cut tile summed by the block that began it, after a grid-wide barrier (split_reduce "grid")
+STREAM_K_CASES += [(problem, dataclasses.replace(plan, split_reduce="grid")) for problem, plan in STREAM_K_CASES]
 # Clusters of two (fprop): an odd number of M tiles (a block past them), a channel tail (the
 # 3-D weight map's multicast), persistent and ping-pong walking several runs of two tiles.
 CLUSTER_CASES = [
