@@ -206,22 +206,27 @@ def _stream_k_plans():
     return [pytest.param(layer, Pass.WGRAD, p, id=f"{suite}/{layer.name}/{p.brief()}")
             for suite, name in (("resnet50", "l4-3x3"), ("resnet50", "l4-1x1"), ("large", "vgg-conv4_2"))
             for layer in SUITES[suite] if layer.name == name
-            for p in [p for p in tune.candidates(layer.problem, Pass.WGRAD, h200)
-                      if p.tma and p.loop.flags().persistent][:1]]
+            for streamk in [[p for p in tune.candidates(layer.problem, Pass.WGRAD, h200)
+                             if p.tma and p.loop.flags().persistent]]
+            for p in (streamk[0], streamk[-1])]  # summed in the kernel, and by a second one (the twin, last)
 
 
 @needs_cuobjdump
 @pytest.mark.parametrize("db", [False, True], ids=["dw", "dw+db"])
 @pytest.mark.parametrize("layer, pass_, plan", _stream_k_plans())
 def test_stream_k_candidates_use_the_copy_engine_hgmma_and_no_spills(layer, pass_, plan, db):
-    """Stream-K wgrad (its first candidate on three layers), dW alone and with db: the main
-    kernel copies with TMA and multiplies with wgmma, and neither it nor its reduction spills
-    (db's warps keep to the producer warpgroup's 40 registers beside the walk)."""
+    """Stream-K wgrad (its first candidate on three layers, summed in the kernel, and its twin
+    summed by a second one), dW alone and with db: the main kernel copies with TMA and
+    multiplies with wgmma, and neither it nor its reduction spills (db's warps keep to the
+    producer warpgroup's 40 registers beside the walk; the grid form's accumulators stay in
+    registers over its barrier)."""
     src = emit(make_spec(layer.problem, pass_, target=Target("sm_90"), epilogue=Epilogue(bias=db), plan_=plan))
     kernels = _SASS.get(src.source) or kernel_sass(src, CUOBJDUMP)
-    k, red = kernels[src.main.kernel], kernels[src.reduce.kernel]
+    k = kernels[src.main.kernel]
+    assert (src.reduce is None) == (plan.split_reduce == "grid")
+    red = kernels[src.reduce.kernel].local if src.reduce else 0
     assert k.count("HGMMA") > 0 and k.count("UTMALDG") > 0, k.opcodes
-    assert k.local == 0 and red.local == 0, f"local-memory accesses: main {k.local}, reduction {red.local}"
+    assert k.local == 0 and red == 0, f"local-memory accesses: main {k.local}, reduction {red}"
 
 
 def _sliced_plans():
