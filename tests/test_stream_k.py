@@ -276,3 +276,24 @@ def test_both_kernels_take_their_launch_arguments_in_order(bias):
     assert sigs[src.reduce.kernel][0] == "SK_THREADS" and src.reduce.block == (stream_k.REDUCE_THREADS, 1, 1)
     _check_params(spec, src.main.args, sigs[src.main.kernel][1], reduce=False)
     _check_params(spec, src.reduce.args, sigs[src.reduce.kernel][1], reduce=True)
+
+
+def test_the_default_falls_back_to_the_reduction_kernel_where_its_grid_is_not_resident(monkeypatch):
+    """The default sums its cut tiles after a grid-wide barrier, so all its blocks must be
+    resident at once (sized from the planner's estimate of a block's footprint). On a GPU that
+    holds fewer, the runtime runs the same walk with the parts summed by the reduction kernel,
+    with a warning; where they fit, the grid-summed kernel stands, launched cooperatively."""
+    import convgen.runtime as rt
+    from test_split_reduce import _fake_load
+
+    problem = _layer("resnet18", "l4-3x3")
+    src = emit(make_spec(problem, Pass.WGRAD, target=H200))
+    assert src.spec.plan.split_reduce == "grid" and src.main.stream_k and src.main.cooperative
+    monkeypatch.setattr(rt, "_planned_source", lambda *a, **k: src)
+    _fake_load(monkeypatch, holds=131)
+    with pytest.warns(RuntimeWarning, match="launches all 132 blocks .* holds 131 .* second kernel"):
+        k = rt._kernel(problem, Pass.WGRAD, Epilogue(), "float16", 0, None, False)
+    assert k.source.spec.plan == dataclasses.replace(src.spec.plan, split_reduce="kernel")
+    assert k.source.main.stream_k and not k.source.main.cooperative and k.source.reduce.kernel.endswith("_reduce")
+    _fake_load(monkeypatch, holds=132)
+    assert rt._kernel(problem, Pass.WGRAD, Epilogue(), "float16", 0, None, False).source is src
