@@ -729,27 +729,32 @@ s49() {  # the forty-eighth session's first call (about 9 min): s48b (autotune's
 }
 
 s50() {  # stream-K's cut tiles summed in its own kernel (split_reduce "grid", the forty-eighth session; about 9 min):
-    # its GPU tests (both forms, and bit-for-bit against each other), memcheck and racecheck, the three 72-tile
-    # layers tuned (the grid form beside its kernel-summed twin), then resnet18, vgg16 and large's wgrad benched
+    # its GPU tests (both forms, and bit-for-bit against each other), the 72-tile layers tuned (the grid form
+    # beside its kernel-summed twin), resnet18's and vgg16's wgrad benched, then memcheck and racecheck, each
+    # step only while S50_BUDGET seconds (default 540) allow
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 200 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/s50-stream-k-gpu.log" \
+    local budget=${S50_BUDGET:-540}
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 170 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/s50-stream-k-gpu.log" \
         | tail -3
     grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s50-stream-k-gpu.log") || return 1
-    for tool in memcheck racecheck; do
-        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 90 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
-            python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/s50-sanitize-streamk-$tool.log" 2>&1
-        tail -2 "$OUT/s50-sanitize-streamk-$tool.log"
-    done
     mkdir -p "$OUT/sk50"
-    for sl in resnet18:l4-3x3 vgg16:conv4_2,conv5; do
-        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 120 python3 -m convgen.cli tune --suite ${sl%%:*} --layers ${sl#*:} \
+    for sl in resnet18:l4-3x3 vgg16:conv5,conv4_2; do
+        [ $SECONDS -lt $((budget - 200)) ] || break
+        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 100 python3 -m convgen.cli tune --suite ${sl%%:*} --layers ${sl#*:} \
             --pass wgrad --no-bias --log "$OUT/sk50/tune-${sl%%:*}-wgrad.json" > "$OUT/sk50/tune-${sl%%:*}-wgrad.log" 2>&1
         grep -E "^[a-z]" "$OUT/sk50/tune-${sl%%:*}-wgrad.log" | tail -4
     done
     (cd "$OUT" && tar czf sk50.tgz sk50 && rm -rf sk50)
     for s in resnet18 vgg16 large; do
-        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 100 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
+        [ $SECONDS -lt $((budget - 120)) ] || break
+        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 90 python3 -m convgen.cli bench --suite $s --pass wgrad $BENCH \
             --out "$OUT/s50-$s-wgrad" 2>&1 | grep -E "rror|geomean speedup.*GPU" | head -3
+    done
+    for tool in memcheck racecheck; do
+        [ $SECONDS -lt $((budget - 50)) ] || break
+        CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 45 /usr/local/cuda/bin/compute-sanitizer --tool $tool --report-api-errors no \
+            python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/s50-sanitize-streamk-$tool.log" 2>&1
+        tail -2 "$OUT/s50-sanitize-streamk-$tool.log"
     done
 }
 
