@@ -126,7 +126,8 @@ class MainLoop:
                 + (f"x{plan.warps_k}, K sliced {plan.warps_k} ways" if plan.warps_k > 1 else "")
                 + f", warp tile {plan.warp_tile[0]}x{plan.warp_tile[1]}), {plan.stages} stages, vec A/B "
                 f"{plan.vec_a}/{plan.vec_b}, read A/B {plan.read_a}/{plan.read_b}, split-K {plan.split_k}"
-                + (" summed in the kernel" if plan.split_reduce == "grid" else "") + self.describe(plan))
+                + ((" summed in the kernel" if plan.split_k > 1 else ", stream-K's cut tiles summed in the kernel")
+                   if plan.split_reduce == "grid" else "") + self.describe(plan))
 
 
 @dataclass(frozen=True)
