@@ -758,6 +758,29 @@ s50() {  # stream-K's cut tiles summed in its own kernel (split_reduce "grid", t
     done
 }
 
+s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the kernel after a grid-wide barrier)
+    # and two tiles (128x256, 128x128) on one machine, on the 72-tile layers (about 5 min): s50 found the 128x128
+    # grid form fastest in tuning, but its 128x256 default slower than the kernel form on another day's H100
+    install
+    mkdir -p "$OUT/skf"
+    for sl in resnet18:l4-3x3 large:vgg-conv5,vgg-conv4_2; do
+        for cfg in kernel: grid: kernel:128x128 grid:128x128; do
+            local red=${cfg%%:*} tile=${cfg#*:} tag=${cfg/:/}
+            [ $SECONDS -lt 520 ] || break
+            (cd benchmarks/probes && SK_REDUCE=$red SK_TILE=$tile CONVGEN_CACHE_DIR=/tmp/cg-skf-$tag timeout 80 \
+                python3 stream_k_forms_probe.py bench --suite ${sl%%:*} --layers ${sl#*:} --pass wgrad $BENCH \
+                --out "$OUT/skf/$tag-${sl%%:*}" 2>&1 | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$tag ${sl%%:*} /")
+        done
+        for pair in "kernel grid" "kernel128x128 grid128x128" "grid grid128x128"; do
+            set -- $pair
+            python3 scripts/bench_compare.py "$OUT/skf/$1-${sl%%:*}/"*.json "$OUT/skf/$2-${sl%%:*}/"*.json \
+                > "$OUT/skf/compare-$1-$2-${sl%%:*}.txt" 2>&1
+            echo "$1 -> $2 ${sl%%:*}: $(tail -1 "$OUT/skf/compare-$1-$2-${sl%%:*}.txt")"
+        done
+    done
+    (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
+}
+
 ncu_mma() {  # the restaged mma.sync stencil (about 6 min): its GPU tests since its jobs went to every warp
     # (11aec81), ConvNeXt's fprop tuned again (the stencil beside the held default), then Nsight Compute on
     # dw96-56px's first mma.sync candidate (PROFILE_PLAN) beside cuDNN; the held default's profile is ncu-dw46's
@@ -973,6 +996,7 @@ case "${1:-}" in
     s48b) s48b ;;
     s49) s49 ;;
     s50) s50 ;;
+    s51) s51 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
