@@ -9,10 +9,13 @@ it) launches one wave of blocks and deals out the tiles' K-steps evenly, a conti
 block: every SM finishes together, a tile is cut between at most a few blocks, and a tile a
 block runs whole goes straight to dW.  The parts of the cut tiles go to workspace slots that a
 reduction kernel sums in block order (deterministic, as split-K is); or, with
-``split_reduce="grid"`` (the default's form), the block that ran a cut tile's first part, the
+``split_reduce="grid"`` (a tuning candidate), the block that ran a cut tile's first part, the
 last of its run, keeps it in registers over a grid-wide barrier and adds the other parts
 itself, in the same order: no second launch, and only the later parts cross L2 (CUTLASS's
-stream-K "fixup", here after one barrier rather than a flag a tile).  The walk is
+stream-K "fixup", here after one barrier rather than a flag a tile).  On an H100 that ran
+0.87-0.95x the second kernel's speed with the default's 128x256 tile and 1.05-1.11x with
+128x128, which still trails 128x256 by the second kernel (forty-eighth session,
+benchmarks/NOTES.md): every owner drains its held tile after the barrier, at once.  The walk is
 ``templates/parts/streamk.j2``; tests/test_stream_k.py runs its C++ on the host.
 
 Its GPU tests, fuzz and sanitizers ran clean on the H200 (thirty-fifth session), but it ran
@@ -72,17 +75,14 @@ def layout(plan: Plan, geometry: ConvGeometry, target: Target, name: str) -> Str
 
 def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> list[tuple[float, Plan]]:
     """Each TMA tile's stream-K plan on the deepest ring that fits beside the epilogue's strips,
-    its cut tiles summed in the kernel, with the cost model's microseconds
-    (tma_rules.tma_stream_k_cost), fastest first: what the tuner offers (after its own checks)
-    and what the default is taken from."""
+    with the cost model's microseconds (tma_rules.tma_stream_k_cost), fastest first: what the
+    tuner offers (after its own checks) and what the default is taken from."""
     g = problem.geometry
     out = []
     for bm, bn, stages, rate in tma_tiles(problem.gemm(Pass.WGRAD).n):
         for ring in range(stages, 1, -1):
             plan = Plan(bm, bn, TMA_BLOCK_K, bm // 16, 1, ring, 8, 8, in_dtype, in_dtype, loop=TmaWgmma(persistent=True),
-                        split_reduce="grid",
-                        reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages, "
-                                 "cut tiles summed in the kernel",))
+                        reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, stream-K TMA + wgmma, {ring} stages",))
             if smem_bytes(plan, Pass.WGRAD, target.warp_size, g) <= target.smem_limit:
                 blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, g)
                 out.append((tma_stream_k_cost(problem, target, bm, bn, rate, blocks), plan))
@@ -123,7 +123,7 @@ def default_plan(problem: ConvProblem, target: Target) -> tuple[Plan | None, str
         return None, f"split-K: no {bm}x{bn} stream-K plan fits this part's shared memory"
     blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, problem.geometry)
     return plan, (f"stream-K {bm}x{bn} on {plan.stages} stages: {tiles} tiles of {steps} K-steps dealt out evenly to "
-                  f"{blocks} blocks, one wave, a cut tile's parts summed by the block that ran its first part, after "
-                  f"a grid-wide barrier (stream_k.default_plan: 1.04-1.43x split-K, summed in a second kernel, on "
-                  f"five 72-tile VGG and ResNet-18 wgrads on an H100; split-K where tiles are "
+                  f"{blocks} blocks, one wave, a cut tile's parts summed in a second kernel (stream_k.default_plan: "
+                  f"1.04-1.43x split-K on five 72-tile VGG and ResNet-18 wgrads on an H100, and 1.05-1.15x the same "
+                  f"walk with its parts summed in this kernel on three of them; split-K where tiles are "
                   f"fewer than half the SMs or reductions shorter than {STREAM_K_MIN_STEPS} K-steps)")

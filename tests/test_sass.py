@@ -208,15 +208,15 @@ def _stream_k_plans():
             for layer in SUITES[suite] if layer.name == name
             for streamk in [[p for p in tune.candidates(layer.problem, Pass.WGRAD, h200)
                              if p.tma and p.loop.flags().persistent]]
-            for p in (streamk[0], streamk[-1])]  # summed in the kernel, and by a second one (the twin, last)
+            for p in (streamk[0], streamk[-1])]  # summed by a second kernel, and in the kernel (the twin, last)
 
 
 @needs_cuobjdump
 @pytest.mark.parametrize("db", [False, True], ids=["dw", "dw+db"])
 @pytest.mark.parametrize("layer, pass_, plan", _stream_k_plans())
 def test_stream_k_candidates_use_the_copy_engine_hgmma_and_no_spills(layer, pass_, plan, db):
-    """Stream-K wgrad (its first candidate on three layers, summed in the kernel, and its twin
-    summed by a second one), dW alone and with db: the main kernel copies with TMA and
+    """Stream-K wgrad (its first candidate on three layers, summed by a second kernel, and its
+    twin summed in the kernel), dW alone and with db: the main kernel copies with TMA and
     multiplies with wgmma, and neither it nor its reduction spills (db's warps keep to the
     producer warpgroup's 40 registers beside the walk; the grid form's accumulators stay in
     registers over its barrier)."""

@@ -199,8 +199,8 @@ def test_plans_stream_k_cannot_run_are_refused_by_name(problem, plan, match):
 
 
 def test_tuning_offers_stream_k_last_where_split_k_is_the_default():
-    """Dense TMA wgrad layers get up to three stream-K candidates (and the first's twin summed by
-    a second kernel), after every other candidate,
+    """Dense TMA wgrad layers get up to three stream-K candidates (and the first's twin summed in
+    the kernel), after every other candidate,
     where split-K is the default: it ran slower than split-K on all of ResNet-50's wgrad rows
     (H100, thirty-sixth session), l4-3x3 too, where the cost model put it well under, so tuning
     on first use's few (autotune.CANDIDATES) never reach it.  Grouped layers get none."""
@@ -212,7 +212,7 @@ def test_tuning_offers_stream_k_last_where_split_k_is_the_default():
         plans = candidates(problem, Pass.WGRAD, H200)
         streamk = [i for i, p in enumerate(plans) if isinstance(p.loop, TmaWgmma) and p.loop.persistent]
         assert 1 <= len(streamk) <= 4, name
-        assert [plans[i].split_reduce for i in streamk][-1] == "kernel", name  # the summing kernel's twin, last
+        assert [plans[i].split_reduce for i in streamk][-1] == "grid", name  # the twin summed in the kernel, last
         assert streamk == list(range(len(plans) - len(streamk), len(plans))), name
         assert streamk[0] >= CANDIDATES, (name, streamk, len(plans))
     grouped = SUITES["resnext50-grouped"][0].problem
@@ -246,10 +246,7 @@ def test_stream_k_is_the_default_where_tuning_timed_it_fastest():
             problem = _problem(layer["problem"])
             rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
             chosen = default_plan(problem, Pass.WGRAD, H200)
-            # these logs timed stream-K with its cut tiles summed by a second kernel; the default
-            # sums them in its own (split_reduce "grid"): the same walk and parts
-            as_timed = dataclasses.replace(chosen, split_reduce="kernel") if chosen.split_k == 1 else chosen
-            timed = [r["us"] for r in rows if _bare(r["plan"]) == _bare(as_timed.as_dict())]
+            timed = [r["us"] for r in rows if _bare(r["plan"]) == _bare(chosen.as_dict())]
             assert timed, (layer["layer"], chosen.brief())
             best = min(r["us"] for r in rows)
             if isinstance(chosen.loop, TmaWgmma) and chosen.loop.persistent:
@@ -278,17 +275,19 @@ def test_both_kernels_take_their_launch_arguments_in_order(bias):
     _check_params(spec, src.reduce.args, sigs[src.reduce.kernel][1], reduce=True)
 
 
-def test_the_default_falls_back_to_the_reduction_kernel_where_its_grid_is_not_resident(monkeypatch):
-    """The default sums its cut tiles after a grid-wide barrier, so all its blocks must be
-    resident at once (sized from the planner's estimate of a block's footprint). On a GPU that
-    holds fewer, the runtime runs the same walk with the parts summed by the reduction kernel,
-    with a warning; where they fit, the grid-summed kernel stands, launched cooperatively."""
+def test_a_tuned_grid_summed_plan_falls_back_to_the_reduction_kernel_where_its_grid_is_not_resident(monkeypatch):
+    """Summed in the kernel, stream-K's cut tiles wait at a grid-wide barrier, so all its
+    blocks must be resident at once (sized from the planner's estimate of a block's footprint).
+    A tuned such plan on a GPU that holds fewer runs the same walk with the parts summed by the
+    reduction kernel, with a warning; where they fit, it stands, launched cooperatively."""
     import convgen.runtime as rt
     from test_split_reduce import _fake_load
 
     problem = _layer("resnet18", "l4-3x3")
-    src = emit(make_spec(problem, Pass.WGRAD, target=H200))
-    assert src.spec.plan.split_reduce == "grid" and src.main.stream_k and src.main.cooperative
+    default = make_spec(problem, Pass.WGRAD, target=H200)
+    assert default.plan.split_reduce == "kernel" and default.plan.loop.persistent  # the default: a second kernel
+    src = emit(dataclasses.replace(default, plan=dataclasses.replace(default.plan, split_reduce="grid")))
+    assert src.main.stream_k and src.main.cooperative
     monkeypatch.setattr(rt, "_planned_source", lambda *a, **k: src)
     _fake_load(monkeypatch, holds=131)
     with pytest.warns(RuntimeWarning, match="launches all 132 blocks .* holds 131 .* second kernel"):
