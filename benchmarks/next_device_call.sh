@@ -781,6 +781,15 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
 }
 
+s52() {  # the least worth a last short lease (about 3 min): autotune's GPU tests (its timing in turns behind an
+    # L2 flush, never run on a GPU), then MobileNetV2's pointwise fprop benched with tuning on first use
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-at timeout 70 $PYTEST tests/test_autotune_gpu.py 2>&1 | tee "$OUT/s52-autotune-gpu.log" \
+        | tail -2
+    CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-at52 timeout $((200 - SECONDS)) python3 -m convgen.cli \
+        bench --suite mobilenetv2-pw --pass fprop $BENCH --out "$OUT/s52-at" 2>&1 | grep -E "rror|geomean speedup|below 300"
+}
+
 ncu_mma() {  # the restaged mma.sync stencil (about 6 min): its GPU tests since its jobs went to every warp
     # (11aec81), ConvNeXt's fprop tuned again (the stencil beside the held default), then Nsight Compute on
     # dw96-56px's first mma.sync candidate (PROFILE_PLAN) beside cuDNN; the held default's profile is ncu-dw46's
@@ -997,6 +1006,7 @@ case "${1:-}" in
     s49) s49 ;;
     s50) s50 ;;
     s51) s51 ;;
+    s52) s52 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
