@@ -381,7 +381,7 @@ def emit(spec: KernelSpec) -> KernelSource:
                      else max(1, spec.target.sm_count // ctx.box.slices) * ctx.box.slices if ctx.box
                      else spec.target.sm_count * resident_blocks(plan, spec.pass_, spec.target, g)
                      if ctx.tile.persistent else 0),
-        cooperative=(ctx.split or ctx.streamk) is not None and (ctx.split or ctx.streamk).in_kernel,
+        cooperative=any(r is not None and r.in_kernel for r in (ctx.split, ctx.streamk)),  # summed after a grid barrier
         stream_k=ctx.streamk is not None,
         grid_cluster=ctx.tile.cluster,
         **rows,
