@@ -8,6 +8,9 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s52  # autotune's GPU tests and MobileNetV2's pointwise
+#                     # fprop with tuning on first use (about 3 min; forty-eighth session's first)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s51  # stream-K's two forms and two tiles, one machine
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s49  # s48b then ncu-mma in one call (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s48b  # autotune's new timing: its GPU tests, MobileNetV2's
 #                     # pointwise suite with tuning on first use (about 3 min)
