@@ -179,7 +179,8 @@ class Plan:
             )
         if self.split_reduce not in SPLIT_REDUCES:
             raise ValueError(f"plan.split_reduce must be one of {SPLIT_REDUCES}, got {self.split_reduce!r}")
-        if self.split_reduce != "kernel" and self.split_k == 1 and not (isinstance(self.loop, TmaWgmma) and self.loop.persistent):
+        stream_k = isinstance(self.loop, TmaWgmma) and self.loop.persistent  # (in wgrad: planner.check_plan)
+        if self.split_reduce != "kernel" and self.split_k == 1 and not stream_k:
             raise ValueError(f"plan.split_reduce={self.split_reduce!r} sums split-K slices (or stream-K's parts, "
                              "TmaWgmma(persistent=True) in wgrad): it needs split_k > 1 or that loop")
         if not isinstance(self.loop, MainLoop) or type(self.loop) is MainLoop:

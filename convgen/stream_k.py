@@ -51,7 +51,7 @@ class StreamK:
     threads: int  # a reduction block's
     # plan.split_reduce "grid": no reduction kernel.  A cut tile's first part ends its block's
     # run, so that block holds it in registers over a grid-wide barrier (a cooperative launch)
-    # and adds the later parts, which the blocks after it ran first in theirs.
+    # and adds the later parts, which the blocks after it wrote to their slots.
     in_kernel: bool = False
 
     @property

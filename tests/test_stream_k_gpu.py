@@ -2,7 +2,8 @@
 
 One wave of blocks shares every tile's K-steps: a block stores the tiles it runs whole to dW
 (and db), and the parts of tiles cut between blocks to workspace slots that the reduction
-kernel sums.  The cases vary what decides that walk: tiles many and few against the blocks
+kernel sums, or (split_reduce "grid") that the block which began the tile adds to its own
+part after a grid-wide barrier.  The cases vary what decides that walk: tiles many and few against the blocks
 (a whole GPU's 132 or so, one SM's one or two), steps per tile many (tiles cut in two or
 three) and few (blocks with empty runs, several blocks per tile), K and N tails, and db.
 Outputs and workspaces are poisoned (NaN) before every launch: a part summed twice, left out
