@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s53  # never run on a GPU (autotune's timing, the mma.sync
+#                     # stencil), Nsight Compute on ResNet-18's l4-3x3 wgrad, MobileNetV2's pointwise tuned on first use
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s52  # autotune's GPU tests and MobileNetV2's pointwise
 #                     # fprop with tuning on first use (about 3 min; forty-eighth session's first)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s51  # stream-K's two forms and two tiles, one machine
@@ -784,6 +786,21 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
 }
 
+s53() {  # the forty-ninth session's first call (about 8 min): what has never run on a GPU (autotune's timing in
+    # turns behind an L2 flush; the mma.sync stencil's jobs on every warp), then Nsight Compute on ResNet-18's l4-3x3
+    # wgrad (the 128x256 stream-K default, 65 us against cuDNN's 53-56 on the H100) beside cuDNN, then MobileNetV2's
+    # pointwise fprop benched with tuning on first use in the time left
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-at timeout 70 $PYTEST tests/test_autotune_gpu.py 2>&1 | tee "$OUT/s53-autotune-gpu.log" \
+        | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 120 $PYTEST tests/test_depthwise_gpu.py -k mma 2>&1 \
+        | tee "$OUT/s53-mma-gpu.log" | tail -2
+    NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
+    CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-at53 timeout $((520 - SECONDS)) python3 -m convgen.cli \
+        bench --suite mobilenetv2-pw --pass fprop $BENCH --out "$OUT/s53-at" 2>&1 | grep -E "rror|geomean speedup|below 300"
+    (cd "$OUT" && tar czf s53-at.tgz s53-at && rm -rf s53-at)
+}
+
 s52() {  # the least worth a last short lease (about 3 min): autotune's GPU tests (its timing in turns behind an
     # L2 flush, never run on a GPU), then MobileNetV2's pointwise fprop benched with tuning on first use
     install
@@ -1010,6 +1027,7 @@ case "${1:-}" in
     s50) s50 ;;
     s51) s51 ;;
     s52) s52 ;;
+    s53) s53 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
