@@ -631,7 +631,7 @@ ncu_rows() {  # NCU_LAYERS (";"-separated layer_profile.py arguments) under Nsig
         for side in convgen cudnn; do
             timeout 100 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
                 --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-                --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats \
+                --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats $NCU_EXTRA \
                 python3 benchmarks/probes/layer_profile.py $layer > "$OUT/ncu-$name-$side.log" 2>&1
             grep -E "^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size|Issue Slots Busy|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Theoretical Occ|Stall|No Eligible|Eligible Warps" \
                 "$OUT/ncu-$name-$side.log" | head -50
@@ -795,7 +795,7 @@ s53() {  # the forty-ninth session's first call (about 8 min): what has never ru
         | tail -2
     CONVGEN_CACHE_DIR=/tmp/cg-mma timeout 120 $PYTEST tests/test_depthwise_gpu.py -k mma 2>&1 \
         | tee "$OUT/s53-mma-gpu.log" | tail -2
-    NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
+    NCU_EXTRA="--section SourceCounters --section PmSampling" NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
     CONVGEN_TUNED=1 CONVGEN_AUTOTUNE=1 CONVGEN_CACHE_DIR=/tmp/cg-at53 timeout $((520 - SECONDS)) python3 -m convgen.cli \
         bench --suite mobilenetv2-pw --pass fprop $BENCH --out "$OUT/s53-at" 2>&1 | grep -E "rror|geomean speedup|below 300"
     (cd "$OUT" && tar czf s53-at.tgz s53-at && rm -rf s53-at)
