@@ -387,10 +387,11 @@ def emit(spec: KernelSpec) -> KernelSource:
         **rows,
     )
     reduce = None
-    if ctx.streamk is not None and not ctx.streamk.in_kernel:  # a thread per run of outputs of dW, every one at once
+    if ctx.streamk is not None and not ctx.streamk.in_kernel:  # a thread per float4 of a tile's slots, every one at once
         sk = ctx.streamk
         reduce = Launch(kernel=sk.reduce_name, args=reduce_args, block=(sk.threads, 1, 1), shared_mem=0,
-                        grid_m_tile=sk.threads * sk.vec, grid_n_tiles=1, grid_z=1, grid_fixed_rows=g.k * gemm_n)
+                        grid_m_tile=sk.threads, grid_n_tiles=1, grid_z=1,
+                        grid_fixed_rows=sk.tiles * plan.block_m * plan.block_n // 4)
     if reduce_args and ctx.split is not None:
         # One block per run of outputs, so every load of the reduction is issued at once;
         # its "rows" are the M x N outputs (M = the batch's pixels, or wgrad's fixed K).

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from .footprint import resident_blocks, smem_bytes
 from .ir import ConvGeometry, ConvProblem, Pass, Target
 from .mainloop import TMA_BLOCK_K, TmaWgmma
-from .reduction import reduce_vec
 from .spec import Plan
 from .tma_rules import tma_stream_k_cost, tma_tiles
 
@@ -47,8 +46,7 @@ class StreamK:
     blocks: int  # the grid: as many as one wave holds (footprint.resident_blocks)
     tiles: int  # dW's BM x BN tiles, whose steps the blocks share
     reduce_name: str
-    vec: int  # outputs a reduction thread sums: 4 when runs of 4 stay within a row of dW
-    threads: int  # a reduction block's
+    threads: int  # a reduction block's: one thread a float4 of a tile's slots (parts/streamk_slots.j2)
     # plan.split_reduce "grid": no reduction kernel.  A cut tile's first part ends its block's
     # run, so that block holds it in registers over a grid-wide barrier (a cooperative launch)
     # and adds the later parts, which the blocks after it wrote to their slots.
@@ -69,7 +67,7 @@ def layout(plan: Plan, geometry: ConvGeometry, target: Target, name: str) -> Str
     n = geometry.r * geometry.s * geometry.c  # dW's columns
     return StreamK(blocks=target.sm_count * resident_blocks(plan, Pass.WGRAD, target, geometry),
                    tiles=math.ceil(geometry.k / plan.block_m) * math.ceil(n / plan.block_n),
-                   reduce_name=name + "_reduce", vec=reduce_vec(n), threads=REDUCE_THREADS,
+                   reduce_name=name + "_reduce", threads=REDUCE_THREADS,
                    in_kernel=plan.split_reduce == "grid")
 
 

@@ -604,6 +604,9 @@ def test_manifest_entry_is_json(name, spec, sources):
     if ks.reduce:
         gemm = spec.geometry.gemm(spec.pass_, 1)
         rows = f"{gemm.m * gemm.n}" if spec.pass_ is Pass.WGRAD else f"batch * {gemm.m * gemm.n}"
+        if ks.main.stream_k:  # a thread per float4 of every tile's slot, whole tiles too: past dW's edges
+            tiles = math.ceil(gemm.m / spec.plan.block_m) * math.ceil(gemm.n / spec.plan.block_n)
+            rows = f"{tiles * spec.plan.block_m * spec.plan.block_n // 4}"
         assert entry["kernels"][1]["grid"] == {"x": f"ceil({rows} / {ks.reduce.grid_m_tile})", "y": 1, "z": 1}
 
 

@@ -146,6 +146,62 @@ def _check_the_first_parts_are_held_last(out: list[str], bm: int, bn: int, n_til
         assert parts[tile][0] == tile + b, f"tile {tile}: block {b} holds slot {tile + b}, the first is {parts[tile][0]}"
 
 
+SLOTS_MAIN = r"""
+#include <cstdio>
+#define __device__
+#define __forceinline__ inline
+struct float4 { float x, y, z, w; };
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline void __stcg(float4* p, float4 v) { *p = v; }
+struct { int x; } threadIdx;  // what slot_thread reads; the host sets it thread by thread
+struct Acc { float x[8]; };
+constexpr int CONSUMERS = %(consumers)d, BM = 64 * CONSUMERS, BN = %(bn)d, FM = 1, FN = BN / 16, GEMM_N = BN;
+%(slots)s
+int main() {
+  static float slot[BM * BN];
+  for (int t = 0; t < SK_CT; ++t) {  // each thread's fragments, each value the code of where wgmma puts it
+    threadIdx.x = t;
+    Acc acc[FM][FN];
+    for (int j = 0; j < FN; ++j)
+      for (int e = 0; e < 8; ++e)
+        acc[0][j].x[e] = static_cast<float>(%(row)s * BN + %(col)s);
+    store_part(acc, slot, 0);
+  }
+  for (int i = 0; i < SLOT4; ++i) {
+    int row, col;
+    slot_position(i, row, col);
+    std::printf("%%d %%d %%g %%g %%g %%g\n", row, col, slot[4 * i], slot[4 * i + 1], slot[4 * i + 2], slot[4 * i + 3]);
+  }
+}
+"""
+# Where wgmma's m64nNk16 accumulator puts x[e] of fragment j (n16) of consumer thread t: the
+# PTX ISA's figure for the D matrix, warp w of a warpgroup owning rows 16w .. 16w + 15.
+_FRAGMENT_ROW = "(t / 128 * 64 + t % 128 / 32 * 16 + t % 32 / 4 + 8 * (e % 4 / 2))"
+_FRAGMENT_COL = "(j * 16 + 8 * (e / 4) + 2 * (t % 4) + e % 2)"
+
+
+@pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++ or clang++) to run the slots' C++ on the CPU")
+@pytest.mark.parametrize("consumers, bn", [(2, 256), (1, 256), (2, 128), (1, 64)])
+def test_a_part_slot_round_trips_every_accumulator_to_its_place(tmp_path, consumers, bn):
+    """The slots' layout (templates/parts/streamk_slots.j2), its C++ on the host: every consumer
+    thread's accumulators stored with store_part, each holding the index of its place in the
+    tile, and read back with slot_position as the reduction does: each float4 says (row, col),
+    (row, col + 1), (row + 8, col), (row + 8, col + 1), and together they cover the tile once."""
+    slots = _environment().get_template("parts/streamk_slots.j2").render(
+        ctx=SimpleNamespace(streamk=SimpleNamespace(in_kernel=False)))
+    src = tmp_path / f"slots_{consumers}_{bn}.cpp"
+    src.write_text(SLOTS_MAIN % dict(consumers=consumers, bn=bn, slots=slots, row=_FRAGMENT_ROW, col=_FRAGMENT_COL))
+    exe = src.with_suffix("")
+    subprocess.run([CXX, "-std=c++17", "-O1", "-o", str(exe), str(src)], check=True)
+    seen = set()
+    for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")[:-1]:
+        row, col, *v = (int(float(f)) for f in line.split())
+        want = [row * bn + col, row * bn + col + 1, (row + 8) * bn + col, (row + 8) * bn + col + 1]
+        assert v == want, f"slot_position says ({row}, {col}), the slot holds {v}"
+        seen.update(want)
+    assert seen == set(range(64 * consumers * bn)), "some of the tile's sums are in no slot, or in two"
+
+
 def _layer(suite: str, name: str):
     return next(layer for layer in SUITES[suite] if layer.name == name).problem
 
