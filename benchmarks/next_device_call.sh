@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s54  # stream-K's parts from the accumulators: GPU tests,
+#                     # before/after on resnet18's, vgg16's (and large's) wgrad, memcheck (about 8 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s53  # never run on a GPU (autotune's timing, the mma.sync
 #                     # stencil), Nsight Compute on ResNet-18's l4-3x3 wgrad, MobileNetV2's pointwise tuned on first use
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s52  # autotune's GPU tests and MobileNetV2's pointwise
@@ -786,6 +788,21 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
 }
 
+s54() {  # stream-K's parts stored from the accumulators (9270f77; about 8 min): its GPU tests (both forms, bit for bit
+    # against each other), then the tree before (524c28e, carried untracked as benchmarks/before-524c28e.tgz) and
+    # this one on resnet18's and vgg16's wgrad (their 72-tile stream-K defaults), then memcheck, then large's wgrad
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 170 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/s54-stream-k-gpu.log" \
+        | tail -3
+    grep -qE "^[0-9]+ passed" <(tail -1 "$OUT/s54-stream-k-gpu.log") || return 1
+    rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf benchmarks/before-524c28e.tgz -C /tmp/before
+    trees_ab sk54 1 100 resnet18:wgrad vgg16:wgrad
+    CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 45 /usr/local/cuda/bin/compute-sanitizer --tool memcheck --report-api-errors no \
+        python3 benchmarks/probes/sanitize_tma.py streamk > "$OUT/s54-sanitize-streamk-memcheck.log" 2>&1
+    tail -2 "$OUT/s54-sanitize-streamk-memcheck.log"
+    [ $SECONDS -lt 430 ] && trees_ab sk54b 1 120 large:wgrad
+}
+
 s53() {  # the forty-ninth session's first call (about 8 min): what has never run on a GPU (autotune's timing in
     # turns behind an L2 flush; the mma.sync stencil's jobs on every warp), then Nsight Compute on ResNet-18's l4-3x3
     # wgrad (the 128x256 stream-K default, 65 us against cuDNN's 53-56 on the H100) beside cuDNN, then MobileNetV2's
@@ -1028,6 +1045,7 @@ case "${1:-}" in
     s51) s51 ;;
     s52) s52 ;;
     s53) s53 ;;
+    s54) s54 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
