@@ -788,6 +788,27 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
 }
 
+s55() {  # stream-K's two forms again now that parts go from the accumulators (a3e43f5; about 3 min): the 128x256
+    # kernel form (the default) against the grid form on the 72-tile layers, then large's wgrad before/after if time allows
+    install
+    mkdir -p "$OUT/skf55"
+    for sl in resnet18:l4-3x3 large:vgg-conv5,vgg-conv4_2; do
+        for red in kernel grid; do
+            (cd benchmarks/probes && SK_REDUCE=$red SK_TILE= CONVGEN_CACHE_DIR=/tmp/cg-skf-$red timeout 80 \
+                python3 stream_k_forms_probe.py bench --suite ${sl%%:*} --layers ${sl#*:} --pass wgrad $BENCH \
+                --out "$OUT/skf55/$red-${sl%%:*}" 2>&1 | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$red ${sl%%:*} /")
+        done
+        python3 scripts/bench_compare.py "$OUT/skf55/kernel-${sl%%:*}/"*.json "$OUT/skf55/grid-${sl%%:*}/"*.json \
+            > "$OUT/skf55/compare-${sl%%:*}.txt" 2>&1
+        tail -4 "$OUT/skf55/compare-${sl%%:*}.txt"
+    done
+    (cd "$OUT" && tar czf skf55.tgz skf55 && rm -rf skf55)
+    if [ $SECONDS -lt ${S55_LARGE_BY:-200} ]; then
+        rm -rf /tmp/before && mkdir -p /tmp/before && tar xzf benchmarks/before-524c28e.tgz -C /tmp/before
+        trees_ab sk55 1 120 large:wgrad
+    fi
+}
+
 s54() {  # stream-K's parts stored from the accumulators (9270f77; about 8 min): its GPU tests (both forms, bit for bit
     # against each other), then the tree before (524c28e, carried untracked as benchmarks/before-524c28e.tgz) and
     # this one on resnet18's and vgg16's wgrad (their 72-tile stream-K defaults), then memcheck, then large's wgrad
@@ -1046,6 +1067,7 @@ case "${1:-}" in
     s52) s52 ;;
     s53) s53 ;;
     s54) s54 ;;
+    s55) s55 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
