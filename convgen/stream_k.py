@@ -27,6 +27,7 @@ says.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -99,7 +100,11 @@ def offered(problem: ConvProblem, target: Target, in_dtype: str = "float16") -> 
 # (144, 64: 0.78x) -- so the bound sits between 64 and 98; and on every layer of 5 to 36 such
 # tiles but one (0.52-0.87x; 1.09x on vgg-conv3_2, 18 tiles).  Many tiles let split-K fill the
 # SMs only with a part-empty last wave or many fp32 slices; a long reduction pays for stream-K's
-# cut tiles and its shallower ring.
+# cut tiles and its shallower ring.  Its cut tiles are summed in the kernel (split_reduce "grid"):
+# once the parts went to their slots straight from the accumulators (forty-ninth session), that
+# ran 1.09x the second kernel's sums on ResNet-18's l4-3x3 (61.7 -> 56.6 us), 1.05x on
+# vgg-conv5 and 0.99x on vgg-conv4_2 (H100, s55); it had lost, 0.87-0.95x, with the parts
+# staged through shared memory (s51).
 STREAM_K_TILE = (128, 256)
 STREAM_K_MIN_STEPS = 96
 
@@ -118,10 +123,11 @@ def default_plan(problem: ConvProblem, target: Target) -> tuple[Plan | None, str
                       f"SMs' worth) of {steps} K-steps (and at least {STREAM_K_MIN_STEPS}: stream_k.default_plan)")
     plan = next((p for _, p in offered(problem, target) if (p.block_m, p.block_n) == STREAM_K_TILE), None)
     if plan is None:
-        return None, f"split-K: no {bm}x{bn} stream-K plan fits this part's shared memory"
+        return None, f"split-K, not stream-K: no {bm}x{bn} stream-K plan fits this part's shared memory"
     blocks = target.sm_count * resident_blocks(plan, Pass.WGRAD, target, problem.geometry)
-    return plan, (f"stream-K {bm}x{bn} on {plan.stages} stages: {tiles} tiles of {steps} K-steps dealt out evenly to "
-                  f"{blocks} blocks, one wave, a cut tile's parts summed in a second kernel (stream_k.default_plan: "
-                  f"1.04-1.43x split-K on five 72-tile VGG and ResNet-18 wgrads on an H100, and 1.05-1.15x the same "
-                  f"walk with its parts summed in this kernel on three of them; split-K where tiles are "
-                  f"fewer than half the SMs or reductions shorter than {STREAM_K_MIN_STEPS} K-steps)")
+    why = (f"stream-K {bm}x{bn} on {plan.stages} stages: {tiles} tiles of {steps} K-steps dealt out evenly to "
+           f"{blocks} blocks, one wave, a cut tile's parts summed in this kernel after a grid-wide barrier "
+           f"(stream_k.default_plan: 1.04-1.43x split-K on five 72-tile VGG and ResNet-18 wgrads on an H100, and "
+           f"0.99-1.09x a second kernel's sums on three of them; split-K where tiles are fewer than half the SMs "
+           f"or reductions shorter than {STREAM_K_MIN_STEPS} K-steps)")
+    return dataclasses.replace(plan, split_reduce="grid"), why
