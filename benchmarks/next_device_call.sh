@@ -788,6 +788,17 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
 }
 
+s56() {  # stream-K's new default (grid form, slots from the accumulators; 527ab10) benched against cuDNN on the
+    # suites whose wgrads it takes (about 4 min): resnet18, vgg16, then large while S56_BUDGET (default 230) s allow
+    install
+    for s in resnet18 vgg16 large; do
+        [ $SECONDS -lt $((${S56_BUDGET:-230} - 60)) ] || break
+        CONVGEN_CACHE_DIR=/tmp/cg-s56 timeout $((${S56_BUDGET:-230} - SECONDS)) python3 -m convgen.cli bench --suite $s \
+            --pass wgrad $BENCH --out "$OUT/s56-$s-wgrad" 2>&1 | grep -E "rror|geomean speedup.*GPU|compute-bound:" | head -8
+    done
+    (cd "$OUT" && tar czf s56.tgz s56-* && rm -rf s56-*)
+}
+
 s55() {  # stream-K's two forms again now that parts go from the accumulators (a3e43f5; about 3 min): the 128x256
     # kernel form (the default) against the grid form on the 72-tile layers, then large's wgrad before/after if time allows
     install
@@ -1068,6 +1079,7 @@ case "${1:-}" in
     s53) s53 ;;
     s54) s54 ;;
     s55) s55 ;;
+    s56) s56 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
