@@ -821,7 +821,8 @@ s55() {  # stream-K's two forms again now that parts go from the accumulators (a
 }
 
 s54() {  # stream-K's parts stored from the accumulators (9270f77; about 8 min): its GPU tests (both forms, bit for bit
-    # against each other), then the tree before (524c28e, carried untracked as benchmarks/before-524c28e.tgz) and
+    # against each other), then the tree before (524c28e, carried untracked as benchmarks/before-524c28e.tgz, made with
+    # `git archive 524c28e convgen templates | gzip > benchmarks/before-524c28e.tgz`; never committed) and
     # this one on resnet18's and vgg16's wgrad (their 72-tile stream-K defaults), then memcheck, then large's wgrad
     install
     CONVGEN_CACHE_DIR=/tmp/cg-sk timeout 170 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/s54-stream-k-gpu.log" \
