@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s57  # the fiftieth session's first: few-tile split-K wgrads
+#                     # tuned again, stream-K's two forms beside the default (about 7 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s54  # stream-K's parts from the accumulators: GPU tests,
 #                     # before/after on resnet18's, vgg16's (and large's) wgrad, memcheck (about 8 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s53  # never run on a GPU (autotune's timing, the mma.sync
@@ -788,6 +790,20 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
 }
 
+s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's parts are cheap (the forty-ninth
+    # session's first; about 7 min): large's vgg-conv3_2 (0.78x cuDNN at 32 slices) and vgg-conv2_2, Darknet's
+    # down3-5, resnet50's l4-3x3; each log times stream-K's candidates (kernel and grid forms) beside the default
+    install
+    mkdir -p "$OUT/fw57"
+    for sl in large:vgg-conv3_2,vgg-conv2_2 darknet53-down:down3,down4,down5 resnet50:l4-3x3; do
+        [ $SECONDS -lt 440 ] || break
+        CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 python3 -m convgen.cli tune --suite ${sl%%:*} --layers ${sl#*:} \
+            --pass wgrad --no-bias --log "$OUT/fw57/tune-${sl%%:*}-wgrad.json" > "$OUT/fw57/tune-${sl%%:*}-wgrad.log" 2>&1
+        grep -E "^[a-z]" "$OUT/fw57/tune-${sl%%:*}-wgrad.log" | tail -5
+    done
+    (cd "$OUT" && tar czf fw57.tgz fw57 && rm -rf fw57)
+}
+
 s56() {  # stream-K's new default (grid form, slots from the accumulators; 527ab10) benched against cuDNN on the
     # suites whose wgrads it takes (about 4 min): resnet18, vgg16, then large while S56_BUDGET (default 230) s allow
     install
@@ -1081,6 +1097,7 @@ case "${1:-}" in
     s54) s54 ;;
     s55) s55 ;;
     s56) s56 ;;
+    s57) s57 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
