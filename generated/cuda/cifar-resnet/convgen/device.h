@@ -218,11 +218,11 @@ __device__ __forceinline__ void store16(void* p, const uint4& w) {
 }
 
 // Stores v[0..N) at out[0..N), converted to OutT, in the widest stores the run's size
-// allows (out aligned to the run): 16-byte words, one 8-byte word, or element by element.
+// allows (out aligned to the run): 16-byte words, one 8- or 4-byte word, or element by element.
 template <typename OutT, int N>
 __device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
   constexpr int BYTES = N * static_cast<int>(sizeof(OutT));
-  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; OutT e[N]; };  // the run as vector words
+  union Words { uint4 w16[BYTES >= 16 ? BYTES / 16 : 1]; uint2 w8; unsigned w4; OutT e[N]; };  // the run as vector words
   Words tmp;
 #pragma unroll
   for (int e = 0; e < N; ++e) tmp.e[e] = from_float<OutT>(v[e]);
@@ -231,6 +231,8 @@ __device__ __forceinline__ void store_vec(OutT* out, const float (&v)[N]) {
     for (int b = 0; b < BYTES / 16; ++b) store16(reinterpret_cast<uint4*>(out) + b, tmp.w16[b]);
   } else if constexpr (BYTES == 8) {
     *reinterpret_cast<uint2*>(out) = tmp.w8;
+  } else if constexpr (BYTES == 4) {
+    *reinterpret_cast<unsigned*>(out) = tmp.w4;
   } else {
 #pragma unroll
     for (int e = 0; e < N; ++e) out[e] = tmp.e[e];
