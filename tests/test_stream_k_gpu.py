@@ -114,3 +114,29 @@ def stream_k_problems(draw):
 def test_fuzz_stream_k(problem, plan, bias, seed):
     res = run_pass(problem, Pass.WGRAD, np.random.default_rng(seed), plan=plan, bias=bias)
     check(res, "float16", what=f"stream-K wgrad {problem.describe()} {plan.brief()} bias={bias}")
+
+
+def test_the_planners_default_runs_summed_in_the_kernel():
+    """The planner's own stream-K plan (no plan given, no tuning database): ResNet-18's l4-3x3
+    wgrad at batch 128, 72 tiles of 98 K-steps, takes the grid form (stream_k.default_plan), is
+    launched cooperatively through a prepared op, and matches the reference with db; a GPU that
+    holds fewer blocks than its grid would get the kernel form with a warning instead
+    (tests/test_stream_k.py fakes that)."""
+    import warnings
+
+    import cupy as cp
+
+    import convgen
+    from convgen import config
+
+    problem = ConvProblem(7, 7, 512, 512, 3, 3, 1, 1, 1, n=128)
+    with config.overridden(config.TUNED, "0"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback on a whole GPU
+        res = run_pass(problem, Pass.WGRAD, _seed("stream-k-default"), bias=True)
+        op = convgen.prepare(Pass.WGRAD, problem.x_shape, problem.w_shape, padding=1, bias=True)
+        x = cp.asarray(_seed("stream-k-default-op").standard_normal(problem.x_shape), dtype=cp.float16)
+        dy = cp.asarray(_seed("stream-k-default-op-dy").standard_normal(problem.y_shape), dtype=cp.float16)
+        op(x, dy)
+    check(res, "float16", what="stream-K wgrad, the planner's plan")
+    assert op.plan.loop.persistent and op.plan.split_reduce == "grid", op.plan.brief()
+    assert op._kernel.source.main.cooperative and op._kernel.source.reduce is None
