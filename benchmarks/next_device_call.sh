@@ -792,8 +792,11 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
 
 s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's parts are cheap (the forty-ninth
     # session's first; about 7 min): large's vgg-conv3_2 (0.78x cuDNN at 32 slices) and vgg-conv2_2, Darknet's
-    # down3-5, resnet50's l4-3x3; each log times stream-K's candidates (kernel and grid forms) beside the default
+    # down3-5, resnet50's l4-3x3; each log times stream-K's candidates (kernel and grid forms) beside the default.
+    # First the GPU test of the planner's stream-K default (grid form, cooperative; written in the forty-ninth session)
     install
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 90 $PYTEST tests/test_stream_k_gpu.py -k default 2>&1 \
+        | tee "$OUT/s57-stream-k-default-gpu.log" | tail -2
     mkdir -p "$OUT/fw57"
     for sl in large:vgg-conv3_2,vgg-conv2_2 darknet53-down:down3,down4,down5 resnet50:l4-3x3; do
         [ $SECONDS -lt 440 ] || break
