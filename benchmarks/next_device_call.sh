@@ -10,6 +10,7 @@
 #                     # planner's fprop on large and resnet50
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s57  # the fiftieth session's first: few-tile split-K wgrads
 #                     # tuned again, stream-K's two forms beside the default (about 7 min)
+#   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s58  # ncu on l4-3x3's stream-K default, SASS stall samples
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s54  # stream-K's parts from the accumulators: GPU tests,
 #                     # before/after on resnet18's, vgg16's (and large's) wgrad, memcheck (about 8 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s53  # never run on a GPU (autotune's timing, the mma.sync
@@ -636,12 +637,18 @@ ncu_rows() {  # NCU_LAYERS (";"-separated layer_profile.py arguments) under Nsig
             timeout 100 /usr/local/cuda/bin/ncu --nvtx --nvtx-include "$side/" --section SpeedOfLight \
                 --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
                 --section ComputeWorkloadAnalysis --section SchedulerStats --section InstructionStats $NCU_EXTRA \
-                python3 benchmarks/probes/layer_profile.py $layer > "$OUT/ncu-$name-$side.log" 2>&1
+                ${NCU_SOURCE:+-o /tmp/ncu-$name-$side -f} python3 benchmarks/probes/layer_profile.py $layer \
+                > "$OUT/ncu-$name-$side.log" 2>&1
+            if [ -n "${NCU_SOURCE:-}" ]; then  # SASS with its stall samples, per kernel (the report itself stays here)
+                /usr/local/cuda/bin/ncu -i /tmp/ncu-$name-$side.ncu-rep --page source --csv --print-source sass \
+                    > "$OUT/ncu-$name-$side-source.csv" 2>&1
+                /usr/local/cuda/bin/ncu -i /tmp/ncu-$name-$side.ncu-rep > "$OUT/ncu-$name-$side.log" 2>&1
+            fi
             grep -E "^  [A-Za-z_].*\(|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Th|Achieved Occ|Registers Per|Block Size|Grid Size|Issue Slots Busy|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Theoretical Occ|Stall|No Eligible|Eligible Warps" \
                 "$OUT/ncu-$name-$side.log" | head -50
         done
     done
-    (cd "$OUT" && tar czf ncu.tgz ncu-*.log && rm -f ncu-*.log)
+    (cd "$OUT" && tar czf ncu.tgz ncu-*.log $(ls ncu-*.csv 2>/dev/null) && rm -f ncu-*.log ncu-*.csv)
 }
 
 cluster() {  # thread-block clusters of two sharing the weights' tile (TmaWgmma.cluster, forty-second session,
@@ -788,6 +795,12 @@ s51() {  # stream-K's two forms (cut tiles summed by a second kernel, or in the 
         done
     done
     (cd "$OUT" && tar czf skf.tgz skf && rm -rf skf)
+}
+
+s58() {  # Nsight Compute on l4-3x3's new stream-K default (grid form) with its SASS's stall samples (about 3 min):
+    # where the third of the cycles the tensor pipe idles goes (s53: 67.8% busy before the slots)
+    install
+    NCU_SOURCE=1 NCU_EXTRA="--section SourceCounters" NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
 }
 
 s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's parts are cheap (the forty-ninth
@@ -1101,6 +1114,7 @@ case "${1:-}" in
     s55) s55 ;;
     s56) s56 ;;
     s57) s57 ;;
+    s58) s58 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
     dw-ablate) dw_ablate ;;
