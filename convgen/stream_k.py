@@ -7,15 +7,17 @@ a last wave part-empty (ResNet-50's l4-3x3, 72 tiles of 128x256 on 132 SMs, runs
 and read back (VGG-16's conv4_2 at 8 slices: 150 MB of traffic).  Stream-K (as CUTLASS names
 it) launches one wave of blocks and deals out the tiles' K-steps evenly, a contiguous run a
 block: every SM finishes together, a tile is cut between at most a few blocks, and a tile a
-block runs whole goes straight to dW.  The parts of the cut tiles go to workspace slots that a
-reduction kernel sums in block order (deterministic, as split-K is); or, with
-``split_reduce="grid"`` (a tuning candidate), the block that ran a cut tile's first part, the
-last of its run, keeps it in registers over a grid-wide barrier and adds the other parts
-itself, in the same order: no second launch, and only the later parts cross L2 (CUTLASS's
-stream-K "fixup", here after one barrier rather than a flag a tile).  On an H100 that ran
-0.87-0.95x the second kernel's speed with the default's 128x256 tile and 1.05-1.11x with
-128x128, which still trails 128x256 by the second kernel (forty-eighth session,
-benchmarks/NOTES.md): every owner drains its held tile after the barrier, at once.  The walk is
+block runs whole goes straight to dW.  The parts of the cut tiles go to workspace slots, straight
+from the accumulators in their own order (``templates/parts/streamk_slots.j2``: whole sectors, no
+staging through shared memory).  With ``split_reduce="grid"`` (the default's form), the block
+that ran a cut tile's first part, the last of its run, keeps it in registers over a grid-wide
+barrier and adds the other parts itself, in block order: no second launch, and only the later
+parts cross L2 (CUTLASS's stream-K "fixup", here after one barrier rather than a flag a tile).
+With ``split_reduce="kernel"`` a reduction kernel sums them in the same order (deterministic, as
+split-K is; the same bits), which is what a GPU that cannot hold the whole grid at once gets.
+On an H100 the grid form ran 1.09x the second kernel on ResNet-18's l4-3x3 once the slots took
+the accumulators' order, having run 0.87-0.95x with the parts staged through shared memory
+(forty-eighth and forty-ninth sessions, benchmarks/NOTES.md).  The walk is
 ``templates/parts/streamk.j2``; tests/test_stream_k.py runs its C++ on the host.
 
 Its GPU tests, fuzz and sanitizers ran clean on the H200 (thirty-fifth session), but it ran
