@@ -370,7 +370,7 @@ def _stream_k_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_d
         p = _feasible(problem, pass_, target, in_dtype, lambda: plan)
         if p is not None:
             _add_unique(p, seen, out)
-    if out:  # the first one with its cut tiles summed in the kernel (the default's form: 0.99-1.09x the second kernel's, H100 s55)
+    if out:  # the first one summed in the kernel (the default's form: 0.99-1.09x the second kernel, H100 s55)
         twin = dataclasses.replace(out[0], split_reduce="grid", reasons=out[0].reasons[:1] + (
             "its cut tiles summed in the kernel after a grid-wide barrier, not by a second kernel",))
         _add_unique(twin, seen, out)
