@@ -32,7 +32,7 @@ def _ran(suite: dict, plans: str) -> bool:
 
 def _label(name: str, commits: dict[str, str]) -> str:
     """The suite and its run's commit; where passes came from runs at other commits, those too."""
-    counts = [c for c in commits.values()]
+    counts = list(commits.values())
     main = max(counts, key=counts.count)
     others = ", ".join(f"{p} {c}" for p, c in commits.items() if c != main)
     return f"{name}, {main}" + (f" ({others})" if others else "")
