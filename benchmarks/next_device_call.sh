@@ -806,10 +806,11 @@ s58() {  # Nsight Compute on l4-3x3's new stream-K default (grid form) with its 
 s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's parts are cheap (the forty-ninth
     # session's first; about 7 min): large's vgg-conv3_2 (0.78x cuDNN at 32 slices) and vgg-conv2_2, Darknet's
     # down3-5, resnet50's l4-3x3; each log times stream-K's candidates (kernel and grid forms) beside the default.
-    # First the GPU test of the planner's stream-K default (grid form, cooperative; written in the forty-ninth session)
+    # First stream-K's GPU tests: the planner's default (grid form, cooperative) and the reduction kernel's sums
+    # through Sum<4> (f22eb99), both written after s54's run
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 90 $PYTEST tests/test_stream_k_gpu.py -k default 2>&1 \
-        | tee "$OUT/s57-stream-k-default-gpu.log" | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
+        | tee "$OUT/s57-stream-k-gpu.log" | tail -2
     mkdir -p "$OUT/fw57"
     for sl in large:vgg-conv3_2,vgg-conv2_2 darknet53-down:down3,down4,down5 resnet50:l4-3x3; do
         [ $SECONDS -lt 440 ] || break
