@@ -415,6 +415,18 @@ def _pointwise_tile_candidates(problem: ConvProblem, pass_: Pass, target: Target
     return out
 
 
+def _exact_halo_shapes(n: int) -> tuple[tuple[int, int, int, int], ...]:
+    """Halo shapes exactly N wide where N is whole fragments but no power of two (UNet's
+    dec1-cat96 dgrad: N = 96, whose power-of-two tile of 128 drains a quarter padding and
+    whose 32- and 64-wide tiles stage the whole halo two or three times per output pixel).
+    Three fragment columns per warp at most, as the pointwise exact tiles hold theirs."""
+    frags = n // FRAG
+    if n % FRAG or n == fit_tile(n) or frags > 12:
+        return ()
+    wn = next(d for d in (frags // 3, frags // 2, frags) if d and frags % d == 0 and frags // d <= 3)
+    return ((256, n, 4, wn), (128, n, 2, wn))
+
+
 def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str) -> list[Plan]:
     g = problem.geometry
     if halo_eligible(g, pass_, in_dtype) is not None or g.r * g.s == 1:  # type: ignore[arg-type]
@@ -453,7 +465,8 @@ def _halo_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype
         narrow = isinstance(layout, HaloLdsm)
         if narrow and bk not in (16, 32):
             continue
-        shapes = _HALO_SHAPES if not narrow else _NARROW_HALO_SHAPES if bk == 16 else _STACKED_DEEP_SHAPES
+        shapes = (_exact_halo_shapes(n) + _HALO_SHAPES if not narrow
+                  else _NARROW_HALO_SHAPES if bk == 16 else _STACKED_DEEP_SHAPES)
         tile_w = 0 if isinstance(layout, FlatHalo) else layout.tile_w
         for bm, bn, wm, wn in shapes:
             if bn > max(fit_tile(n), FRAG) or bm % (tile_w or FRAG):
