@@ -811,6 +811,8 @@ s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's par
     install
     CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
         | tee "$OUT/s57-stream-k-gpu.log" | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 120 $PYTEST tests/test_kernels_gpu.py -k "every_halo_candidate and unet" 2>&1 \
+        | tee "$OUT/s57-halo96-gpu.log" | tail -2
     mkdir -p "$OUT/fw57"
     # suite:layers:pass; UNet's dec1-cat96 dgrad first (0.48x cuDNN): its exactly-96-wide halo tiles, new to the tuner
     for slp in unet:dec1-cat96:dgrad large:vgg-conv3_2,vgg-conv2_2:wgrad darknet53-down:down3,down4,down5:wgrad \

@@ -358,3 +358,14 @@ def test_candidates_are_timed_in_turns_each_behind_a_spin_and_an_l2_flush(monkey
     assert autotune._gpu_times([lambda: log.append("A")], 2) == [7.5]
     assert log == ["spin", "event", "A", "event"] * 2
     assert "no memory for the L2 flush" in caplog.text
+
+
+@pytest.mark.parametrize("c,k", [(96, 32), (80, 16), (48, 64)])
+def test_the_tuner_offers_halo_tiles_exactly_as_wide_as_an_n_of_whole_fragments_but_no_power_of_two(c, k):
+    """dgrad's N is C.  UNet's dec1-cat96 (N = 96) had only tiles of 128 (a quarter of the
+    columns padding) or of 32 and 64 (the halo staged two or three times per output pixel);
+    the tuner now offers tiles exactly N wide on every in-place halo layout."""
+    problem = ConvProblem(64, 64, c, k, 3, 3, 1, 1, 1, n=2)
+    halo = [p for p in candidates(problem, Pass.DGRAD, Target("sm_90")) if p.halo]
+    exact = {type(p.loop).__name__ + str(getattr(p.loop, "tile_w", "")) for p in halo if p.block_n == c}
+    assert exact == {"HaloTile16", "HaloTile32", "FlatHalo"}, exact
