@@ -811,11 +811,12 @@ s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's par
     install
     CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
         | tee "$OUT/s57-stream-k-gpu.log" | tail -2
-    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 120 $PYTEST tests/test_kernels_gpu.py -k "every_halo_candidate and unet" 2>&1 \
-        | tee "$OUT/s57-halo96-gpu.log" | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
+        -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/s57-exact-tiles-gpu.log" | tail -2
     mkdir -p "$OUT/fw57"
-    # suite:layers:pass; UNet's dec1-cat96 dgrad first (0.48x cuDNN): its exactly-96-wide halo tiles, new to the tuner
-    for slp in unet:dec1-cat96:dgrad large:vgg-conv3_2,vgg-conv2_2:wgrad darknet53-down:down3,down4,down5:wgrad \
+    # suite:layers:pass; UNet's dgrad first (dec1-cat96 0.48x cuDNN, dec2-cat192 0.79x): tiles exactly N wide, new
+    # to the tuner (96-wide halo tiles; a persistent 128x192 TMA tile)
+    for slp in unet:dec1-cat96,dec2-cat192:dgrad large:vgg-conv3_2,vgg-conv2_2:wgrad darknet53-down:down3,down4,down5:wgrad \
             resnet50:l4-3x3:wgrad; do
         [ $SECONDS -lt 440 ] || break
         local s=${slp%%:*} l=${slp#*:}; local p=${l##*:}; l=${l%:*}

@@ -20,7 +20,7 @@ from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, M
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
 from .footprint import halo_images
 from .reduction import resident_split
-from .tma_rules import (EXACT_TMA_BN, EXACT_TMA_STAGES, PERSISTENT_TILES, exact_tile_fits, exact_tile_rate,
+from .tma_rules import (EXACT_PERSISTENT_STAGES, EXACT_TMA_BN, EXACT_TMA_STAGES, PERSISTENT_TILES, exact_tile_fits, exact_tile_rate,
                         tma_eligible, tma_split, tma_tail_fill, tma_tiles)
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
@@ -226,6 +226,14 @@ def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_
         p = _feasible(problem, pass_, target, in_dtype, lambda: _tma_tile(
             problem, pass_, target, in_dtype, bm, EXACT_TMA_BN, stages, rate,
             f"exactly {gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}"))
+        if p is not None:
+            _add_unique(p, seen, out)
+    if pass_ is not Pass.WGRAD:  # and persistent, as the 128x256 tile the planner gives such layers runs
+        p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
+            128, EXACT_TMA_BN, TMA_BLOCK_K, 8, 1, EXACT_PERSISTENT_STAGES, 8, 8, in_dtype, in_dtype,
+            loop=TmaWgmma(persistent=True),
+            reasons=(f"tuning candidate 128x{EXACT_TMA_BN}x{TMA_BLOCK_K}, persistent TMA + wgmma, exactly "
+                     f"{gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}, {EXACT_PERSISTENT_STAGES} stages",)))
         if p is not None:
             _add_unique(p, seen, out)
     return out

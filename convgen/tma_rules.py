@@ -283,6 +283,9 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
 # more than 192 does (UNet's N = 1728: 4%), untimed: the cost model's tile stays.
 EXACT_TMA_BN = 192
 EXACT_TMA_STAGES = {64: 6, 128: 5}  # the deepest rings that fit (32 and 40 KB a stage)
+# The persistent 128x192 tile (fprop and dgrad, tuning only: UNet's dec2-cat192 dgrad, N = 192,
+# runs the persistent 128x256 at a quarter padding): 4 stages beside its epilogue's scratch.
+EXACT_PERSISTENT_STAGES = 4
 EXACT_TMA_ROWS = 64  # the planner's; tuning offers 128 too
 MIN_EXACT_SAVING = 1.10
 

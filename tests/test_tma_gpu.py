@@ -70,6 +70,7 @@ PERSISTENT_PLANS = [
     Plan(128, 256, 64, 8, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),
     Plan(64, 64, 64, 4, 1, 3, 8, 8, loop=TmaWgmma(persistent=True)),   # two blocks an SM
     Plan(64, 48, 64, 4, 1, 2, 8, 8, loop=TmaWgmma(persistent=True)),   # a ring of 2 on 9+ steps a tile
+    Plan(128, 192, 64, 8, 1, 4, 8, 8, loop=TmaWgmma(persistent=True)),  # three 64-column boxes (tuning's exact tile)
     # ping-pong: the two consumer warpgroups take whole tiles in turn, each skipping the
     # other's stages; a ring of 2 or 3 on 9+ steps a tile wraps it an odd number of times a tile
     Plan(128, 128, 64, 8, 1, 5, 8, 8, loop=TmaWgmma(persistent=True, pingpong=True)),
