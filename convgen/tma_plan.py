@@ -67,10 +67,13 @@ def tma_plan(problem: ConvProblem, pass_: Pass, target: Target, reasons: list[st
          if bn == EXACT_TMA_BN else
          f"block N {modelled[1]}: with block M {modelled[0]}" + (f" and split-K {split}" if pass_ is Pass.WGRAD else "")
          + ", the least "
-         f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} (waves x a block's share "
-         f"of K at the tile's measured rate{traffic}): "
-         f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs at {rate:.0f} TFLOP/s (rates measured on "
-         f"fprop), {us:.0f} us predicted"),
+         f"predicted time over the TMA tiles{' and splits' if pass_ is Pass.WGRAD else ''} ("
+         + ("the residue classes' blocks handed out longest first, each to the SM that frees first, at the tile's "
+            "measured rate): " f"{blocks} blocks on {target.sm_count} SMs"
+            if pass_ is Pass.DGRAD else
+            f"waves x a block's share of K at the tile's measured rate{traffic}): "
+            f"{blocks} blocks = {waves} wave(s) on {target.sm_count} SMs")
+         + f" at {rate:.0f} TFLOP/s (rates measured on fprop), {us:.0f} us predicted"),
         f"block M {bm}: " + ("2 consumer warpgroups of a whole tile each" if pingpong else
                              f"{bm // 64} consumer warpgroup(s) of 64 rows"),
         f"K-step {TMA_BLOCK_K}: one 128-byte swizzle row of fp16 per pixel and tap",
