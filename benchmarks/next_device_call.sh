@@ -8,6 +8,8 @@
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s44one  # issue 17's twins in one call (about 8.5 min):
 #                     # the store's and the clusters' GPU tests, then (if they pass) both twins against the
 #                     # planner's fprop on large and resnet50
+#   COMMIT=... OUT=... S57_BUDGET=... bash benchmarks/next_device_call.sh s59  # the fiftieth session's one call: GPU tests of
+#                     # what has not run, Darknet/ResNet-18 strided dgrad benched, then s57's tuning (about 9 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s57  # the fiftieth session's first: few-tile split-K wgrads
 #                     # tuned again, stream-K's two forms beside the default (about 7 min)
 #   COMMIT=... OUT=... bash benchmarks/next_device_call.sh s58  # ncu on l4-3x3's stream-K default, SASS stall samples
@@ -803,16 +805,35 @@ s58() {  # Nsight Compute on l4-3x3's new stream-K default (grid form) with its 
     NCU_SOURCE=1 NCU_EXTRA="--section SourceCounters" NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
 }
 
+s59() {  # the fiftieth session's one call (about 9 min): the GPU tests of what has not run (stream-K's default and
+    # its Sum<4> reduction; the tuner's exactly-N-wide tiles), then Darknet-53's and ResNet-18's dgrad benched
+    # (e32b355: residue-class blocks costed longest first), then s57's tuning in the time left
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
+        | tee "$OUT/s59-stream-k-gpu.log" | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
+        -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/s59-exact-tiles-gpu.log" | tail -2
+    mkdir -p "$OUT/s59"
+    for sl in darknet53-down:down3,down4,down5 resnet18:l3-3x3-down,l4-3x3-down; do
+        CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 100 python3 -m convgen.cli bench --suite ${sl%%:*} --layers ${sl#*:} \
+            --pass dgrad $BENCH --out "$OUT/s59/${sl%%:*}-dgrad" 2>&1 | grep -E "rror|^down|^l[34]|geomean speedup.*GPU" | head -8
+    done
+    (cd "$OUT" && tar czf s59.tgz s59 && rm -rf s59)
+    S57_TESTS=0 s57
+}
+
 s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's parts are cheap (the forty-ninth
     # session's first; about 7 min): large's vgg-conv3_2 (0.78x cuDNN at 32 slices) and vgg-conv2_2, Darknet's
     # down3-5, resnet50's l4-3x3; each log times stream-K's candidates (kernel and grid forms) beside the default.
     # First stream-K's GPU tests: the planner's default (grid form, cooperative) and the reduction kernel's sums
     # through Sum<4> (f22eb99), both written after s54's run
-    install
-    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
-        | tee "$OUT/s57-stream-k-gpu.log" | tail -2
-    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
-        -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/s57-exact-tiles-gpu.log" | tail -2
+    if [ "${S57_TESTS:-1}" = 1 ]; then
+        install
+        CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
+            | tee "$OUT/s57-stream-k-gpu.log" | tail -2
+        CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
+            -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/s57-exact-tiles-gpu.log" | tail -2
+    fi
     mkdir -p "$OUT/fw57"
     # suite:layers:pass; UNet's dgrad first (dec1-cat96 0.48x cuDNN, dec2-cat192 0.79x): tiles exactly N wide, new
     # to the tuner (96-wide halo tiles; a persistent 128x192 TMA tile)
@@ -1121,6 +1142,7 @@ case "${1:-}" in
     s55) s55 ;;
     s56) s56 ;;
     s57) s57 ;;
+    s59) s59 ;;
     s58) s58 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
