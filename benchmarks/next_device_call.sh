@@ -838,7 +838,7 @@ s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's par
     # suite:layers:pass; UNet's dgrad first (dec1-cat96 0.48x cuDNN, dec2-cat192 0.79x): tiles exactly N wide, new
     # to the tuner (96-wide halo tiles; a persistent 128x192 TMA tile)
     for slp in unet:dec1-cat96,dec2-cat192:dgrad large:vgg-conv3_2,vgg-conv2_2:wgrad darknet53-down:down3,down4,down5:wgrad \
-            resnet50:l4-3x3:wgrad; do
+            resnet50:l4-3x3,l4-1x1:wgrad resnet50:l4-1x1:fprop; do
         [ $SECONDS -lt ${S57_BUDGET:-440} ] || break
         local s=${slp%%:*} l=${slp#*:}; local p=${l##*:}; l=${l%:*}
         CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 python3 -m convgen.cli tune --suite $s --layers $l \
