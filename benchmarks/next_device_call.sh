@@ -805,14 +805,18 @@ s58() {  # Nsight Compute on l4-3x3's new stream-K default (grid form) with its 
     NCU_SOURCE=1 NCU_EXTRA="--section SourceCounters" NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
 }
 
+unrun_tests() {  # the GPU tests written since their last GPU run (logs prefixed $1): stream-K's default and its
+    # Sum<4> reduction (f22eb99), the tuner's exactly-N-wide tiles (fiftieth session)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 | tee "$OUT/$1-stream-k-gpu.log" | tail -2
+    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
+        -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/$1-exact-tiles-gpu.log" | tail -2
+}
+
 s59() {  # the fiftieth session's one call (about 9 min): the GPU tests of what has not run (stream-K's default and
     # its Sum<4> reduction; the tuner's exactly-N-wide tiles), then Darknet-53's and ResNet-18's dgrad benched
     # (e32b355: residue-class blocks costed longest first), then s57's tuning in the time left
-    install
-    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
-        | tee "$OUT/s59-stream-k-gpu.log" | tail -2
-    CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
-        -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/s59-exact-tiles-gpu.log" | tail -2
+    unrun_tests s59
     mkdir -p "$OUT/s59"
     for sl in darknet53-down:down3,down4,down5 resnet18:l3-3x3-down,l4-3x3-down; do
         CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 100 python3 -m convgen.cli bench --suite ${sl%%:*} --layers ${sl#*:} \
@@ -827,13 +831,7 @@ s57() {  # the split-K wgrads with few tiles tuned again now that stream-K's par
     # down3-5, resnet50's l4-3x3; each log times stream-K's candidates (kernel and grid forms) beside the default.
     # First stream-K's GPU tests: the planner's default (grid form, cooperative) and the reduction kernel's sums
     # through Sum<4> (f22eb99), both written after s54's run
-    if [ "${S57_TESTS:-1}" = 1 ]; then
-        install
-        CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_stream_k_gpu.py 2>&1 \
-            | tee "$OUT/s57-stream-k-gpu.log" | tail -2
-        CONVGEN_CACHE_DIR=/tmp/cg-fw57 timeout 150 $PYTEST tests/test_kernels_gpu.py tests/test_tma_gpu.py \
-            -k "(every_halo_candidate and unet) or (persistent and 128x192)" 2>&1 | tee "$OUT/s57-exact-tiles-gpu.log" | tail -2
-    fi
+    [ "${S57_TESTS:-1}" = 1 ] && unrun_tests s57
     mkdir -p "$OUT/fw57"
     # suite:layers:pass; UNet's dgrad first (dec1-cat96 0.48x cuDNN, dec2-cat192 0.79x): tiles exactly N wide, new
     # to the tuner (96-wide halo tiles; a persistent 128x192 TMA tile)
