@@ -155,8 +155,8 @@ STRIDED_LOGS = sorted(TUNING.glob("nvidia-h200_*-tune-*down*-dgrad.json"))
 def test_strided_dgrad_defaults_are_within_10_percent_of_the_tuned(monkeypatch):
     """The persistent kernel for strided dgrad of 8-15 K-steps (tma_rules.MIN_STRIDED_PERSISTENT_STEPS)
     against the tuning runs of ResNet-18's, ResNet-50's and Darknet-53's downsampling layers:
-    every default was timed, the three layers the rule moves run within 10% of their fastest
-    candidate, and the defaults' geometric mean over every logged strided layer is within 10%."""
+    every default was timed, and every logged strided layer's default runs within 10% of its
+    fastest candidate."""
     monkeypatch.setenv("CONVGEN_TUNED", "0")
     ratios, moved = [], []
     for path in STRIDED_LOGS:
@@ -173,6 +173,9 @@ def test_strided_dgrad_defaults_are_within_10_percent_of_the_tuned(monkeypatch):
                 moved.append(ratios[-1])
     assert len(ratios) >= 8 and len(moved) == 3, (len(ratios), moved)
     assert max(moved) <= 1.10, moved
+    # and every layer: its residue classes' blocks costed longest first (tma_rules.longest_first_steps);
+    # counted as whole waves of the heaviest block, Darknet-53's down4 took 64x256 at 1.205x its best
+    assert max(ratios) <= 1.10, ratios
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) <= 1.10, ratios
 
 
