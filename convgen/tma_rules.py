@@ -341,17 +341,26 @@ def dgrad_class_tiles(problem: ConvProblem, bm: int, bn: int) -> list[tuple[int,
             for c in residue_classes(problem.geometry) if c.pixels_per_image]
 
 
-def longest_first_steps(work: list[tuple[int, int]], sms: int) -> int:
-    """Steps until the last SM finishes when blocks of (count, steps) are handed out longest
-    first, each to the SM that frees first: the block scheduler's order for dgrad's residue
-    classes (launched longest first).  Counting whole waves of the heaviest block instead
-    (ceil(work / (SMs x longest)) x longest) priced Darknet-53's down4 128x256 tile at 1.10x the
-    64x256 one's time, where the H200 ran it 1.16x faster (tuning/nvidia-h200_2026-12-04_1c23207-*)."""
-    free = [0] * sms
+# What a dgrad block costs besides its steps: its ring's fill and its tile's drain.  Fitted to the
+# H200 tuning logs of every strided 3x3 layer on the TMA loop (Darknet-53's down3-5, ResNet-18's
+# and ResNet-50's downsampling layers): from 1 to 3 us the one-block-per-tile tile the cost model
+# picks is each log's fastest such tile; at 0, 64-row tiles took ResNet-18's l4 and Darknet's
+# down5, which ran 2-3% slower there and 14% slower on an H100 (l4-3x3-down, 36.2 -> 41.2 us).
+DGRAD_BLOCK_US = 1.5
+
+
+def longest_first_us(work: list[tuple[int, int]], sms: int, step_us: float) -> float:
+    """Microseconds until the last SM finishes when blocks of (count, steps) are handed out
+    longest first, each to the SM that frees first: the block scheduler's order for dgrad's
+    residue classes (launched longest first), each block its steps plus DGRAD_BLOCK_US.
+    Counting whole waves of the heaviest block instead (ceil(work / (SMs x longest)) x longest)
+    priced Darknet-53's down4 128x256 tile at 1.10x the 64x256 one's time, where the H200 ran
+    it 1.16x faster (tuning/nvidia-h200_2026-12-04_1c23207-*)."""
+    free = [0.0] * sms
     for count, steps in sorted(work, key=lambda w: -w[1]):
         if steps:
             for _ in range(count):
-                heapq.heapreplace(free, free[0] + steps)
+                heapq.heapreplace(free, free[0] + steps * step_us + DGRAD_BLOCK_US)
     return max(free)
 
 
@@ -360,13 +369,13 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
     """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
     reducing its share of K at the tile's measured rate (an SM's part of it), plus a split's
     workspace traffic.  dgrad's residue classes are blocks of unequal length, launched
-    longest first, each to the SM that frees first (longest_first_steps)."""
+    longest first, each to the SM that frees first (longest_first_us)."""
     gemm = problem.gemm(pass_)
     step_us = 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
     n_tiles = math.ceil(gemm.n / bn)
     if pass_ is Pass.DGRAD:
         work = dgrad_class_tiles(problem, bm, bn)
-        return sum(b for b, _ in work), longest_first_steps(work, target.sm_count) * step_us
+        return sum(b for b, _ in work), longest_first_us(work, target.sm_count, step_us)
     blocks = math.ceil(gemm.m / bm) * n_tiles * split
     kernel_steps = (problem.r * problem.s * math.ceil(problem.c // problem.groups / TMA_BLOCK_K)  # a tap's tail
                     if pass_ is Pass.FPROP
