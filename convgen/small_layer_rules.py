@@ -10,7 +10,8 @@ that are rules, not per-shape entries:
   tile of two warps fits many to an SM, a 128x128 one just one).  One block per SM had left
   a small-tile layer's SMs mostly idle.  fprop and dgrad keep one block per SM: their
   slices' partials are as large as their outputs.
-* **Stride-1 fprop and dgrad with N <= 64 that the TMA loop does not take run the halo path**
+* **Stride-1 fprop and dgrad with N <= 64 (or N of whole fragments up to MAX_EXACT_HALO_N, on a
+  tile exactly N wide) that the TMA loop does not take run the halo path**
   (every input pixel of a tile staged once per K-step, each tap's fragments read in place;
   filters of up to MAX_HALO_TAPS taps, the 3x3 ones it was fitted on):
   every such tuned CIFAR layer's winner (images of 8-32 pixels) is a halo plan, 16 pixels
@@ -46,6 +47,12 @@ MAX_HALO_TAPS = 9
 # 32 columns on 4 warps, or of 64 on 8) sat at 255 registers on sm_90 and spilled in 3x3 dgrads
 # of C = 32 (8 local-memory accesses).  A bf16 halo plan takes 128-row tiles instead (4 fragments).
 BF16_HALO_FRAGMENTS = 4
+# Past 64 columns the rule takes a dgrad's N of whole fragments up to this, on a tile exactly N
+# wide, where the reduction is one 32-channel step:
+# UNet's dec1-cat96 dgrad (N = 96, a 32-channel reduction per tap) ran its 96-wide halo tiles
+# 1.63-1.72x the im2col default (H100 at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-
+# unet-dgrad.json: all eight fastest candidates); wider N and narrow (8-pixel) images untimed.
+MAX_EXACT_HALO_N = 96
 BLOCKS_PER_SM_CAP = 8  # registers, not shared memory, bound small blocks past this
 THREADS_PER_SM = 2048
 
@@ -71,7 +78,7 @@ def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem:
 
 
 def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DType, base: Plan) -> Plan | None:
-    """The halo plan the rule gives a narrow (N <= 64) stride-1 fprop or dgrad, with its reasons, or
+    """The halo plan the rule gives a narrow (N <= 64, or up to MAX_EXACT_HALO_N exactly) stride-1 fprop or dgrad, with its reasons, or
     None where the rule does not apply or its plan does not fit (the caller then keeps
     ``base``, the im2col plan).  A 3-channel fprop stages its whole halo and keeps
     ``base``'s gathers."""
@@ -84,14 +91,16 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
         return None
     out_h, out_w = (g.p, g.q) if pass_ is Pass.FPROP else (g.h, g.w)
     gemm = problem.gemm(pass_)
-    if gemm.n > 64:
-        return None
     red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
+    # a dgrad tile exactly N wide, on a one-step reduction (several tiles a block), as timed
+    exact = pass_ is Pass.DGRAD and 64 < gemm.n <= MAX_EXACT_HALO_N and gemm.n % 16 == 0 and red <= 32
+    if gemm.n > 64 and not exact:
+        return None
     staged = stages_whole_halo(g, pass_)
     narrow = out_w <= 8 and not staged
-    if narrow and not (target.info.ldmatrix and target.info.mma_sync):
+    if narrow and not (target.info.ldmatrix and target.info.mma_sync) or exact and (narrow or staged):
         return None
-    bm, bn = (128, max(fit_tile(gemm.n, 64), 32)) if narrow else (256, fit_tile(gemm.n, 64))
+    bm, bn = (128, max(fit_tile(gemm.n, 64), 32)) if narrow else (256, gemm.n if exact else fit_tile(gemm.n, 64))
     wm, wn = 4, 1 if bn <= 32 or narrow else 2
     crowded = in_dtype == "bfloat16" and (bm // wm // 16) * (bn // wn // 16) > BF16_HALO_FRAGMENTS
     if crowded:
@@ -116,10 +125,12 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
     kind = ("the staged halo (the whole input halo in shared memory, read by the im2col gathers: C is not a "
             "multiple of 8)" if staged else "8-pixel ldmatrix tiles" if narrow else "16-pixel tiles")
     reasons = kept + [
-        f"halo path, {kind}: stride-1 {pass_.value} with N={gemm.n} <= 64 off the TMA loop, where the tuned "
+        f"halo path, {kind}: stride-1 {pass_.value} with N={gemm.n} <= {MAX_EXACT_HALO_N if exact else 64} off the "
+        "TMA loop, where the tuned "
         "winners on the H200 (images of 8 to 256 pixels) are halo plans (small_layer_rules); each input pixel of a "
         "tile is staged once per K-step instead of once per tap",
-        f"block N {bn}: covers N={gemm.n} (cap 64" + (", at least 32 for the ldmatrix tiles)" if narrow else ")"),
+        (f"block N {bn}: exactly N (small_layer_rules.MAX_EXACT_HALO_N)" if exact else
+         f"block N {bn}: covers N={gemm.n} (cap 64" + (", at least 32 for the ldmatrix tiles)" if narrow else ")")),
         f"block M {bm}: a {bm // loop.tile_w}x{loop.tile_w} pixel tile" + (f", {tiles} tiles per block (a one-step "
                                                                             "reduction stages every tap's weights once)"
                                                                             if tiles > 1 else ""),

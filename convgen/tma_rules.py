@@ -310,6 +310,19 @@ def tma_exact_tile(problem: ConvProblem, pass_: Pass, bm: int) -> bool:
             and exact_tile_fits(gemm.n, MIN_EXACT_SAVING))
 
 
+def tma_exact_persistent(problem: ConvProblem, pass_: Pass,
+                         tile: tuple[int, int, int, bool]) -> tuple[int, int, int, bool] | None:
+    """The persistent 128xEXACT_TMA_BN tile that replaces dgrad's persistent 128x256 where 192
+    columns cover N with MIN_EXACT_SAVING less padding (None elsewhere).  UNet's dec2-cat192
+    dgrad (N = C = 192) ran it 1.36x the 128x256 tile's time, the fastest of its candidates (H100
+    at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dgrad.json); fprop's N = 192
+    layers and 1x1 filters were not timed on it."""
+    if (pass_ is not Pass.DGRAD or tile[:2] != (128, 256) or problem.r * problem.s == 1
+            or not exact_tile_fits(problem.gemm(pass_).n, MIN_EXACT_SAVING)):
+        return None
+    return 128, EXACT_TMA_BN, EXACT_PERSISTENT_STAGES, False
+
+
 def tma_group_tile(geometry: ConvGeometry, pass_: Pass, block_m: int, block_n: int) -> str | None:
     """Why a grouped layer cannot take a TMA tile of ``block_m`` x ``block_n`` (None: it can):
     a tile's filters stay within one group (wgrad's M, fprop's N)."""
@@ -437,11 +450,15 @@ def tma_persistent(problem: ConvProblem, pass_: Pass, target: Target, bm: int,
     if tile is None:
         return None, f"one block per tile: no persistent {bm}x{bn} kernel was measured faster"
     gemm = problem.gemm(pass_)
+    exact = tma_exact_persistent(problem, pass_, tile)
+    tile = exact or tile
     tiles = math.ceil(gemm.m / tile[0]) * math.ceil(gemm.n / tile[1])
     if tiles < MIN_PERSISTENT_TILES_PER_SM * target.sm_count:
         return None, (f"one block per tile: {tiles} {tile[0]}x{tile[1]} tiles are fewer than "
                       f"{MIN_PERSISTENT_TILES_PER_SM} per SM, too few for a persistent block to overlap")
-    named = f"{tile[0]}x{tile[1]} tile" + (f" in place of the {bm}x{bn} tile" if tile[:2] != (bm, bn) else "")
+    named = f"{tile[0]}x{tile[1]} tile" + (f" in place of the {bm}x{bn} tile" if tile[:2] != (bm, bn) else "") + (
+        f" (exactly {math.ceil(gemm.n / EXACT_TMA_BN)} tiles of N={gemm.n}: tma_rules.tma_exact_persistent)"
+        if exact else "")
     how = ("ping-pong: the two consumer warpgroups take whole tiles in turn, one draining while the other "
            "multiplies" if tile[3] else "the producer copying the next tile's stages while the consumers drain "
            "this one's")

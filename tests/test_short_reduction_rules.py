@@ -252,3 +252,21 @@ def test_a_one_row_scalar_dy_wgrad_takes_the_64_deep_step_the_tuner_timed_best()
     for suite, name in (("cifar-resnet", "conv1"), ("resnet50", "conv1"), ("speech", "spec-5x20")):
         stem = next(l.problem for l in SUITES[suite] if l.name == name)
         assert plan(stem, Pass.WGRAD, Target("sm_90", 132)).block_k == 32, (suite, name)
+
+
+def test_unets_n_96_and_192_dgrad_defaults_run_within_10_percent_of_their_tuning_logs_best(monkeypatch):
+    """UNet's dec1-cat96 and dec2-cat192 dgrad (N = C = 96 and 192, neither a power of two) on the
+    tiles exactly N wide that the tuner first offered in the fiftieth session: the halo tile 96
+    wide (small_layer_rules.MAX_EXACT_HALO_N) and the persistent 128x192 TMA tile
+    (tma_rules.tma_exact_persistent).  Their defaults before, the im2col 64x96 and the persistent
+    128x256, ran 1.72x and 1.36x the best (H100 at d3f404f)."""
+    monkeypatch.setenv("CONVGEN_TUNED", "0")
+    layers = json.loads((TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dgrad.json").read_text())["layers"]
+    assert {layer["layer"] for layer in layers} == {"dec1-cat96", "dec2-cat192"}
+    for layer in layers:
+        problem = _problem(layer["problem"])
+        rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
+        mine = _bare(plan(problem, Pass.DGRAD, H200).as_dict())
+        times = [r["us"] for r in rows if _bare(r["plan"]) == mine]
+        assert times, f"{layer['layer']}: the default {mine} was never timed"
+        assert times[0] <= 1.10 * min(r["us"] for r in rows), (layer["layer"], times[0], min(r["us"] for r in rows))
