@@ -805,6 +805,17 @@ s58() {  # Nsight Compute on l4-3x3's new stream-K default (grid form) with its 
     NCU_SOURCE=1 NCU_EXTRA="--section SourceCounters" NCU_LAYERS="wgrad 128 7 7 512 512 3 1 1" ncu_rows
 }
 
+s60() {  # the fiftieth session's rules benched beside cuDNN (about 90 s): UNet's dec1-cat96 and dec2-cat192
+    # dgrad (exactly-N tiles), ResNet-18's l4-3x3-down and Darknet's down4-5 dgrad (a block's fill and drain)
+    install
+    mkdir -p "$OUT/s60"
+    for sl in unet:dec1-cat96,dec2-cat192 resnet18:l4-3x3-down darknet53-down:down4,down5; do
+        CONVGEN_CACHE_DIR=/tmp/cg-s60 timeout 60 python3 -m convgen.cli bench --suite ${sl%%:*} --layers ${sl#*:} \
+            --pass dgrad $BENCH --out "$OUT/s60/${sl%%:*}-dgrad" 2>&1 | grep -E "rror|^dec|^l4|^down" | head -4
+    done
+    (cd "$OUT" && tar czf s60.tgz s60 && rm -rf s60)
+}
+
 unrun_tests() {  # the GPU tests written since their last GPU run (logs prefixed $1): stream-K's default and its
     # Sum<4> reduction (f22eb99), the tuner's exactly-N-wide tiles (fiftieth session)
     install
@@ -1141,6 +1152,7 @@ case "${1:-}" in
     s56) s56 ;;
     s57) s57 ;;
     s59) s59 ;;
+    s60) s60 ;;
     s58) s58 ;;
     ncu-mma) ncu_mma ;;
     s47b) s47b ;;
