@@ -48,10 +48,10 @@ MAX_HALO_TAPS = 9
 # of C = 32 (8 local-memory accesses).  A bf16 halo plan takes 128-row tiles instead (4 fragments).
 BF16_HALO_FRAGMENTS = 4
 # Past 64 columns the rule takes a dgrad's N of whole fragments up to this, on a tile exactly N
-# wide, where the reduction is one 32-channel step:
-# UNet's dec1-cat96 dgrad (N = 96, a 32-channel reduction per tap) ran its 96-wide halo tiles
-# 1.63-1.72x the im2col default (H100 at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-
-# unet-dgrad.json: all eight fastest candidates); wider N and narrow (8-pixel) images untimed.
+# wide, where the reduction is one 32-channel step: UNet's dec1-cat96 dgrad (N = 96) ran its
+# 96-wide halo tiles 1.63-1.72x the im2col default (H100 at d3f404f, all eight fastest
+# candidates: tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json); wider N,
+# longer reductions and narrow (8-pixel) images untimed.
 MAX_EXACT_HALO_N = 96
 BLOCKS_PER_SM_CAP = 8  # registers, not shared memory, bound small blocks past this
 THREADS_PER_SM = 2048

@@ -315,7 +315,7 @@ def tma_exact_persistent(problem: ConvProblem, pass_: Pass,
     """The persistent 128xEXACT_TMA_BN tile that replaces dgrad's persistent 128x256 where 192
     columns cover N with MIN_EXACT_SAVING less padding (None elsewhere).  UNet's dec2-cat192
     dgrad (N = C = 192) ran it 1.36x the 128x256 tile's time, the fastest of its candidates (H100
-    at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dgrad.json); fprop's N = 192
+    at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json); fprop's N = 192
     layers and 1x1 filters were not timed on it."""
     if (pass_ is not Pass.DGRAD or tile[:2] != (128, 256) or problem.r * problem.s == 1
             or not exact_tile_fits(problem.gemm(pass_).n, MIN_EXACT_SAVING)):

@@ -261,7 +261,7 @@ def test_unets_n_96_and_192_dgrad_defaults_run_within_10_percent_of_their_tuning
     (tma_rules.tma_exact_persistent).  Their defaults before, the im2col 64x96 and the persistent
     128x256, ran 1.72x and 1.36x the best (H100 at d3f404f)."""
     monkeypatch.setenv("CONVGEN_TUNED", "0")
-    layers = json.loads((TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dgrad.json").read_text())["layers"]
+    layers = json.loads((TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json").read_text())["layers"]
     assert {layer["layer"] for layer in layers} == {"dec1-cat96", "dec2-cat192"}
     for layer in layers:
         problem = _problem(layer["problem"])

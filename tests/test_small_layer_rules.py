@@ -101,7 +101,7 @@ def test_the_halo_rule_leaves_other_layers_alone(monkeypatch):
 TUNING = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "tuning"
 WIDE_LOGS = [TUNING / f"nvidia-h200_2026-12-04_1c23207-tune-{name}.json"
              for name in ("unet-fprop", "vgg16-conv1_1-dgrad", "darknet53-down-dgrad")] + [
-    TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dgrad.json"]  # dec1-cat96: N = 96, a tile 96 wide
+    TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json"]  # dec1-cat96: N = 96, a tile 96 wide
 
 
 def _logged_problem(d: dict) -> ConvProblem:
