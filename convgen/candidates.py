@@ -20,8 +20,8 @@ from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, M
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
 from .footprint import halo_images
 from .reduction import resident_split
-from .tma_rules import (EXACT_PERSISTENT_STAGES, EXACT_TMA_BN, EXACT_TMA_STAGES, PERSISTENT_TILES, exact_tile_fits, exact_tile_rate,
-                        tma_eligible, tma_split, tma_tail_fill, tma_tiles)
+from .tma_rules import (EXACT_PERSISTENT_STAGES, EXACT_TMA_BN, EXACT_TMA_STAGES, PERSISTENT_TILES, exact_tile_fits,
+                        exact_tile_rate, tma_eligible, tma_split, tma_tail_fill, tma_tiles)
 
 # (block_m, block_n, warps_m, warps_n, block_k, stages): shapes worth timing.  Warp
 # tiles range from 32x16 to 64x64; 2 to 8 warps; short and long K-steps.  The 64x64 warp

@@ -34,7 +34,7 @@ import math
 from .footprint import smem_bytes
 from .ir import ConvProblem, DType, Pass, Target
 from .spec import Plan, stages_whole_halo
-from .mainloop import HaloLdsm, HaloTile, StagedHalo, fit_tile
+from .mainloop import FRAG, HaloLdsm, HaloTile, StagedHalo, fit_tile
 
 MAX_SPLIT = 512
 # The halo rule's largest filter, in taps: the 3x3 filters it was fitted on.  A halo tile's
@@ -78,7 +78,8 @@ def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem:
 
 
 def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DType, base: Plan) -> Plan | None:
-    """The halo plan the rule gives a narrow (N <= 64, or up to MAX_EXACT_HALO_N exactly) stride-1 fprop or dgrad, with its reasons, or
+    """The halo plan the rule gives a narrow (N <= 64, or a dgrad's N up to MAX_EXACT_HALO_N on a
+    tile exactly N wide) stride-1 fprop or dgrad, with its reasons, or
     None where the rule does not apply or its plan does not fit (the caller then keeps
     ``base``, the im2col plan).  A 3-channel fprop stages its whole halo and keeps
     ``base``'s gathers."""
@@ -93,7 +94,7 @@ def halo_default(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: DT
     gemm = problem.gemm(pass_)
     red = g.c if pass_ is Pass.FPROP else g.k  # channels reduced per tap
     # a dgrad tile exactly N wide, on a one-step reduction (several tiles a block), as timed
-    exact = pass_ is Pass.DGRAD and 64 < gemm.n <= MAX_EXACT_HALO_N and gemm.n % 16 == 0 and red <= 32
+    exact = pass_ is Pass.DGRAD and 64 < gemm.n <= MAX_EXACT_HALO_N and gemm.n % FRAG == 0 and red <= 32
     if gemm.n > 64 and not exact:
         return None
     staged = stages_whole_halo(g, pass_)

@@ -284,8 +284,8 @@ def tma_cheapest_tile(problem: ConvProblem, pass_: Pass,
 # more than 192 does (UNet's N = 1728: 4%), untimed: the cost model's tile stays.
 EXACT_TMA_BN = 192
 EXACT_TMA_STAGES = {64: 6, 128: 5}  # the deepest rings that fit (32 and 40 KB a stage)
-# The persistent 128x192 tile (fprop and dgrad, tuning only: UNet's dec2-cat192 dgrad, N = 192,
-# runs the persistent 128x256 at a quarter padding): 4 stages beside its epilogue's scratch.
+# The persistent 128x192 tile (tma_exact_persistent; tuning offers it to fprop too): 4 stages
+# beside its epilogue's scratch.
 EXACT_PERSISTENT_STAGES = 4
 EXACT_TMA_ROWS = 64  # the planner's; tuning offers 128 too
 MIN_EXACT_SAVING = 1.10
@@ -315,8 +315,8 @@ def tma_exact_persistent(problem: ConvProblem, pass_: Pass,
     """The persistent 128xEXACT_TMA_BN tile that replaces dgrad's persistent 128x256 where 192
     columns cover N with MIN_EXACT_SAVING less padding (None elsewhere).  UNet's dec2-cat192
     dgrad (N = C = 192) ran it 1.36x the 128x256 tile's time, the fastest of its candidates (H100
-    at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json); fprop's N = 192
-    layers and 1x1 filters were not timed on it."""
+    at d3f404f, tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json); fprop's
+    N = 192 layers and 1x1 filters were not timed on it."""
     if (pass_ is not Pass.DGRAD or tile[:2] != (128, 256) or problem.r * problem.s == 1
             or not exact_tile_fits(problem.gemm(pass_).n, MIN_EXACT_SAVING)):
         return None
@@ -368,13 +368,28 @@ def longest_first_us(work: list[tuple[int, int]], sms: int, step_us: float) -> f
     residue classes (launched longest first), each block its steps plus DGRAD_BLOCK_US.
     Counting whole waves of the heaviest block instead (ceil(work / (SMs x longest)) x longest)
     priced Darknet-53's down4 128x256 tile at 1.10x the 64x256 one's time, where the H200 ran
-    it 1.16x faster (tuning/nvidia-h200_2026-12-04_1c23207-*)."""
-    free = [0.0] * sms
+    it 1.16x faster (tuning/nvidia-h200_2026-12-04_1c23207-*).
+
+    Once the SMs' finishing times lie within one block's cost, the next ``sms`` blocks of a class
+    go one to each SM, so whole rounds are added at once: a layer of 10^5 blocks costs as many
+    heap operations as SMs, not blocks."""
+    free, last = [0.0] * sms, 0.0  # a heap of the SMs' finishing times, and the latest of them
     for count, steps in sorted(work, key=lambda w: -w[1]):
-        if steps:
-            for _ in range(count):
-                heapq.heapreplace(free, free[0] + steps * step_us + DGRAD_BLOCK_US)
-    return max(free)
+        if not steps:
+            continue
+        cost = steps * step_us + DGRAD_BLOCK_US
+        while count and last - free[0] > cost:  # one at a time until the spread is within a block
+            last = max(last, free[0] + cost)
+            heapq.heapreplace(free, free[0] + cost)
+            count -= 1
+        rounds, count = divmod(count, sms)
+        if rounds:  # an equal shift keeps the heap a heap
+            free = [t + rounds * cost for t in free]
+            last += rounds * cost
+        for _ in range(count):
+            last = max(last, free[0] + cost)
+            heapq.heapreplace(free, free[0] + cost)
+    return last
 
 
 def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,

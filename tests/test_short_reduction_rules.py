@@ -261,7 +261,8 @@ def test_unets_n_96_and_192_dgrad_defaults_run_within_10_percent_of_their_tuning
     (tma_rules.tma_exact_persistent).  Their defaults before, the im2col 64x96 and the persistent
     128x256, ran 1.72x and 1.36x the best (H100 at d3f404f)."""
     monkeypatch.setenv("CONVGEN_TUNED", "0")
-    layers = json.loads((TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json").read_text())["layers"]
+    log = TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json"
+    layers = json.loads(log.read_text())["layers"]
     assert {layer["layer"] for layer in layers} == {"dec1-cat96", "dec2-cat192"}
     for layer in layers:
         problem = _problem(layer["problem"])
@@ -270,3 +271,20 @@ def test_unets_n_96_and_192_dgrad_defaults_run_within_10_percent_of_their_tuning
         times = [r["us"] for r in rows if _bare(r["plan"]) == mine]
         assert times, f"{layer['layer']}: the default {mine} was never timed"
         assert times[0] <= 1.10 * min(r["us"] for r in rows), (layer["layer"], times[0], min(r["us"] for r in rows))
+
+
+@pytest.mark.parametrize("work,sms,expected", [
+    ([(3, 2)], 2, 7.0),                 # blocks of 2 + 1.5 us: two rounds on SM 0, one on SM 1
+    ([(1, 4), (2, 1)], 2, 5.5),         # the long block alone on one SM, both short ones on the other
+    ([(2, 1), (1, 4)], 2, 5.5),         # whatever order the classes come in: longest first
+    ([(265, 1)], 132, 7.5),             # two whole rounds and one more block
+    ([(132, 8), (140, 1)], 132, 14.5),  # 9.5 on every SM, then a round of 2.5 and 8 blocks more
+    ([(5, 0)], 4, 0.0),                 # a class no tap reaches costs nothing
+])
+def test_residue_class_blocks_finish_when_the_longest_first_schedule_does(work, sms, expected):
+    """dgrad's blocks handed out longest first to the SM that frees first, each its steps (1 us a
+    step here) plus a block's fill and drain (tma_rules.DGRAD_BLOCK_US = 1.5 us), worked by hand."""
+    from convgen.tma_rules import DGRAD_BLOCK_US, longest_first_us
+
+    assert DGRAD_BLOCK_US == 1.5
+    assert longest_first_us(work, sms, 1.0) == pytest.approx(expected)
