@@ -41,10 +41,13 @@ def _label(name: str, commits: dict[str, str]) -> str:
 def rows(paths: list[Path], plans: str = "planner") -> list[str]:
     """One markdown row per suite: suite and commit, GPU time, eager time, latency-bound rows.
     Each pass comes from the newest run that measured it, so a run of one pass (a wgrad change
-    benched alone) updates that pass and leaves the others' figures as their last runs gave them."""
+    benched alone) updates that pass and leaves the others' figures as their last runs gave them.
+    A run of some layers (`convgen bench --layers`) is no suite's figure and is left out."""
     newest: dict[tuple[str, str], tuple[str, dict, dict]] = {}  # (suite, pass) -> (timestamp, result, suite)
     for path in paths:
         result = json.loads(path.read_text())
+        if result.get("settings", {}).get("layers_filter"):
+            continue  # `--layers`: some rows of a suite, not the suite
         for suite in result["suites"]:
             if not _ran(suite, plans):
                 continue

@@ -62,3 +62,17 @@ def test_a_run_of_one_pass_updates_that_pass_only(tmp_path):
                           passes=("wgrad",)))
     assert perf_table.rows([wgrad, whole]) == [
         "| vgg16, aaaaaaa (wgrad bbbbbbb) | 1.07 / 1.06 / 1.10 | 1.08 / 1.08 / 1.20 | 1.50 / 2.00 / 1.60 (4 rows) |"]
+
+
+def test_a_run_of_some_layers_is_left_out(tmp_path):
+    """`convgen bench --layers` (a rule's rows benched alone) measures part of a suite: a newer
+    such run leaves the suite's row as its last whole run gave it."""
+    whole = _write(tmp_path, "whole.json", "aaaaaaa", "2026-12-07T08:00:00+00:00",
+                   _suite("unet", "planner", (1.11, 1.20, 1.18), (1.14, 1.23, 1.15), None, 0, 2))
+    some = tmp_path / "some.json"
+    some.write_text(json.dumps({"git": {"commit": "bbbbbbb"}, "timestamp": "2026-12-07T09:00:00+00:00",
+                                "settings": {"layers_filter": "dec1-cat96,dec2-cat192"},
+                                "suites": [_suite("unet", "planner", (0.5, 0.93, 0.5), (1, 1, 1), None, 0, 1,
+                                                  passes=("dgrad",))]}))
+    assert perf_table.rows([whole, some]) == [
+        "| unet, aaaaaaa | 1.11 / 1.20 / 1.18 | 1.14 / 1.23 / 1.15 | none |"]
