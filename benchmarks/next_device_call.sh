@@ -21,6 +21,8 @@
 #   sanitize-dw  memcheck and racecheck on the depthwise forms (benchmarks/probes/sanitize_dw.py)
 # This session's call:
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
+#   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
+#             suites with tuning on first use (about 9.5 min)
 #
 # The one-off parts of earlier sessions (s39a ... s60, the twin and cluster A/Bs, the gather and L2-hint
 # A/Bs) are in git history: `git show b4e76d2:benchmarks/next_device_call.sh`; benchmarks/NOTES.md says what
@@ -159,6 +161,13 @@ s61() {  # the fifty-first session's first call: the whole GPU suite (last whole
         README_BUDGET=$((585 - SECONDS)) readme
 }
 
+s62() {  # the co-resident twins (fifty-first session) timed: the pointwise suites' wgrad and ResNet-50's 1x1 wgrads
+    # tuned whole (the logs the planner's rule would be fitted to), then the pointwise suites with tuning on first use
+    TUNE="mobilenetv2-pw:-:wgrad efficientnet-b0-pw:-:wgrad resnet50:l4-1x1,l3-1x1,l2-1x1,l1-1x1c:wgrad" \
+        TUNE_BUDGET=330 tune
+    AT_SUITES="mobilenetv2-pw efficientnet-b0-pw" README_BUDGET=$((585 - SECONDS)) autotune
+}
+
 case "${1:-}" in
     suite) suite ;;
     readme) readme ;;
@@ -170,5 +179,6 @@ case "${1:-}" in
     step-batch) step_batch ;;
     sanitize-dw) sanitize_dw ;;
     s61) s61 ;;
+    s62) s62 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
 esac

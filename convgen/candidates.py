@@ -18,7 +18,7 @@ from .ir import ConvProblem, Pass, Target
 from .spec import Plan, stages_whole_halo
 from .mainloop import FRAG, TMA_BLOCK_K, FlatHalo, HaloLdsm, HaloTile, Im2col, MainLoop, StagedHalo, TmaWgmma, Wgmma, fit_tile
 from .planner import check_plan, halo_eligible, halo_vec_b, plan as default_plan
-from .footprint import halo_images
+from .footprint import halo_images, resident_blocks
 from .reduction import resident_split
 from .tma_rules import (EXACT_PERSISTENT_STAGES, EXACT_TMA_BN, EXACT_TMA_STAGES, PERSISTENT_TILES, exact_tile_fits,
                         exact_tile_rate, tma_eligible, tma_split, tma_tail_fill, tma_tiles)
@@ -344,6 +344,9 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
             problem, pass_, target, in_dtype, bm, bn, stages, rate, f"{bm // 64} consumer warpgroup(s)"))
         if p is not None:
             out.append(p)
+            twin = _resident_twin(problem, pass_, target, in_dtype, p, rate)
+            if twin is not None:
+                out.append(twin)
     if pass_ is not Pass.WGRAD:  # and each persistent tile no wider than N, whatever its tile count
         widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
         tiles = sorted(set(PERSISTENT_TILES.values()))  # both passes': the tuner times them all
@@ -356,6 +359,30 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
             if p is not None:
                 out.append(p)
     return out
+
+
+# wgrad's co-resident twins: a 64-row TMA tile's plan (one consumer warpgroup, about 100 KB of
+# ring) fits two blocks an SM, but the cost model's split counts waves of one block an SM, so
+# where its blocks are fewer than the SMs' two slots, each SM runs one block alone.  The tuning
+# logs say a lone block of such a tile runs well under the rate measured with the SM full
+# (ResNet-50's l4-1x1: 64x128 on 128 blocks took 24.7 us where 64x64 on 256 blocks, two an SM,
+# took 21.6 for the same work an SM; MobileNetV2's 7x7 pointwise wgrads ran 1.07-1.27x their
+# best on 64x128 at 2-3 slices: H100 at 4608fd8 and d3f404f, benchmarks/NOTES.md, fifty-first
+# session).  The twin takes the split tma_tile_cost picks when it prices each SM's blocks as
+# sharing it (``resident``), which fills both slots.  A candidate, not the planner's default,
+# until a tuning run has timed it.
+def _resident_twin(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, p: Plan,
+                   rate: float) -> Plan | None:
+    if pass_ is not Pass.WGRAD:
+        return None
+    resident = resident_blocks(p, pass_, target)
+    split = tma_split(problem, pass_, target, p.block_m, p.block_n, rate, resident)[0] if resident > 1 else p.split_k
+    if split == p.split_k:
+        return None
+    return _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
+        p, split_k=split, reasons=(f"tuning candidate {p.block_m}x{p.block_n}x{TMA_BLOCK_K}, TMA + wgmma, "
+                                   f"{p.stages} stages, split-K {split}: {resident} blocks an SM (co-resident twin "
+                                   f"of split-K {p.split_k})",)))
 
 
 # Stream-K wgrad (TmaWgmma(persistent=True) in wgrad): the tiles' steps dealt out evenly to one

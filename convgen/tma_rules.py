@@ -393,11 +393,16 @@ def longest_first_us(work: list[tuple[int, int]], sms: int, step_us: float) -> f
 
 
 def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int, rate: float,
-                  split: int = 1) -> tuple[int, float]:
+                  split: int = 1, resident: int = 1) -> tuple[int, float]:
     """(blocks, predicted microseconds) of a TMA tile on this layer: waves of blocks, each
     reducing its share of K at the tile's measured rate (an SM's part of it), plus a split's
     workspace traffic.  dgrad's residue classes are blocks of unequal length, launched
-    longest first, each to the SM that frees first (longest_first_us)."""
+    longest first, each to the SM that frees first (longest_first_us).
+
+    ``resident`` > 1 prices fprop's and wgrad's waves as ``resident`` blocks an SM, each at that
+    share of the SM's rate (the rate was measured with the SM full), so a wave short of
+    ``resident`` blocks an SM runs its blocks no faster: the cost behind the tuner's
+    co-resident twins (candidates, RESIDENT_TWINS), not yet the planner's."""
     gemm = problem.gemm(pass_)
     step_us = 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
     n_tiles = math.ceil(gemm.n / bn)
@@ -410,7 +415,7 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
                     else math.ceil(gemm.k / TMA_BLOCK_K))
     steps = math.ceil(kernel_steps / split)
     traffic = 2 * split * gemm.m * gemm.n * 4 / HBM_BYTES_PER_US if split > 1 else 0.0
-    return blocks, math.ceil(blocks / target.sm_count) * steps * step_us + traffic
+    return blocks, math.ceil(blocks / (target.sm_count * resident)) * steps * step_us * resident + traffic
 
 
 def tma_tiles(n: int) -> tuple[tuple[int, int, int, float], ...]:
@@ -429,10 +434,11 @@ def tma_splits(problem: ConvProblem, pass_: Pass) -> tuple[int, ...]:
 
 
 def tma_split(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn: int,
-              rate: float) -> tuple[int, int, float]:
+              rate: float, resident: int = 1) -> tuple[int, int, float]:
     """(split-K, blocks, predicted microseconds) of a TMA tile at its cheapest split: what the
-    planner's default and the tuner's candidates both run a tile with."""
-    costs = ((split, *tma_tile_cost(problem, pass_, target, bm, bn, rate, split))
+    planner's default and the tuner's candidates both run a tile with (``resident``: as
+    tma_tile_cost prices it)."""
+    costs = ((split, *tma_tile_cost(problem, pass_, target, bm, bn, rate, split, resident))
              for split in tma_splits(problem, pass_))
     return min(costs, key=lambda c: c[2])
 

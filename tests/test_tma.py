@@ -496,3 +496,51 @@ def test_wgrad_takes_the_192_wide_tile_where_it_covers_n_exactly_as_timed():
                 kept += 1
     assert len(gains) == 12 and kept == 4
     assert math.exp(sum(map(math.log, gains)) / len(gains)) >= 1.05, gains
+
+
+def _twins(problem: ConvProblem, pass_: Pass) -> list[tuple[int, Plan, Plan]]:
+    """(position, tile's own plan, its co-resident twin) among the layer's candidates."""
+    plans = candidates(problem, pass_, SM90)
+    out = []
+    for i, twin in enumerate(plans):
+        if "co-resident twin" in twin.reasons[0]:
+            own = next(p for p in plans[:i] if (p.block_m, p.block_n, p.stages) == (twin.block_m, twin.block_n, twin.stages)
+                       and isinstance(p.loop, TmaWgmma) and "co-resident" not in p.reasons[0])
+            out.append((i, own, twin))
+    return out
+
+
+@pytest.mark.parametrize("layer", [
+    ConvProblem(7, 7, 320, 1280, 1, 1, 1, 0, 1, n=128),   # MobileNetV2's pw7-320to1280: 64x128 at 2 slices, 120 blocks
+    ConvProblem(7, 7, 960, 320, 1, 1, 1, 0, 1, n=128),    # pw7-960to320
+    ConvProblem(7, 7, 512, 2048, 1, 1, 1, 0, 1, n=64),    # ResNet-50's l4-1x1: 64x128 unsplit, 128 blocks
+], ids=["pw7-320to1280", "pw7-960to320", "l4-1x1"])
+def test_wgrad_offers_a_split_that_fills_both_slots_of_a_two_block_tile(layer):
+    """The tuner's co-resident twins: where a 64x128 tile's split leaves each SM one block though
+    two fit (one consumer warpgroup, about 100 KB of ring), a twin of the same tile whose blocks
+    take more than one an SM and no more than two, early enough for tuning on first use."""
+    from convgen import autotune
+    from convgen.footprint import resident_blocks
+
+    twins = {(own.block_m, own.block_n): (i, own, twin) for i, own, twin in _twins(layer, Pass.WGRAD)}
+    i, own, twin = twins[(64, 128)]
+    gemm = layer.gemm(Pass.WGRAD)
+    tiles = -(-gemm.m // 64) * -(-gemm.n // 128)
+    assert resident_blocks(own, Pass.WGRAD, SM90) == 2
+    assert tiles * own.split_k <= SM90.sm_count < tiles * twin.split_k <= 2 * SM90.sm_count
+    assert i < autotune.CANDIDATES
+    assert dataclasses.replace(twin, split_k=own.split_k, reasons=()) == dataclasses.replace(own, reasons=())
+    # one block an SM at most (two consumer warpgroups, or a ring past half the SM): no twin
+    assert all(resident_blocks(o, Pass.WGRAD, SM90) == 2 for _, o, _ in twins.values())
+
+
+def test_co_resident_twins_only_in_wgrad_and_only_of_tiles_an_sm_holds_two_of():
+    from convgen.footprint import resident_blocks
+
+    pointwise = ConvProblem(7, 7, 512, 2048, 1, 1, 1, 0, 1, n=64)
+    assert _twins(pointwise, Pass.FPROP) == [] and _twins(pointwise, Pass.DGRAD) == []
+    # VGG-16 conv4_2 at batch 64: many waves; twins where counting two blocks an SM moves the split
+    big = ConvProblem(28, 28, 512, 512, 3, 3, 1, 1, 1, n=64)
+    twins = _twins(big, Pass.WGRAD)
+    assert twins and all(resident_blocks(o, Pass.WGRAD, SM90) == 2 and t.split_k != o.split_k for _, o, t in twins)
+    assert not any(o.block_m == 128 or o.block_n == 256 for _, o, _ in twins)
