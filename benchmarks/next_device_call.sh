@@ -19,6 +19,7 @@
 #   host      host cost per call (benchmarks/probes/host_cost.py) and the training step's three modes
 #   step-batch  the training step at batch 256 and 2048 (where the GPU, not torch's host work, sets the pace)
 #   sanitize-dw  memcheck and racecheck on the depthwise forms (benchmarks/probes/sanitize_dw.py)
+#   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
 # This session's call:
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
 #   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
@@ -154,6 +155,22 @@ sanitize_dw() {  # each tool's log as $OUT/sanitize-dw-TOOL.log; every sanitized
     done
 }
 
+holdout() {  # speed off the suites: every layer of $HOLDOUT (default .heldout/layers.txt, which git ignores, so the
+    # shapes stay out of the repository and out of every rule's fit; pass it with run's carry) in all three passes
+    # beside cuDNN, until $HOLDOUT_BUDGET s (default 520); one line a layer: name n h w c k r s stride padding dilation groups
+    install
+    local start=$SECONDS name n h w c k r s st pad dil g
+    mkdir -p "$OUT/holdout"
+    while read -r name n h w c k r s st pad dil g; do
+        case "$name" in ''|'#'*) continue ;; esac
+        [ $((SECONDS - start)) -lt "${HOLDOUT_BUDGET:-520}" ] || { echo "not reached: $name"; continue; }
+        CONVGEN_CACHE_DIR=/tmp/cg-holdout timeout 90 python3 -m convgen.cli bench -n $n -h $h -w $w -c $c -k $k -r $r \
+            -s $s --stride $st --padding $pad --dilation $dil --groups $g --pass all $BENCH \
+            --out "$OUT/holdout/$name" 2>&1 | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$name /"
+    done < "${HOLDOUT:-.heldout/layers.txt}"
+    (cd "$OUT" && tar czf holdout.tgz holdout && rm -rf holdout)
+}
+
 s61() {  # the fifty-first session's first call: the whole GPU suite (last whole at 360b732; the planner's defaults
     # have moved since), then README's suites in what is left of 585 s
     SUITE_LIMIT=330 suite
@@ -178,6 +195,7 @@ case "${1:-}" in
     host) host ;;
     step-batch) step_batch ;;
     sanitize-dw) sanitize_dw ;;
+    holdout) holdout ;;
     s61) s61 ;;
     s62) s62 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
