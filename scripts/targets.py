@@ -20,6 +20,11 @@ run's plan source is not the one the target names, or the rows it needs are abse
   convgen within 2x of the roofline floor (geometric mean of time over floor).
 
 Only same-work rows count; a row that failed or disagreed with cuDNN is left out and named.
+
+``--pool NAME`` judges the rows of all the files as one suite NAME, with every pass's geometric
+mean over all its rows besides: how `next_device_call.sh holdout` is read, whose layers (of
+networks with no suite here) each come back as a one-shape run of their own.  The files must
+come from one GPU, commit and plan source, so that the pool is one measurement.
 """
 
 from __future__ import annotations
@@ -116,13 +121,52 @@ def judge(result: dict[str, Any], name: str, assume: Optional[str] = None) -> li
     return out
 
 
+def pool(results: list[tuple[str, dict[str, Any]]], name: str) -> dict[str, Any]:
+    """One result whose single suite ``name`` holds every file's rows, each named after its file
+    where a file has one layer (a one-shape run names its layer by its shape); ValueError when
+    the files differ in GPU, commit or plan source."""
+    keys = {((r.get("gpu") or {}).get("name"), (r.get("git") or {}).get("commit"),
+             (r.get("settings") or {}).get("plans")) for _, r in results}
+    if len(keys) > 1:
+        raise ValueError(f"--pool takes runs of one GPU, commit and plan source, got {sorted(map(str, keys))}")
+    rows = []
+    for label, result in results:
+        mine = [row for suite in result.get("suites", []) for row in suite.get("rows", [])]
+        one_layer = len({row["layer"] for row in mine}) == 1
+        rows += [{**row, "layer": label if one_layer else f"{label}:{row['layer']}"} for row in mine]
+    first = results[0][1]
+    return {**first, "suites": [{"name": name, "rows": rows}]}
+
+
+def pooled_means(result: dict[str, Any]) -> list[str]:
+    """Each pass's geometric-mean speedup over all of the pool's usable rows."""
+    rows = result["suites"][0]["rows"]
+    out = []
+    for p in PASSES:
+        mine = [r for r in rows if r["pass"] == p and usable(r)]
+        if mine:
+            out.append(f"{result['suites'][0]['name']} {p}: all {len(mine)} rows: "
+                       f"{_x(geomean(r['speedup'] for r in mine))} cuDNN's GPU time")
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", type=Path, help="convgen bench JSON files")
     ap.add_argument("--assume-plans", choices=("defaults", "first use"),
                     help="the plan source of runs that did not record one, as their notes say (the "
                          "device script's runs are the planner's defaults: CONVGEN_TUNED=0)")
+    ap.add_argument("--pool", metavar="NAME", help="judge all the files' rows as one suite NAME (held-out layers)")
     args = ap.parse_args(argv)
+    if args.pool:
+        labels = [p.parent.name if p.parent.name not in ("", ".") else p.stem for p in args.results]
+        try:
+            merged = pool([(lb, json.loads(p.read_text())) for lb, p in zip(labels, args.results)], args.pool)
+        except ValueError as e:
+            ap.error(str(e))
+        print("\n".join(judge(merged, f"{args.pool} ({len(args.results)} files)", args.assume_plans)
+                        + pooled_means(merged)))
+        return 0
     for path in args.results:
         print("\n".join(judge(json.loads(path.read_text()), path.name, args.assume_plans)))
     return 0

@@ -64,3 +64,39 @@ def test_the_command_reads_a_committed_run(capsys):
     out = capsys.readouterr().out
     n = len([r for r in json.loads(path.read_text())["suites"][0]["rows"] if r["pass"] == "fprop"])
     assert f"resnet50 fprop: issue 17, all {n} rows:" in out and "plans: not recorded" in out
+
+
+def test_pool_judges_held_out_runs_as_one_suite(tmp_path, capsys):
+    """Each held-out layer comes back as a one-shape run in a folder of its name: pooled, the
+    rows take those names, issue 16's bound and issue 17's rates apply to them, and each pass
+    gets its mean over all rows."""
+    runs = {"dn121-1x1": [_row("shape", "fprop", 0.8, 100), _row("shape", "wgrad", 1.25, 100)],
+            "sd-unet-640": [_row("shape", "fprop", 1.0, 500, c=640, r=3, gflop=60, cg_tf=610)]}
+    paths = []
+    for name, rows in runs.items():
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / "nvidia-h200_2026-12-07_abc1234-shape.json"
+        path.write_text(json.dumps(_result(DEFAULTS, [("shape", rows)])))
+        paths.append(str(path))
+    assert targets.main(["--pool", "holdout", *paths]) == 0
+    text = capsys.readouterr().out
+    assert "holdout fprop: issue 16, 1 of 2 rows under 300 TFLOP/s: 0.80x (target 0.9x): MISSED" in text
+    assert "compute-bound sd-unet-640: convgen 610, cuDNN 500 TFLOP/s (1.00x)" in text
+    assert "holdout fprop: issue 17, sd-unet-640 (60 GFLOP): 610 TFLOP/s (target 600): met" in text
+    assert "holdout fprop: all 2 rows: 0.89x cuDNN's GPU time" in text
+    assert "holdout wgrad: all 1 rows: 1.25x cuDNN's GPU time" in text
+
+
+def test_pool_refuses_runs_of_different_commits(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_result(DEFAULTS, [("shape", [_row("shape", "fprop", 1.0, 100)])])))
+    other = _result(DEFAULTS, [("shape", [_row("shape", "fprop", 1.0, 100)])])
+    other["git"]["commit"] = "def5678"
+    b.write_text(json.dumps(other))
+    try:
+        targets.main(["--pool", "holdout", str(a), str(b)])
+    except SystemExit as e:
+        assert e.code == 2
+    else:
+        raise AssertionError("mixed commits were pooled")
+    assert "one GPU, commit and plan source" in capsys.readouterr().err
