@@ -157,7 +157,8 @@ sanitize_dw() {  # each tool's log as $OUT/sanitize-dw-TOOL.log; every sanitized
 
 holdout() {  # speed off the suites: every layer of $HOLDOUT (default .heldout/layers.txt, which git ignores, so the
     # shapes stay out of the repository and out of every rule's fit; pass it with run's carry) in all three passes
-    # beside cuDNN, until $HOLDOUT_BUDGET s (default 520); one line a layer: name n h w c k r s stride padding dilation groups
+    # beside cuDNN, until $HOLDOUT_BUDGET s (default 520); one line a layer: name n h w c k r s stride padding dilation groups.
+    # Read back with `python3 scripts/targets.py --assume-plans defaults --pool holdout holdout/*/*.json`
     install
     local start=$SECONDS name n h w c k r s st pad dil g
     mkdir -p "$OUT/holdout"
