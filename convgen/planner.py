@@ -17,7 +17,7 @@ from .limits import check_index_limits
 from . import depthwise
 from .mainloop import FRAG, Depthwise, FlatHalo, HaloLdsm, HaloTile, StagedHalo, TmaHalo, TmaWgmma, Wgmma, fit_tile
 from .short_reduction_rules import exact_n_tile, narrow_stream_tile
-from .small_layer_rules import halo_default, split_k
+from .small_layer_rules import ONE_TILE_BLOCKS_PER_SM, halo_default, split_k, wgrad_one_tile
 from .footprint import gathered_channels, reduction_steps, smem_bytes, staged_halo_halves, tiles_per_block
 from . import tma_halo
 from .tma_plan import tma_plan
@@ -214,6 +214,10 @@ def plan(
             bn, halved = bn // 2, True
         crowded = crowded or "a gather one channel at a time through registers and WMMA inputs held twice"
     wm, wn = _warp_grid(bm, bn, warps)
+    one = None if scalar or rdna_scalar or narrow is not None else wgrad_one_tile(problem, pass_, target)
+    if one is not None:
+        bm, bn, wm, wn, bk = one.block_m, one.block_n, one.warps_m, one.warps_n, one.block_k
+        reasons.append(one.why)
     exact = None if scalar or rdna_scalar else exact_n_tile(problem, pass_)
     if exact is not None:
         bm, bn, wm, wn, why = exact
@@ -248,6 +252,8 @@ def plan(
     stages = 3 if cp_async else 2
     if cp_async and big_k:
         stages = 4
+    if one is not None:
+        stages = one.stages
     reasons.append(
         f"{stages} stages: "
         + ("cp.async ring with zero-fill for the halo" if cp_async else "register-staged double buffer (no cp.async on this target)")
@@ -266,7 +272,8 @@ def plan(
         reasons.append(
             f"shrunk to {candidate.stages} stages x K-step {candidate.block_k} to fit {target.smem_limit} bytes of shared memory"
         )
-    split, why = split_k(candidate, problem, pass_, target, smem_bytes(candidate, pass_, target.warp_size, problem))
+    split, why = split_k(candidate, problem, pass_, target, smem_bytes(candidate, pass_, target.warp_size, problem),
+                         ONE_TILE_BLOCKS_PER_SM if one is not None else None)
     candidate = _replace(candidate, split_k=split)
     reasons.append(why)
     reasons.append(

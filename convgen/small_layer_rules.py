@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 from .footprint import smem_bytes
 from .ir import ConvProblem, DType, Pass, Target
@@ -53,21 +54,69 @@ BF16_HALO_FRAGMENTS = 4
 # candidates: tuning/nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json); wider N,
 # longer reductions and narrow (8-pixel) images untimed.
 MAX_EXACT_HALO_N = 96
+# A pointwise wgrad whose M (filters) or N (channels) passes 128 by at most an eighth of a tile
+# (128 < M or N <= 144) and whose other side is narrow: the power-of-two tiles (cap 128) cover it
+# in two, the second at most an eighth used, and each re-reads all of the other operand over the
+# layer's long pixel reduction.  One tile covering it won on both such layers of MobileNetV2, on
+# both GPUs that tuned them (`convgen tune`, no db; benchmarks/NOTES.md, fifty-first session):
+# pw56-24to144 (M = 144, N = 24) 256x32x32 on 4 warps at 264 slices 65.5 us on an H100 (4608fd8;
+# the 128x32 default 76.3-81.1) and 74.0 on an H200 (5bf5603: 1.02x the best, the default 80.6);
+# pw56-144to24 (M = 24, N = 144) 32x144x64 on 1x3 warps at 264 slices 65.2 (H100) and 56.2 us
+# (H200: the best), where the 32x128 default ran 79.1 on the H200.  Where the second tile is half
+# used or more (M = 192 or 240: pw28-32to192, pw28-40to240) two 128-row tiles ran as fast or
+# faster, so the rule stops at an eighth.  Its K-steps, rings and split are the winners' (the
+# 32x144 tile on 3 stages holds three blocks an SM, but split for three it is untimed).
+ONE_TILE_OVERFLOW = 16  # rows or columns past 128: an eighth of a tile
+ONE_TILE_OTHER = 32     # the other side's widest, as measured (24)
+ONE_TILE_BLOCKS_PER_SM = 2  # both winners' split (264 slices of one tile on 132 SMs; 512 ran 1.09-1.24x slower)
 BLOCKS_PER_SM_CAP = 8  # registers, not shared memory, bound small blocks past this
 THREADS_PER_SM = 2048
 
 
-def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem: int) -> tuple[int, str]:
+class OneTile(NamedTuple):
+    """The tile :func:`wgrad_one_tile` gives, as the tuning runs timed it."""
+    block_m: int
+    block_n: int
+    warps_m: int
+    warps_n: int
+    block_k: int
+    stages: int
+    why: str
+
+
+def wgrad_one_tile(problem: ConvProblem, pass_: Pass, target: Target) -> OneTile | None:
+    """The one tile that covers a pointwise wgrad's M or N just past 128 (ONE_TILE_OVERFLOW),
+    with the K-step and ring both timed winners ran; its split takes ONE_TILE_BLOCKS_PER_SM."""
+    if pass_ is not Pass.WGRAD or problem.groups > 1 or (problem.r, problem.s) != (1, 1) or not target.info.cp_async:
+        return None
+    gemm = problem.gemm(pass_)
+    why = ("one tile covers {dim}={n}: the power-of-two tiles (cap 128) need two, the second {used:.0%} used, each "
+           "re-reading the other operand over the pixels; {ring}, split for {blocks} blocks an SM, as timed "
+           "(1.09-1.41x on MobileNetV2's pw56 wgrads: small_layer_rules.ONE_TILE_OVERFLOW)")
+    if 128 < gemm.m <= 128 + ONE_TILE_OVERFLOW and gemm.n <= ONE_TILE_OTHER:
+        return OneTile(256, fit_tile(gemm.n, 128), 4, 1, 32, 4, why.format(
+            dim="M", n=gemm.m, used=(gemm.m - 128) / 128, ring="K-step 32 on 4 stages", blocks=ONE_TILE_BLOCKS_PER_SM))
+    if 128 < gemm.n <= 128 + ONE_TILE_OVERFLOW and gemm.m <= ONE_TILE_OTHER:
+        exact = math.ceil(gemm.n / FRAG) * FRAG
+        wn = max(d for d in (1, 2, 3, 4) if (exact // FRAG) % d == 0)
+        return OneTile(fit_tile(gemm.m, 128), exact, 1, wn, 64, 3, why.format(
+            dim="N", n=gemm.n, used=(gemm.n - 128) / 128, ring="K-step 64 on 3 stages", blocks=ONE_TILE_BLOCKS_PER_SM))
+    return None
+
+
+def split_k(plan: Plan, problem: ConvProblem, pass_: Pass, target: Target, smem: int,
+            blocks_per_sm: int | None = None) -> tuple[int, str]:
     """(split-K, why) for an im2col plan whose block needs ``smem`` bytes: slices enough
-    to fill the SMs' resident blocks when the output has fewer than half as many tiles
-    as SMs and the reduction is long, each slice keeping at least 4 K-steps."""
+    to fill the SMs' resident blocks (or ``blocks_per_sm`` of them, where a rule says) when the
+    output has fewer than half as many tiles as SMs and the reduction is long, each slice
+    keeping at least 4 K-steps."""
     gemm = problem.group_gemm(pass_)  # a grouped layer's groups tile side by side
     tiles = math.ceil(gemm.m / plan.block_m) * math.ceil(gemm.n / plan.block_n) * problem.groups if gemm.m else 0
     steps = math.ceil(gemm.k / plan.block_k) if gemm.k else 0
     occupancy = 1
     if pass_ is Pass.WGRAD:
         occupancy = max(1, min(BLOCKS_PER_SM_CAP, target.smem_limit // max(smem, 1),
-                               THREADS_PER_SM // (plan.warps * target.warp_size)))
+                               THREADS_PER_SM // (plan.warps * target.warp_size), blocks_per_sm or BLOCKS_PER_SM_CAP))
     split = 1
     if tiles and tiles < target.sm_count // 2 and steps >= 8:
         split = max(1, min(math.ceil(target.sm_count * occupancy / tiles), steps // 4, MAX_SPLIT))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from convgen.ir import ConvProblem, Pass, Target
-from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo
+from convgen.mainloop import HaloLdsm, HaloTile, Im2col, StagedHalo, TmaWgmma
 from convgen.planner import check_plan, plan
 
 H200 = Target("sm_90", 132)
@@ -142,3 +142,46 @@ def test_wide_images_take_the_halo_plan_their_tuning_runs_timed_fastest(monkeypa
     assert len(ratios) >= 7, "the logs hold at least seven layers the rule takes (UNet dec1-cat96 dgrad, N = 96, among them)"
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) <= 1.05
 
+
+
+POINTWISE_WGRAD_LOGS = [TUNING / "nvidia-h100_2026-12-05_4608fd8-tune-mobilenetv2-pw-wgrad.json",
+                        TUNING / "nvidia-h200_2026-12-04_5bf5603-tune-mobilenetv2-pw-wgrad.json"]
+
+
+def test_a_wgrad_just_past_128_takes_one_tile_as_both_gpus_timed_it(monkeypatch):
+    """ONE_TILE_OVERFLOW against both MobileNetV2 pointwise wgrad logs (an H100's and an
+    H200's): on every layer the rule takes, the rule's tile and warps at its split were timed
+    at least 1.08x faster than the plan it replaces and within 2% of the layer's fastest
+    candidate (the stages may differ: the tuner offered 3, the planner gives 4); on every layer
+    whose M or N passes 128 by more (192, 240), it stays off, where two tiles ran as fast."""
+    import convgen.planner as planner
+
+    monkeypatch.setenv("CONVGEN_TUNED", "0")
+    taken = 0
+    for path in POINTWISE_WGRAD_LOGS:
+        for layer in json.loads(path.read_text())["layers"]:
+            problem = _logged_problem(layer["problem"])
+            gemm = problem.gemm(Pass.WGRAD)
+            mine = plan(problem, Pass.WGRAD, H200)
+            rule = any("small_layer_rules.ONE_TILE_OVERFLOW" in r for r in mine.reasons)
+            if not (128 < gemm.m <= 256 or 128 < gemm.n <= 256) or isinstance(mine.loop, TmaWgmma):
+                assert not rule, layer["layer"]
+                continue
+            if not rule:
+                assert min(gemm.m, gemm.n) > 32 or max(gemm.m, gemm.n) > 144, layer["layer"]
+                continue
+            taken += 1
+            with monkeypatch.context() as m:
+                m.setattr(planner, "wgrad_one_tile", lambda *a: None)
+                before = plan(problem, Pass.WGRAD, H200)
+            im2col = [r for r in layer["rows"] if r["ok"] and not r["plan"].get("tma") and "split_reduce" not in r["plan"]]
+            tile = ("block_m", "block_n", "block_k", "warps_m", "warps_n", "split_k")
+
+            def timed(p):
+                return [r["us"] for r in im2col if all(r["plan"][k] == getattr(p, k) for k in tile)]
+
+            best = min(r["us"] for r in layer["rows"] if r["ok"])
+            assert timed(mine) and timed(before), (path.name, layer["layer"], mine.brief(), before.brief())
+            assert min(timed(mine)) <= 1.02 * best, (path.name, layer["layer"], min(timed(mine)), best)
+            assert min(timed(before)) >= 1.08 * min(timed(mine)), (path.name, layer["layer"])
+    assert taken == 4, "pw56-24to144 (M = 144) and pw56-144to24 (N = 144) in both logs"
