@@ -1,19 +1,19 @@
-"""`convgen bench` without a GPU: traffic and floor arithmetic, statistics, what each side
-computes (the same work by default), summaries, the table, file naming and JSON, the CLI,
-the timing loops and a row's harness against a fake device, and the no-GPU exit path.
-The GPU run itself is exercised on the GPU machine (benchmarks/gpu_smoke.sh)."""
+"""`convgen bench` without a GPU, the numbers in a row: traffic and floor arithmetic,
+statistics, what each side computes (the same work by default, so that a speedup compares
+like with like), the plan a row names and where it comes from, and the summaries over rows.
+The stand-ins the other bench tests import (a fake device, the CLI's arguments, a fake
+result) are kept here.  The table, the files and the CLI are tests/test_bench_cli.py's, the
+timing loops tests/test_bench_timing.py's; the GPU run itself is exercised on the GPU machine
+(benchmarks/gpu_smoke.sh)."""
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 
 import pytest
 
-from convgen.tools import timing
-from convgen.tools.bench import command, harness, plot, report, rows, stats
-from convgen.cli import build_parser, main
+from convgen.tools.bench import command, harness, report, rows, stats
+from convgen.cli import build_parser
 from convgen.ir import ConvProblem, Pass, Target
 from convgen.suites import SUITES, Layer
 
@@ -74,6 +74,11 @@ def test_geomean():
     assert stats.geomean([2.0, None, 8.0]) == pytest.approx(4.0)
     assert stats.geomean([]) is None
     assert stats.geomean([None, float("nan"), 0.0, -1.0]) is None
+
+
+def test_geomean_of_known_values():
+    assert stats.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert stats.geomean([1.0, 10.0, 100.0]) == pytest.approx(10.0)
 
 
 def test_time_stats():
@@ -269,6 +274,53 @@ def test_rows_plan_the_kernel_of_their_work():
     assert same["convgen"]["key"] != fused["convgen"]["key"]
 
 
+def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
+    """A row names the plan convgen.conv2d runs on that GPU: the shipped tuned plan where
+    there is one (the bench once recorded the planner's plan next to a tuned plan's time)."""
+    from convgen import tuning_db
+    from convgen.planner import plan as default_plan
+
+    layer = next(l for l in SUITES["resnet50"] if l.name == "l4-1x1")  # tuned on the H200, unlike the planner
+    target = Target("sm_90", 132)
+    tuned = tuning_db.lookup("NVIDIA H200", layer.problem.geometry, Pass.WGRAD, "float16", "sm_90")
+    assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.WGRAD, target).as_dict()
+    item = rows.Item("resnet50", layer, Pass.WGRAD)
+    row = rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
+    assert row["convgen"]["plan"] == tuned.as_dict()
+    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
+        == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
+    monkeypatch.setenv("CONVGEN_TUNED", "0")
+    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
+        == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
+
+
+def test_rows_and_settings_name_where_the_plans_come_from(monkeypatch):
+    """Issue 16's targets differ by plan source (the planner's defaults, or tuning on first
+    use), so each row and the run's settings say which it was: a database entry, the planner,
+    or the tuner at the first call, whose plan the run reads back afterwards."""
+    import convgen
+
+    layer = next(l for l in SUITES["resnet50"] if l.name == "l4-1x1")  # tuned on the H200
+    target = Target("sm_90", 132)
+    item = rows.Item("resnet50", layer, Pass.WGRAD)
+
+    def source(gpu: str) -> str:
+        return rows.new_row(item, target=target, with_cudnn=True, gpu_name=gpu)["convgen"]["plan_source"]
+
+    try:
+        convgen.set_autotune(False)
+        assert (source("NVIDIA H200"), source("Some Other GPU")) == ("tuning database", "planner")
+        assert rows.plans_setting() == "this GPU's tuning databases, else the planner"
+        convgen.set_autotune(True)
+        assert (source("NVIDIA H200"), source("Some Other GPU")) == ("tuning database", "first use")
+        assert rows.plans_setting().endswith("; a shape neither covers is tuned on its first call (autotune)")
+        monkeypatch.setenv("CONVGEN_TUNED", "0")  # the planner's plans only: no tuning on first use either
+        assert source("NVIDIA H200") == "planner"
+        assert rows.plans_setting() == "the planner's defaults (CONVGEN_TUNED=0: no tuning database)"
+    finally:
+        convgen.set_autotune(None)
+
+
 def test_finish_row_derived_fields():
     r = fake_row("s", Layer("l", PROB), Pass.FPROP, 10.0, 25.0, cg_eager=40.0, cd_eager=60.0)
     assert r["speedup"] == pytest.approx(2.5) and r["eager_speedup"] == pytest.approx(1.5)
@@ -357,241 +409,11 @@ def test_summary_costs_line():
     assert "cold median 200 ms (max 300)" in text and "warm disk 2.0 ms" in text and "autotune) 50 ms" in text
 
 
-def test_table_alignment_and_marks():
-    res = fake_result()
-    lines = report.table_lines(res["suites"][1]["rows"])
-    header = lines[0]
-    assert header.split()[:2] == ["layer", "pass"] and "GPU x" in header and "eager x" in header and "/floor" in header
-    for col in ("GPU x", "eager x"):
-        end = header.index(col) + len(col)
-        for line in lines[2:]:
-            cell = line[:end].split()[-1]
-            assert cell.endswith("x") and line[end - len(cell):end] == cell  # right-aligned under the header
-    assert "MISMATCH err=5.0e-01" in lines[2]
-    assert all(line.isascii() for line in lines)
-    cells = lines[3].split()  # cifar-vgg conv1 dgrad: 10 us vs 20 us; eager 30 vs 40; host 12.5 vs 30
-    assert cells[2:10] == ["10.0", "20.0", "2.00x", "30.0", "40.0", "1.33x", "12.5", "30.0"]
-
-
-def test_table_dashes_for_unmeasured():
-    res = fake_result(cudnn=False)
-    line = report.table_lines(res["suites"][0]["rows"])[2]
-    cells = line.split()
-    assert cells[3] == "-" and cells[4] == "-" and cells[6] == "-"  # cuDNN GPU, GPU x, cuDNN eager
-
-
-def test_format_report():
-    text = report.format_report(fake_result())
-    assert "== cifar-resnet (9 rows) ==" in text and "== cifar-vgg (9 rows) ==" in text
-    assert "== all suites ==" in text
-    assert "geomean speedup (cuDNN/convgen), GPU time: fprop" in text
-    assert "geomean speedup (cuDNN/convgen), eager time: fprop" in text
-    assert "1 row(s) left out of the means" in text
-    assert "NVIDIA H200" in text and "781 TFLOP/s" in text and "4.2 TB/s" in text
-    assert "empty kernel costs 4.2 us" in text
-    assert "same work: fprop conv(x, w) without bias on both sides, dgrad dx alone, wgrad dW alone" in text
-    assert "fused" not in text  # no fused section unless asked for
-
-
-def test_fused_rows_never_enter_the_headline_means():
-    plain, with_fused = fake_result(), fake_result(fused=True)
-    assert with_fused["summary"] == plain["summary"]
-    assert [s["summary"] for s in with_fused["suites"]] == [s["summary"] for s in plain["suites"]]
-    f = with_fused["fused"]
-    assert f["label"].startswith("fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu")
-    assert f["summary"]["speedup"]["fprop"] == pytest.approx(100.0) and f["summary"]["count"]["all"] == 4
-    text = report.format_report(with_fused)
-    head, _, tail = text.partition("=== apart from the means above: fused bias+ReLU vs PyTorch conv2d(x,w,b)+relu")
-    assert tail and "== cifar-vgg fused (2 rows) ==" in tail and "100.00x" in tail and "100.00x" not in head
-
-
-# --------------------------------------------------------------------------- files
-
-
-def test_slug_and_filename():
-    assert report.slug("NVIDIA H200") == "nvidia-h200"
-    assert report.slug("NVIDIA GeForce RTX 4090 (x)") == "nvidia-geforce-rtx-4090-x"
-    assert report.result_filename("NVIDIA H200", "2026-01-02", "abc1234", "all") == "nvidia-h200_2026-01-02_abc1234-all.json"
-    assert report.result_filename("NVIDIA H200", "2026-01-02", None) == "nvidia-h200_2026-01-02_nogit.json"
-
-
-def test_run_tag():
-    assert report.run_tag(list(SUITES)) == "all"
-    assert report.run_tag(["cifar-vgg"]) == "cifar-vgg"
-    assert report.run_tag(["cifar-vgg", "resnet50"]) == "cifar-vgg+resnet50"
-    tag = report.run_tag([], [Layer("conv", STRIDED)])
-    assert tag.startswith("shape-n2-8x8-c4-k6-3x3-s22-p11")
-
-
-def test_write_json_never_overwrites_and_nulls_nan(tmp_path):
-    res = fake_result()
-    res["ceilings"] = {"gemm_tflops": float("nan"), "copy_gbps": float("inf"), "pair": (1, 2)}
-    p1 = report.write_json(res, tmp_path / "out", "a.json")
-    p2 = report.write_json(res, tmp_path / "out", "a.json")
-    assert p1.name == "a.json" and p2.name == "a-2.json"
-
-    def no_constants(c):
-        raise AssertionError(f"non-JSON constant {c}")
-
-    data = json.loads(p1.read_text(), parse_constant=no_constants)
-    assert data["ceilings"] == {"gemm_tflops": None, "copy_gbps": None, "pair": [1, 2]}
-    assert data["suites"][0]["rows"][0]["problem"]["stride"] == [1, 1]
-    assert data["format"] == report.RESULT_FORMAT
-    assert not list((tmp_path / "out").glob("*.tmp"))
-
-
-def test_git_info(tmp_path):
-    info = report.git_info(tmp_path, override="deadbeef")
-    assert info == {"commit": "deadbeef", "dirty": None}
-    assert report.git_info(tmp_path) == {"commit": None, "dirty": None}
-
-
-# --------------------------------------------------------------------------- CLI
+# --------------------------------------------------------------------------- stand-ins the other bench tests share
 
 
 def _args(argv):
     return build_parser().parse_args(["bench", *argv])
-
-
-def test_cli_parse():
-    a = _args(["--suite", "cifar-vgg", "--suite", "resnet50", "--pass", "dgrad", "--reps", "7", "--plot", "x.png",
-               "--no-torch", "--json-only", "--layers", "conv1,conv2"])
-    assert a.suite == ["cifar-vgg", "resnet50"] and a.pass_ == "dgrad" and a.reps == 7
-    assert a.plot == "x.png" and a.no_torch and a.json_only and a.func is command.cmd_bench
-    d = _args(["--suite", "all"])
-    assert d.reps == command.DEFAULT_REPS and d.warmup == command.DEFAULT_WARMUP and d.out is None
-    s = _args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3", "--padding", "1"])
-    assert (s.n, s.h, s.w) == (4, 16, 16) and s.suite is None
-
-
-def test_resolve_items():
-    suites, items = command.resolve_items(_args(["--suite", "all"]))
-    assert suites == list(SUITES)
-    assert len(items) == 3 * sum(len(v) for v in SUITES.values())
-    suites, items = command.resolve_items(_args(["--suite", "cifar-resnet,cifar-vgg", "--layers", "conv1", "--pass", "wgrad"]))
-    assert [(i.suite, i.layer.name, i.pass_) for i in items] == [
-        ("cifar-resnet", "conv1", Pass.WGRAD), ("cifar-vgg", "conv1", Pass.WGRAD)]
-    _, items = command.resolve_items(_args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3",
-                                          "--padding", "same", "--pass", "fprop"]))
-    assert len(items) == 1 and items[0].suite == "shape" and items[0].layer.problem.padding == (1, 1)
-
-
-@pytest.mark.parametrize("argv, msg", [
-    (["--suite", "nope"], "unknown suite"),
-    (["--suite", "cifar-vgg", "-n", "4"], "not both"),
-    (["--suite", "cifar-vgg", "--layers", "conv9"], "no layer named conv9"),
-    (["--suite", "cifar-vgg", "--reps", "0"], "--reps must be >= 1"),
-    (["-n", "4", "-h", "16"], "missing"),
-])
-def test_cli_usage_errors_exit_2(argv, msg, capsys, monkeypatch):
-    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: pytest.fail("GPU probed before the arguments"))
-    assert main(["bench", *argv]) == 2
-    assert msg in capsys.readouterr().err
-
-
-def test_no_gpu_exits_1_with_message(capsys, monkeypatch, tmp_path):
-    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: "test: no device")
-    assert main(["bench", "--suite", "cifar-vgg", "--out", str(tmp_path)]) == 1
-    assert "convgen bench: no CUDA GPU (test: no device)" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())
-
-
-def test_no_gpu_on_this_machine(capsys):
-    from conftest import gpu_unavailable_reason
-
-    if gpu_unavailable_reason() is None:
-        pytest.skip("this machine has a GPU")
-    assert main(["bench", "--suite", "cifar-vgg", "--no-torch"]) == 1
-    assert "convgen bench: no CUDA GPU (" in capsys.readouterr().err
-
-
-def test_dry_run(capsys, monkeypatch):
-    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: pytest.fail("--dry-run probed the GPU"))
-    assert main(["bench", "--suite", "cifar-resnet", "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "21 rows" in out and "res3-down" in out and "wgrad" in out
-    from convgen.planner import plan
-    from convgen.suites import SUITES
-
-    res3 = next(l for l in SUITES["cifar-resnet"] if l.name == "res3")
-    assert plan(res3.problem, Pass.DGRAD, Target("sm_90")).brief() in out  # plans are shown
-
-
-def test_cmd_bench_writes_json_table_and_plot(capsys, monkeypatch, tmp_path):
-    """The whole command around a faked GPU run: naming, JSON, .txt report, printed table."""
-    seen = {}
-
-    def fake_run(args, suites, items):
-        seen.update(suites=suites, n=len(items), variants={it.variant for it in items})
-        return fake_result(fused=args.fused)
-
-    monkeypatch.setattr(command, "gpu_unavailable_reason", lambda: None)
-    monkeypatch.setattr(harness, "run_bench", fake_run)
-    argv = ["bench", "--suite", "cifar-resnet", "--suite", "cifar-vgg", "--out", str(tmp_path), "--no-bias"]
-    import importlib.util
-
-    have_mpl = importlib.util.find_spec("matplotlib") is not None
-    assert main(argv + ["--plot", "auto"]) == 0
-    captured = capsys.readouterr()
-    assert seen == {"suites": ["cifar-resnet", "cifar-vgg"], "n": 33, "variants": {"same"}}  # --no-bias: still accepted
-    path = tmp_path / "nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg.json"
-    assert path.is_file() and path.with_suffix(".txt").is_file()
-    assert "== cifar-vgg (9 rows) ==" in captured.out and f"JSON: {path}" in captured.out
-    data = json.loads(path.read_text())
-    assert data["summary"]["speedup"]["all"] is not None
-    if have_mpl:
-        assert path.with_suffix(".png").stat().st_size > 1000
-    else:
-        assert "needs matplotlib" in captured.err
-    assert data["format"] == 2 and data["fused"] is None
-    row = data["suites"][0]["rows"][0]
-    assert row["convgen"]["computes"].startswith("convgen.conv2d(x, w):") and row["variant"] == "same"
-    assert main(argv + ["--json-only"]) == 0
-    assert capsys.readouterr().out.strip().endswith("cifar-resnet+cifar-vgg-2.json")
-    assert main(argv + ["--json-only", "--fused"]) == 0
-    assert seen["variants"] == {"same", "fused"} and seen["n"] == 33 + 22  # fprop and wgrad of each layer
-    fused = json.loads(tmp_path.joinpath("nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg-3.json").read_text())
-    assert fused["fused"]["suites"][0]["rows"][0]["variant"] == "fused"
-    assert "=== apart from the means above" in tmp_path.joinpath(
-        "nvidia-h200_2026-01-02_abc1234-cifar-resnet+cifar-vgg-3.txt").read_text()
-
-
-@pytest.mark.parametrize("cudnn", [True, False])
-def test_plot(tmp_path, cudnn):
-    pytest.importorskip("matplotlib")
-    p = plot.plot(fake_result(cudnn=cudnn, fused=True), tmp_path / "sub" / "speedup.png")
-    assert p.stat().st_size > 1000
-
-
-def test_plot_panels_keep_the_fused_comparison_apart():
-    titles = [t for t, _ in plot._panels(fake_result(fused=True))]
-    assert titles[:2] == ["cifar-resnet  (same work)", "cifar-vgg  (same work)"]
-    assert len(titles) == 4 and all("fused bias+ReLU" in t for t in titles[2:])
-
-
-def test_default_out_dir_is_the_repositorys():
-    from pathlib import Path
-
-    assert report.default_out_dir() == Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-
-
-def test_progress_fallback_without_tqdm(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm -> ImportError
-    p = harness.Progress(3)
-    for label in ("a", "b", "c"):
-        p.step(label)
-        p.update()
-    p.close()
-    err = capsys.readouterr().err
-    assert "[1/3] a" in err and "[3/3] c" in err
-    q = harness.Progress(3, enabled=False)
-    q.step("x")
-    q.update()
-    q.close()
-    assert capsys.readouterr().err == ""
-
-
-# --------------------------------------------------------------------------- timing loops (fake device)
 
 
 class FakeDevice:
@@ -632,249 +454,3 @@ class FakeDevice:
             self.log.append(name)
             self.t += us
         return fn
-
-
-def test_time_interleaved_abab_flush_and_events_around_op_only():
-    dev = FakeDevice()
-    out = timing.time_interleaved(dev, [("A", dev.op("A", 5.0)), ("B", dev.op("B", 7.0))], 3, spin_us=20.0,
-                                 head_start_us=100.0)
-    assert out == {"A": [5.0] * 3, "B": [7.0] * 3}
-    body = dev.log[dev.log.index("spin100") + 1:-1]
-    assert dev.log[0] == "sync" and dev.log[-1] == "sync"
-    assert body == ["spin20", "flush", "record", "A", "record", "spin20", "flush", "record", "B", "record"] * 3
-
-
-def test_time_interleaved_without_flush():
-    dev = FakeDevice()
-    out = timing.time_interleaved(dev, [("G", dev.op("G", 3.0))], 2, flush=False, spin_us=0.0)
-    assert out == {"G": [3.0, 3.0]} and "flush" not in dev.log
-
-
-def test_host_overhead_per_call():
-    dev = FakeDevice()
-    clock = {"t": 0.0}
-
-    def fn():  # 4 us of host time per call
-        clock["t"] += 4e-6
-
-    us, clean = timing.host_overhead(dev, fn, 50, clock=lambda: clock["t"])
-    assert us == pytest.approx(4.0) and clean is True
-    spins = [e for e in dev.log if e.startswith("spin")]
-    assert spins == ["spin1000"]  # at least 1 ms of spin in front of the calls
-
-
-class AsyncDevice(FakeDevice):
-    """A GPU that runs behind the host: a call costs `host` us of the host's clock and queues
-    `gpu` us of work; sync waits for the queue.  What a user's eager loop meets."""
-
-    def __init__(self, host, gpu):
-        super().__init__()
-        self.host, self.gpu, self.now, self.free_at = host, gpu, 0.0, 0.0
-
-    def sync(self):
-        self.now = max(self.now, self.free_at)
-
-    def clock(self):
-        return self.now * 1e-6
-
-    def call(self):
-        self.now += self.host
-        self.free_at = max(self.free_at, self.now) + self.gpu
-
-
-@pytest.mark.parametrize("host, gpu, expect", [(5.0, 20.0, 20.0), (30.0, 10.0, 30.0)])
-def test_eager_time_is_the_larger_of_host_and_gpu_per_call(host, gpu, expect):
-    dev = AsyncDevice(host, gpu)
-    per_call = timing.eager_per_call(dev, dev.call, 100, clock=dev.clock)
-    assert per_call == pytest.approx(expect, rel=0.02)  # within the first call's latency
-
-
-def test_eager_interleaved_alternates_the_sides():
-    dev = FakeDevice()
-    out = timing.eager_interleaved(dev, [("A", dev.op("A", 1.0)), ("B", dev.op("B", 1.0))], calls=2, trials=3,
-                                   clock=lambda: 0.0)
-    assert [e for e in dev.log if e in "AB"] == ["A", "A", "B", "B"] * 3
-    assert {k: len(v) for k, v in out.items()} == {"A": 3, "B": 3}
-
-
-class RowSession(harness.Session):
-    """The harness's row logic on a fake device: each side is an op of known GPU time."""
-
-    def ops(self, problem, pass_, d, variant="same"):
-        def side(name, us):
-            op = self.dev.op(name, us)
-
-            def fn():
-                op()
-                return name  # an output, so the two sides get compared
-            return fn
-        return side("convgen", 7.0), (side("cudnn", 11.0) if self.torch is not None else None)
-
-    def compare(self, pass_, cg_out, cd_out):
-        return {"rel_err": 1e-4, "parts": {}, "tol": rows.TOLERANCE, "ok": True}
-
-
-def test_run_row_fills_the_three_figures_of_both_sides():
-    dev = FakeDevice()
-    dev.empty = dev.op("empty", 0.0)
-    args = _args(["--suite", "cifar-vgg", "--reps", "4", "--eager-calls", "3", "--eager-trials", "2", "--host-calls", "5"])
-    session = RowSession(None, object(), dev, Target("sm_90", 132), args)
-    item = rows.Item("s", Layer("l", PROB), Pass.FPROP)
-    row = rows.new_row(item, target=None, with_cudnn=True)
-    session.run_row(item, row, {"x": 1}, 0, None)
-    rows.finish_row(row, CEILINGS)
-    for side, us in (("convgen", 7.0), ("cudnn", 11.0)):
-        r = row[side]
-        assert r["time_us"]["median"] == pytest.approx(us) and r["time_us"]["n"] == 4, side
-        assert r["eager_us"]["n"] == 2 and r["eager_us"]["median"] >= 0.0
-        assert r["host_us"] is not None and r["host_clean"] is True
-        assert r["error"] is None
-    assert row["speedup"] == pytest.approx(11.0 / 7.0) and row["check"]["ok"] is True
-    assert row["cudnn"]["first_call_ms"] is not None and row["spin_us"] >= timing.MIN_SPIN_US
-    assert dev.log.count("convgen") == args.warmup + 3 + 5 + 4 + 2 * 3  # warm-up, host probe + calls, reps, eager
-    floor = session.launch_floor(10)
-    assert floor["host_us"] is not None and floor["error"] is None and "empty" in dev.log
-
-
-def test_run_row_without_eager_leaves_it_null():
-    dev = FakeDevice()
-    args = _args(["--suite", "cifar-vgg", "--reps", "2", "--eager-calls", "0", "--host-calls", "0"])
-    session = RowSession(None, object(), dev, Target("sm_90", 132), args)
-    item = rows.Item("s", Layer("l", PROB), Pass.WGRAD)
-    row = rows.new_row(item, target=None, with_cudnn=True)
-    session.run_row(item, row, {"x": 1}, 0, None)
-    assert row["convgen"]["eager_us"] is None and row["convgen"]["time_us"]["n"] == 2
-    assert row["spin_us"] == 100.0  # host cost not measured: the generous spin
-
-
-def test_bench_module_imports_no_gpu_libraries():
-    import subprocess
-
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    code = ("import sys, convgen.cli, convgen.tools.bench.command, convgen.tools.bench.harness, "
-            "convgen.tools.bench.plot; convgen.cli.build_parser(); "
-            "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'tqdm') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
-    assert out.strip() == "[]"
-
-
-def test_geomean_of_known_values():
-    assert stats.geomean([2.0, 8.0]) == pytest.approx(4.0)
-    assert stats.geomean([1.0, 10.0, 100.0]) == pytest.approx(10.0)
-
-
-def test_argparse_namespace_untouched_by_resolve():
-    a = _args(["-n", "4", "-h", "16", "-w", "16", "-c", "8", "-k", "8", "-r", "3", "-s", "3"])
-    before = dict(vars(a))
-    command.resolve_items(a)
-    assert vars(a) == before
-
-
-def test_rows_record_the_tuned_plan_that_runs(monkeypatch):
-    """A row names the plan convgen.conv2d runs on that GPU: the shipped tuned plan where
-    there is one (the bench once recorded the planner's plan next to a tuned plan's time)."""
-    from convgen import tuning_db
-    from convgen.planner import plan as default_plan
-
-    layer = next(l for l in SUITES["resnet50"] if l.name == "l4-1x1")  # tuned on the H200, unlike the planner
-    target = Target("sm_90", 132)
-    tuned = tuning_db.lookup("NVIDIA H200", layer.problem.geometry, Pass.WGRAD, "float16", "sm_90")
-    assert tuned is not None and tuned.as_dict() != default_plan(layer.problem, Pass.WGRAD, target).as_dict()
-    item = rows.Item("resnet50", layer, Pass.WGRAD)
-    row = rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")
-    assert row["convgen"]["plan"] == tuned.as_dict()
-    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="Some Other GPU")["convgen"]["plan"] \
-        == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
-    monkeypatch.setenv("CONVGEN_TUNED", "0")
-    assert rows.new_row(item, target=target, with_cudnn=True, gpu_name="NVIDIA H200")["convgen"]["plan"] \
-        == default_plan(layer.problem, Pass.WGRAD, target).as_dict()
-
-
-def test_rows_and_settings_name_where_the_plans_come_from(monkeypatch):
-    """Issue 16's targets differ by plan source (the planner's defaults, or tuning on first
-    use), so each row and the run's settings say which it was: a database entry, the planner,
-    or the tuner at the first call, whose plan the run reads back afterwards."""
-    import convgen
-
-    layer = next(l for l in SUITES["resnet50"] if l.name == "l4-1x1")  # tuned on the H200
-    target = Target("sm_90", 132)
-    item = rows.Item("resnet50", layer, Pass.WGRAD)
-
-    def source(gpu: str) -> str:
-        return rows.new_row(item, target=target, with_cudnn=True, gpu_name=gpu)["convgen"]["plan_source"]
-
-    try:
-        convgen.set_autotune(False)
-        assert (source("NVIDIA H200"), source("Some Other GPU")) == ("tuning database", "planner")
-        assert rows.plans_setting() == "this GPU's tuning databases, else the planner"
-        convgen.set_autotune(True)
-        assert (source("NVIDIA H200"), source("Some Other GPU")) == ("tuning database", "first use")
-        assert rows.plans_setting().endswith("; a shape neither covers is tuned on its first call (autotune)")
-        monkeypatch.setenv("CONVGEN_TUNED", "0")  # the planner's plans only: no tuning on first use either
-        assert source("NVIDIA H200") == "planner"
-        assert rows.plans_setting() == "the planner's defaults (CONVGEN_TUNED=0: no tuning database)"
-    finally:
-        convgen.set_autotune(None)
-
-
-def test_run_bench_end_to_end_on_a_fake_gpu(monkeypatch, tmp_path):
-    """run_bench's orchestration (stream, device, ceilings, launch floor, one data set per
-    layer, rows of both variants, settings, grouping) with CuPy, the device and the session's
-    GPU calls faked: what the H200 run goes through, minus the kernels."""
-    import contextlib
-    from types import SimpleNamespace
-
-    import convgen.compile
-    import convgen.runtime
-
-    dev = FakeDevice()
-    dev.empty = dev.op("empty", 0.0)
-    dev.recalibrate = lambda: None
-    dev.cycles_per_us = 1980.0
-    fake_cupy = SimpleNamespace(cuda=SimpleNamespace(Stream=SimpleNamespace(null=contextlib.nullcontext()),
-                                                     Device=lambda *a: SimpleNamespace(id=0)))
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setattr(convgen.compile, "detect_target", lambda: Target("sm_90", 132))
-    monkeypatch.setattr(convgen.runtime, "_gpu_name", lambda i: "NVIDIA H200")
-    monkeypatch.setattr(harness, "CudaDevice", lambda cp, stream: dev)
-    monkeypatch.setattr(harness, "_environment", lambda cp, torch, target: {
-        "gpu": {"name": "NVIDIA H200", "arch": target.arch, "sm_count": target.sm_count}, "versions": {}})
-    monkeypatch.setattr(harness.Session, "ceilings", lambda self: {"gemm_tflops": 700.0, "copy_gbps": 4000.0})
-    made = []
-    monkeypatch.setattr(harness.Session, "make_data", lambda self, problem, seed: made.append(problem) or {"x": 1})
-    monkeypatch.setattr(harness.Session, "ops", RowSession.ops)
-    monkeypatch.setattr(harness.Session, "compare", RowSession.compare)
-    args = _args(["--suite", "cifar-resnet", "--layers", "conv1,res3", "--fused", "--no-torch", "--no-compile-time",
-                  "--no-progress", "--reps", "3", "--eager-calls", "2", "--eager-trials", "2", "--host-calls", "4"])
-    suites, items = command.resolve_items(args)
-    result = harness.run_bench(args, suites, items)
-    assert len(made) == 2  # one data set per layer, shared by its passes and variants
-    assert [r["pass"] for r in result["suites"][0]["rows"]] == ["fprop", "dgrad", "wgrad"] * 2
-    assert [(r["layer"], r["pass"]) for r in result["fused"]["suites"][0]["rows"]] == [
-        ("conv1", "fprop"), ("conv1", "wgrad"), ("res3", "fprop"), ("res3", "wgrad")]
-    row = result["suites"][0]["rows"][0]
-    assert row["convgen"]["time_us"]["median"] == pytest.approx(7.0) and row["convgen"]["eager_us"]["n"] == 2
-    assert row["cudnn"] is None and row["variant"] == "same" and "bias" not in row["traffic"]
-    assert row["convgen"]["plan"] is not None  # the tuned H200 plan it would run
-    assert result["launch_floor"]["host_us"] is not None and result["launch_floor"]["calls"] == 100
-    assert result["settings"]["fused"] is True and result["settings"]["eager_calls"] == 2
-    assert result["reference"]["gemm_tflops"] == 781.0 and result["format"] == report.RESULT_FORMAT
-    path = report.write_json(result, tmp_path, "r.json")
-    assert json.loads(path.read_text())["fused"]["summary"]["count"]["all"] == 0  # no cuDNN side: no speedups
-    assert "launch floor" in report.format_report(result)
-    assert result["settings"]["plans"] == rows.plans_setting()
-    assert f"convgen's plans: {rows.plans_setting()}" in report.format_report(result)
-    # with tuning on first use, a row whose shape no database covers names the plan its calls ran
-    ran = {"block_m": 999}
-    monkeypatch.setattr(harness, "plan_run", lambda it: ran)
-    monkeypatch.setattr(convgen.runtime, "_gpu_name", lambda i: "Some Other GPU")
-    convgen.set_autotune(True)
-    try:
-        tuned = harness.run_bench(args, suites, items)
-    finally:
-        convgen.set_autotune(None)
-    assert all(r["convgen"]["plan_source"] == "first use" and r["convgen"]["plan"] is ran
-               for r in tuned["suites"][0]["rows"])
-    assert all(r["convgen"]["plan"] is not ran for r in result["suites"][0]["rows"])
