@@ -18,17 +18,9 @@ import convgen.torch as cgt  # noqa: E402
 import convgen.torch_launch as ctl  # noqa: E402
 from torch_fake import reference_grads as reference  # noqa: E402  (F.conv2d in float64 on the kernels' view)
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.usefixtures("poison_outputs"),
-    # F.conv2d's own note that an even-kernel 'same' reference pads a copy of its input.
-    pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel"),
-]
-if not torch.cuda.is_available():
-    pytest.skip("GPU test: torch.cuda.is_available() is False (no GPU, or a CPU-only torch build)",
-                allow_module_level=True)
-
-from test_torch_gpu import CL, DEV, gen, rel_err, tensor, tol  # noqa: E402  (the GPU tests' data and checks)
+# The GPU tests' marks, data and checks; importing them skips this module too where that one
+# skips (no CUDA GPU).
+from test_torch_gpu import CL, DEV, gen, pytestmark, rel_err, tensor, tol  # noqa: E402, F401
 
 
 # --------------------------------------------------------------------------- CUDA graphs
@@ -128,19 +120,17 @@ def _step(model, x, gy):
     return [y.detach(), x.grad] + [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "reduce-overhead"])
-def test_torch_compile_fullgraph(mode):
-    """torch.compile(fullgraph=True) raises on any graph break; the compiled model (with
-    CUDA graphs under reduce-overhead) must give what the eager model gives, bit for bit
-    (the same kernels on the same data), replay after replay on new data."""
+def _compiled_is_eager(model, mode, name: str, trials: int) -> None:
+    """torch.compile(model, fullgraph=True, mode=mode) steps (forward and backward) on fresh data
+    give the eager model's outputs and gradients bit for bit, trial after trial, in at least one
+    graph, and under reduce-overhead with no CUDA graph skipped."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    model = _small_model()
     compiled = torch.compile(model, fullgraph=True, mode=mode)
-    for trial in range(4):
-        g = gen("compile", mode, trial)
+    for trial in range(trials):
+        g = gen(name, mode, trial)
         x = tensor((4, 8, 16, 16), torch.float16, g)
         gy = tensor((4, 8, 8, 8), torch.float16, g)
         got = [t.clone() for t in _step(compiled, x, gy)]
@@ -151,6 +141,14 @@ def test_torch_compile_fullgraph(mode):
     assert counters["stats"]["unique_graphs"] >= 1
     if mode == "reduce-overhead":
         assert not counters["inductor"]["cudagraph_skips"], f"CUDA graphs were skipped: {dict(counters['inductor'])}"
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"], ids=["default", "reduce-overhead"])
+def test_torch_compile_fullgraph(mode):
+    """torch.compile(fullgraph=True) raises on any graph break; the compiled model (with
+    CUDA graphs under reduce-overhead) must give what the eager model gives, bit for bit
+    (the same kernels on the same data), replay after replay on new data."""
+    _compiled_is_eager(_small_model(), mode, "compile", trials=4)
 
 
 def test_operators_on_cuda_tensors_go_straight_to_their_kernels(monkeypatch):
@@ -251,24 +249,8 @@ def _small_depthwise_model():
 def test_depthwise_torch_compile_fullgraph(mode):
     """A model with depthwise layers under torch.compile(fullgraph=True): no graph break, and
     bit for bit what the eager model gives, which is F.conv2d's (checked in float64 once)."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    counters.clear()
     model = _small_depthwise_model()
-    compiled = torch.compile(model, fullgraph=True, mode=mode)
-    for trial in range(3):
-        g = gen("compile-depthwise", mode, trial)
-        x = tensor((4, 8, 16, 16), torch.float16, g)
-        gy = tensor((4, 8, 8, 8), torch.float16, g)
-        got = [t.clone() for t in _step(compiled, x, gy)]
-        want = _step(model, x, gy)
-        for i, (a, e) in enumerate(zip(got, want)):
-            assert a.shape == e.shape and torch.isfinite(a).all(), f"trial {trial}, output {i}"
-            assert torch.equal(a, e), f"trial {trial}, output {i}: max |diff| {float((a - e).abs().max()):.3g}"
-    assert counters["stats"]["unique_graphs"] >= 1
-    if mode == "reduce-overhead":
-        assert not counters["inductor"]["cudagraph_skips"], f"CUDA graphs were skipped: {dict(counters['inductor'])}"
+    _compiled_is_eager(model, mode, "compile-depthwise", trials=3)
     # The eager model against nn.Conv2d layers with the same weights, in float64.
     ref = nn.Sequential(
         nn.Conv2d(8, 16, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.ReLU(),
