@@ -60,7 +60,7 @@ MAX_EXACT_HALO_N = 96
 # layer's long pixel reduction.  One tile covering it won on both such layers of MobileNetV2, on
 # both GPUs that tuned them (`convgen tune`, no db; benchmarks/NOTES.md, fifty-first session):
 # pw56-24to144 (M = 144, N = 24) 256x32x32 on 4 warps at 264 slices 65.5 us on an H100 (4608fd8;
-# the 128x32 default 76.3-81.1) and 74.0 on an H200 (5bf5603: 1.02x the best, the default 80.6);
+# the 128x32 default 79.3 in that run, 81.1 in the bench) and 74.0 on an H200 (5bf5603: 1.02x the best, the default 80.6);
 # pw56-144to24 (M = 24, N = 144) 32x144x64 on 1x3 warps at 264 slices 65.2 (H100) and 56.2 us
 # (H200: the best), where the 32x128 default ran 79.1 on the H200.  Where the second tile is half
 # used or more (M = 192 or 240: pw28-32to192, pw28-40to240) two 128-row tiles ran as fast or

@@ -402,7 +402,7 @@ def tma_tile_cost(problem: ConvProblem, pass_: Pass, target: Target, bm: int, bn
     ``resident`` > 1 prices fprop's and wgrad's waves as ``resident`` blocks an SM, each at that
     share of the SM's rate (the rate was measured with the SM full), so a wave short of
     ``resident`` blocks an SM runs its blocks no faster: the cost behind the tuner's
-    co-resident twins (candidates, RESIDENT_TWINS), not yet the planner's."""
+    co-resident twins (candidates._resident_twin), not yet the planner's."""
     gemm = problem.gemm(pass_)
     step_us = 2 * bm * bn * TMA_BLOCK_K / (rate * 1e6 / target.sm_count)
     n_tiles = math.ceil(gemm.n / bn)
