@@ -170,8 +170,10 @@ def plan(
     # measured, with cp.async's ring (elsewhere the stages go through registers)
     thin_scalar = (pass_ is Pass.WGRAD and gemm.k >= 1024 and va == 1 and vb >= WIDE_STEP_VEC
                    and gemm.m <= FRAG and target.info.cp_async)
-    bk = 64 if big_k or thin_scalar or narrow is not None else 32
-    if narrow is None:
+    # a pointwise wgrad just past 128 on one side: one tile, with its own K-step (small_layer_rules)
+    one = None if scalar else wgrad_one_tile(problem, pass_, target)
+    bk = one.block_k if one is not None else 64 if big_k or thin_scalar or narrow is not None else 32
+    if narrow is None and one is None:
         reasons.append(
             f"K-step {bk}: "
             + ("long reduction, fewer barriers per FLOP" if big_k else
@@ -214,9 +216,8 @@ def plan(
             bn, halved = bn // 2, True
         crowded = crowded or "a gather one channel at a time through registers and WMMA inputs held twice"
     wm, wn = _warp_grid(bm, bn, warps)
-    one = None if scalar or rdna_scalar or narrow is not None else wgrad_one_tile(problem, pass_, target)
-    if one is not None:
-        bm, bn, wm, wn, bk = one.block_m, one.block_n, one.warps_m, one.warps_n, one.block_k
+    if one is not None:  # (never a narrow stream tile, a fprop/dgrad one, nor RDNA: no cp.async)
+        bm, bn, wm, wn = one.block_m, one.block_n, one.warps_m, one.warps_n
         reasons.append(one.why)
     exact = None if scalar or rdna_scalar else exact_n_tile(problem, pass_)
     if exact is not None:
