@@ -229,11 +229,9 @@ def _exact_tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_
         if p is not None:
             _add_unique(p, seen, out)
     if pass_ is not Pass.WGRAD:  # and persistent, as the 128x256 tile the planner gives such layers runs
-        p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
-            128, EXACT_TMA_BN, TMA_BLOCK_K, 8, 1, EXACT_PERSISTENT_STAGES, 8, 8, in_dtype, in_dtype,
-            loop=TmaWgmma(persistent=True),
-            reasons=(f"tuning candidate 128x{EXACT_TMA_BN}x{TMA_BLOCK_K}, persistent TMA + wgmma, exactly "
-                     f"{gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}, {EXACT_PERSISTENT_STAGES} stages",)))
+        p = _feasible(problem, pass_, target, in_dtype, lambda: _tma_persistent_tile(
+            in_dtype, 128, EXACT_TMA_BN, EXACT_PERSISTENT_STAGES, False,
+            f", exactly {gemm.n // EXACT_TMA_BN} tiles of N={gemm.n}"))
         if p is not None:
             _add_unique(p, seen, out)
     return out
@@ -351,14 +349,20 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
         widest = max(bn for _, bn, _, _ in tma_tiles(problem.gemm(pass_).n))
         tiles = sorted(set(PERSISTENT_TILES.values()))  # both passes': the tuner times them all
         for bm, bn, stages, pingpong in (t for t in tiles if t[1] <= widest):
-            p = _feasible(problem, pass_, target, in_dtype, lambda: Plan(
-                bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, in_dtype, in_dtype,
-                loop=TmaWgmma(persistent=True, pingpong=pingpong),
-                reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma"
-                         f"{', ping-pong' if pingpong else ''}, {stages} stages",)))
+            p = _feasible(problem, pass_, target, in_dtype,
+                          lambda: _tma_persistent_tile(in_dtype, bm, bn, stages, pingpong))
             if p is not None:
                 out.append(p)
     return out
+
+
+def _tma_persistent_tile(in_dtype: str, bm: int, bn: int, stages: int, pingpong: bool, detail: str = "") -> Plan:
+    """A persistent TMA plan (fprop, dgrad): ping-pong's two consumer warpgroups take whole
+    tiles (8 consumer warps whatever the rows), the cooperative kind's share each tile's rows."""
+    return Plan(bm, bn, TMA_BLOCK_K, 8 if pingpong else bm // 16, 1, stages, 8, 8, in_dtype, in_dtype,
+                loop=TmaWgmma(persistent=True, pingpong=pingpong),
+                reasons=(f"tuning candidate {bm}x{bn}x{TMA_BLOCK_K}, persistent TMA + wgmma"
+                         f"{', ping-pong' if pingpong else ''}{detail}, {stages} stages",))
 
 
 # wgrad's co-resident twins: a 64-row TMA tile's plan (one consumer warpgroup, about 100 KB of
@@ -373,10 +377,10 @@ def _tma_candidates(problem: ConvProblem, pass_: Pass, target: Target, in_dtype:
 # until a tuning run has timed it.
 def _resident_twin(problem: ConvProblem, pass_: Pass, target: Target, in_dtype: str, p: Plan,
                    rate: float) -> Plan | None:
-    if pass_ is not Pass.WGRAD:
+    resident = resident_blocks(p, pass_, target) if pass_ is Pass.WGRAD else 1
+    if resident == 1:
         return None
-    resident = resident_blocks(p, pass_, target)
-    split = tma_split(problem, pass_, target, p.block_m, p.block_n, rate, resident)[0] if resident > 1 else p.split_k
+    split = tma_split(problem, pass_, target, p.block_m, p.block_n, rate, resident)[0]
     if split == p.split_k:
         return None
     return _feasible(problem, pass_, target, in_dtype, lambda: dataclasses.replace(
