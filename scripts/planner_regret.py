@@ -30,11 +30,6 @@ TUNING = ROOT / "benchmarks" / "results" / "tuning"
 SM90 = Target("sm_90", 132)
 
 
-def problem_of(d: dict[str, Any]) -> ConvProblem:
-    return ConvProblem(d["h"], d["w"], d["c"], d["k"], d["r"], d["s"], tuple(d["stride"]), tuple(d["padding"]),
-                       tuple(d["dilation"]), d.get("groups", 1), n=d["n"])
-
-
 def plan_key(p: dict[str, Any]) -> tuple:
     """A plan as the logs record it, less what the input dtype decides (read_a, read_b)."""
     return tuple(sorted((k, v) for k, v in p.items() if k not in ("read_a", "read_b", "reasons")))
@@ -53,7 +48,7 @@ def regrets(logs: Iterable[Path], pass_: Optional[str] = None) -> tuple[list[tup
             rows = [r for r in layer["rows"] if r.get("ok") and r.get("us") is not None and math.isfinite(r["us"])]
             if len(rows) < 2:
                 continue
-            today = plan_key(plan(problem_of(layer["problem"]), Pass(layer["pass"]), SM90).as_dict())
+            today = plan_key(plan(ConvProblem(**layer["problem"]), Pass(layer["pass"]), SM90).as_dict())
             mine = [r["us"] for r in rows if plan_key(r["plan"]) == today]
             best = min(r["us"] for r in rows)
             if mine:

@@ -104,11 +104,6 @@ WIDE_LOGS = [TUNING / f"nvidia-h200_2026-12-04_1c23207-tune-{name}.json"
     TUNING / "nvidia-h100_2026-12-07_d3f404f-tune-unet-dec1-dec2-dgrad.json"]  # dec1-cat96: N = 96, a tile 96 wide
 
 
-def _logged_problem(d: dict) -> ConvProblem:
-    return ConvProblem(d["h"], d["w"], d["c"], d["k"], d["r"], d["s"], tuple(d["stride"]), tuple(d["padding"]),
-                       tuple(d["dilation"]), n=d["n"])
-
-
 def _bare(p: dict) -> dict:
     return {k: v for k, v in p.items() if k not in ("read_a", "read_b", "reasons")}
 
@@ -124,7 +119,7 @@ def test_wide_images_take_the_halo_plan_their_tuning_runs_timed_fastest(monkeypa
     ratios, gains = [], []
     for path in WIDE_LOGS:
         for layer in json.loads(path.read_text())["layers"]:
-            problem, pass_ = _logged_problem(layer["problem"]), Pass.parse(layer["pass"])
+            problem, pass_ = ConvProblem(**layer["problem"]), Pass.parse(layer["pass"])
             rows = [r for r in layer["rows"] if r["ok"] and math.isfinite(r["us"])]
             mine = plan(problem, pass_, H200)
             if not mine.loop.halo:
@@ -160,7 +155,7 @@ def test_a_wgrad_just_past_128_takes_one_tile_as_both_gpus_timed_it(monkeypatch)
     taken = 0
     for path in POINTWISE_WGRAD_LOGS:
         for layer in json.loads(path.read_text())["layers"]:
-            problem = _logged_problem(layer["problem"])
+            problem = ConvProblem(**layer["problem"])
             gemm = problem.gemm(Pass.WGRAD)
             mine = plan(problem, Pass.WGRAD, H200)
             rule = any("small_layer_rules.ONE_TILE_OVERFLOW" in r for r in mine.reasons)
