@@ -361,6 +361,23 @@ def test_wgrad_fill_split_past_max_split_exact(target):
         check(res, "float32", exact=True, what=f"wgrad {fill[0].brief()} bias={bias}")
 
 
+@pytest.mark.parametrize("c,k", [(24, 144), (144, 24)], ids=["M144", "N144"])
+def test_wgrad_one_tile_past_128_exact(c, k, target):
+    """small_layer_rules.ONE_TILE_OVERFLOW's plans (MobileNetV2's pw56 wgrads at a smaller batch:
+    one 256x32x32 tile over M = 144, or one 32x144x64 tile over N = 144, split for two blocks an
+    SM), the planner's default on parts with cp.async: exact integers, so a row or column past
+    128 dropped, or a slice summed twice, shows; with and without db."""
+    problem = ConvProblem(56, 56, c, k, 1, 1, 1, 0, 1, n=8)
+    plan = convgen.plan(problem, Pass.WGRAD, target)
+    if not any("ONE_TILE_OVERFLOW" in r for r in plan.reasons):
+        pytest.skip(f"the rule is for parts with cp.async; {target.arch}'s plan is {plan.brief()}")
+    assert plan.split_k > 1 and max(plan.block_m, plan.block_n) > 128
+    for bias in (False, True):
+        res = run_pass(problem, Pass.WGRAD, _seed("one-tile", c, k, bias), out_dtype="float32", bias=bias,
+                       plan=plan, exact=True)
+        check(res, "float32", exact=True, what=f"wgrad {plan.brief()} bias={bias}")
+
+
 def test_bad_arguments_name_the_problem():
     import cupy as cp
 
