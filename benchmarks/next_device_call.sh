@@ -22,6 +22,7 @@
 #   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
 # This session's call:
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
+#   s63       the whole GPU suite, then the held-out layers (carry .heldout; about 9.5 min)
 #   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
 #             suites with tuning on first use (about 9.5 min)
 #
@@ -186,6 +187,12 @@ s62() {  # the co-resident twins (fifty-first session) timed: the pointwise suit
     AT_SUITES="mobilenetv2-pw efficientnet-b0-pw" README_BUDGET=$((585 - SECONDS)) autotune
 }
 
+s63() {  # the fifty-second session's first call: the whole GPU suite, then the held-out layers (carry .heldout)
+    # in what is left of 585 s; the holdout part names the layers it did not reach
+    SUITE_LIMIT=330 suite
+    HOLDOUT_BUDGET=$((585 - 90 - SECONDS)) holdout
+}
+
 case "${1:-}" in
     suite) suite ;;
     readme) readme ;;
@@ -199,5 +206,6 @@ case "${1:-}" in
     holdout) holdout ;;
     s61) s61 ;;
     s62) s62 ;;
+    s63) s63 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
 esac
