@@ -23,6 +23,7 @@
 # This session's call:
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
 #   s63       the whole GPU suite, then the held-out layers (carry .heldout; about 9.5 min)
+#   s64       the twins tuned as in s62, then mobilenetv2-pw at the defaults, within $TOTAL s
 #   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
 #             suites with tuning on first use (about 9.5 min)
 #
@@ -193,6 +194,14 @@ s63() {  # the fifty-second session's first call: the whole GPU suite, then the 
     HOLDOUT_BUDGET=$((585 - 90 - SECONDS)) holdout
 }
 
+s64() {  # the second call, in what is left of $TOTAL s (default 585): the co-resident twins tuned (as s62), then
+    # mobilenetv2-pw at the defaults (the one-tile wgrad rule's two rows among them)
+    local total=${TOTAL:-585}
+    TUNE="mobilenetv2-pw:-:wgrad efficientnet-b0-pw:-:wgrad resnet50:l4-1x1,l3-1x1,l2-1x1,l1-1x1c:wgrad" \
+        TUNE_BUDGET=$((total - 200)) tune
+    README_SUITES=mobilenetv2-pw README_BUDGET=$((total - SECONDS)) readme
+}
+
 case "${1:-}" in
     suite) suite ;;
     readme) readme ;;
@@ -207,5 +216,6 @@ case "${1:-}" in
     s61) s61 ;;
     s62) s62 ;;
     s63) s63 ;;
+    s64) s64 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
 esac
