@@ -191,7 +191,7 @@ s62() {  # the co-resident twins (fifty-first session) timed: the pointwise suit
 s63() {  # the fifty-second session's first call: the whole GPU suite, then the held-out layers (carry .heldout)
     # in what is left of 585 s; the holdout part names the layers it did not reach
     SUITE_LIMIT=330 suite
-    HOLDOUT_BUDGET=$((585 - 90 - SECONDS)) holdout
+    HOLDOUT_BUDGET=$((${TOTAL:-585} - 90 - SECONDS)) holdout
 }
 
 s64() {  # the second call, in what is left of $TOTAL s (default 585): the co-resident twins tuned (as s62), then
