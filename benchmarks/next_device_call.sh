@@ -19,6 +19,7 @@
 #   host      host cost per call (benchmarks/probes/host_cost.py) and the training step's three modes
 #   step-batch  the training step at batch 256 and 2048 (where the GPU, not torch's host work, sets the pace)
 #   sanitize-dw  memcheck and racecheck on the depthwise forms (benchmarks/probes/sanitize_dw.py)
+#   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench (on main: the baseline)
 #   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
 # This session's call:
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
@@ -202,6 +203,17 @@ s64() {  # the second call, in what is left of $TOTAL s (default 585): the co-re
     README_SUITES=mobilenetv2-pw README_BUDGET=$((total - SECONDS)) readme
 }
 
+odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main), then the 116-channel pointwise layer's fprop
+    # and dgrad beside cuDNN; run it on main for the baseline, then on the branch, on one warm machine
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 200 $PYTEST tests/test_kernels_gpu.py -k "8_byte or exact" 2>&1 | tail -3
+    for p in fprop dgrad; do
+        CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 100 python3 -m convgen.cli bench -n 128 -h 28 -w 28 -c 116 -k 116 -r 1 \
+            -s 1 --pass $p $BENCH --out "$OUT/odd-k-$COMMIT-$p" 2>&1 \
+            | grep -E "rror|^conv +[a-z]"
+    done
+}
+
 case "${1:-}" in
     suite) suite ;;
     readme) readme ;;
@@ -216,6 +228,7 @@ case "${1:-}" in
     s61) s61 ;;
     s62) s62 ;;
     s63) s63 ;;
+    odd-k) odd_k ;;
     s64) s64 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
 esac
