@@ -48,7 +48,10 @@ install() {
 
 suite() {
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_LIMIT:-540}" $PYTEST 2>&1 | tee "$OUT/gpu-suite.log" | tail -8
+    # -v: a line a test as it ends, so a run the limit cuts still names what ran (the fifty-second session's
+    # -q log said only "64%"); --durations: where a whole run's time went
+    CONVGEN_CACHE_DIR=/tmp/cg-suite timeout "${SUITE_LIMIT:-540}" ${PYTEST/ -q / } -v --durations=25 2>&1 \
+        | tee "$OUT/gpu-suite.log" | grep -vE "^\[gw[0-9]+\] .*PASSED" | tail -40
 }
 
 readme() {  # each suite whole; the first always starts, with what is left of the budget
