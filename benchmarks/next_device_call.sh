@@ -21,12 +21,12 @@
 #   sanitize-dw  memcheck and racecheck on the depthwise forms (benchmarks/probes/sanitize_dw.py)
 #   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench (on main: the baseline)
 #   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
-# This session's call:
+# The last sessions' calls (s61 and s62 planned in the fifty-first, not run; s63 ran in the fifty-second):
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
-#   s63       the whole GPU suite, then the held-out layers (carry .heldout; about 9.5 min)
-#   s64       the twins tuned as in s62, then mobilenetv2-pw at the defaults, within $TOTAL s
 #   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
 #             suites with tuning on first use (about 9.5 min)
+#   s63       the whole GPU suite, then the held-out layers (carry .heldout), within $TOTAL s
+#   s64       the twins tuned as in s62, then mobilenetv2-pw at the defaults, within $TOTAL s
 #
 # The one-off parts of earlier sessions (s39a ... s60, the twin and cluster A/Bs, the gather and L2-hint
 # A/Bs) are in git history: `git show b4e76d2:benchmarks/next_device_call.sh`; benchmarks/NOTES.md says what
