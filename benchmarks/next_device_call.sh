@@ -19,7 +19,8 @@
 #   host      host cost per call (benchmarks/probes/host_cost.py) and the training step's three modes
 #   step-batch  the training step at batch 256 and 2048 (where the GPU, not torch's host work, sets the pace)
 #   sanitize-dw  memcheck and racecheck on the depthwise forms (benchmarks/probes/sanitize_dw.py)
-#   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench (on main: the baseline)
+#   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench; ODDK_BASE=main's epilogue.j2
+#             (carried untracked) benches main's stores too, on the same machine
 #   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
 # The last sessions' calls (s61 and s62 planned in the fifty-first, not run; s63 ran in the fifty-second):
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
@@ -206,14 +207,26 @@ s64() {  # the second call, in what is left of $TOTAL s (default 585): the co-re
     README_SUITES=mobilenetv2-pw README_BUDGET=$((total - SECONDS)) readme
 }
 
-odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main), then the 116-channel pointwise layer's fprop
-    # and dgrad beside cuDNN; run it on main for the baseline, then on the branch, on one warm machine
+odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main) and the one-tile wgrad test, then the 116-channel
+    # pointwise layer's fprop and dgrad beside cuDNN; with ODDK_BASE (main's epilogue.j2, carried untracked) the
+    # same benches again on main's epilogue in the same process tree, so the A/B shares one warm machine
     install
-    CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 200 $PYTEST tests/test_kernels_gpu.py -k "8_byte or exact" 2>&1 | tail -3
+    CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 200 $PYTEST tests/test_kernels_gpu.py -k "8_byte or one_tile" 2>&1 | tail -3
+    local side
+    for side in ${ODDK_BASE:+branch base}; do
+        [ "$side" = base ] && { cp templates/parts/epilogue.j2 /tmp/epilogue-branch.j2; cp "$ODDK_BASE" templates/parts/epilogue.j2; }
+        oddk_bench "$side"
+    done
+    [ -n "${ODDK_BASE:-}" ] && cp /tmp/epilogue-branch.j2 templates/parts/epilogue.j2
+    [ -n "${ODDK_BASE:-}" ] || oddk_bench "$COMMIT"
+    (cd "$OUT" && tar czf odd-k.tgz odd-k-* && rm -rf odd-k-*/)
+}
+
+oddk_bench() {  # NAME: the 116-channel layer's fprop and dgrad, under $OUT/odd-k-NAME-PASS
+    local p
     for p in fprop dgrad; do
-        CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 100 python3 -m convgen.cli bench -n 128 -h 28 -w 28 -c 116 -k 116 -r 1 \
-            -s 1 --pass $p $BENCH --out "$OUT/odd-k-$COMMIT-$p" 2>&1 \
-            | grep -E "rror|^conv +[a-z]"
+        CONVGEN_CACHE_DIR=/tmp/cg-oddk-$1 timeout 100 python3 -m convgen.cli bench -n 128 -h 28 -w 28 -c 116 -k 116 \
+            -r 1 -s 1 --pass $p $BENCH --out "$OUT/odd-k-$1-$p" 2>&1 | grep -E "rror|^conv +[a-z]" | sed "s/^/$1 /"
     done
 }
 
