@@ -22,12 +22,17 @@
 #   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench; ODDK_BASE=main's epilogue.j2
 #             (carried untracked) benches main's stores too, on the same machine
 #   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
+#   tap-pad   branch wgrad-tap-pad's GPU tests, and the three held-out wgrads it moves to the TMA loop beside
+#             cuDNN; with AB_BASE (a folder holding main's convgen/ and templates/, untracked; AB_COMMIT its
+#             commit) main's plans too, on the same machine
 # The last sessions' calls (s61 and s62 planned in the fifty-first, not run; s63 ran in the fifty-second):
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
 #   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
 #             suites with tuning on first use (about 9.5 min)
 #   s63       the whole GPU suite, then the held-out layers (carry .heldout), within $TOTAL s
 #   s64       the twins tuned as in s62, then mobilenetv2-pw at the defaults, within $TOTAL s
+#   s66       on branch gpu-check-oddk-pad (odd-k-stores and wgrad-tap-pad merged): odd-k, then tap-pad, each
+#             beside main's on the same machine (ODDK_BASE and AB_BASE as those parts say; about 6 min)
 #
 # The one-off parts of earlier sessions (s39a ... s60, the twin and cluster A/Bs, the gather and L2-hint
 # A/Bs) are in git history: `git show b4e76d2:benchmarks/next_device_call.sh`; benchmarks/NOTES.md says what
@@ -230,6 +235,30 @@ oddk_bench() {  # NAME: the 116-channel layer's fprop and dgrad, under $OUT/odd-
     done
 }
 
+tap_pad() {  # wgrad with each tap's channels in whole 64-channel boxes (fifty-third session)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-tappad timeout 200 $PYTEST tests/test_tma_gpu.py -k "wgrad_channel_tail or taps_in_whole_boxes" 2>&1 | tail -3
+    CONVGEN_CACHE_DIR=/tmp/cg-tappad timeout 120 $PYTEST tests/test_stream_k_gpu.py -k 160 2>&1 | tail -3
+    local side layer
+    for side in branch ${AB_BASE:+base}; do
+        for layer in "incv3-3x3-s2-288to384 64 35 35 288 384 3 3 2 0" "incv3-5x5-48to64 64 35 35 48 64 5 5 1 2" \
+                     "convnext-down-2x2-96to192 64 56 56 96 192 2 2 2 0"; do
+            set -- $layer
+            (cd "$([ "$side" = base ] && echo "$AB_BASE" || echo .)" && CONVGEN_CACHE_DIR=/tmp/cg-tappad-$side \
+                CONVGEN_BENCH_COMMIT=$([ "$side" = base ] && echo "${AB_COMMIT:-main}" || echo "$COMMIT") \
+                timeout 100 python3 -m convgen.cli bench -n $2 -h $3 -w $4 -c $5 -k $6 -r $7 -s $8 --stride $9 \
+                --padding ${10} --pass wgrad $BENCH --out "$OUT/tap-pad-$side-$1" 2>&1 | grep -E "rror|^conv +[a-z]" \
+                | sed "s/^/$side $1 /")
+        done
+    done
+    (cd "$OUT" && tar czf tap-pad.tgz tap-pad-* && rm -rf tap-pad-*/)
+}
+
+s66() {  # the fifty-third session's plan (no machine was lent then): both branches' GPU tests and A/B benches
+    odd_k
+    tap_pad
+}
+
 case "${1:-}" in
     suite) suite ;;
     readme) readme ;;
@@ -246,5 +275,7 @@ case "${1:-}" in
     s63) s63 ;;
     odd-k) odd_k ;;
     s64) s64 ;;
+    tap-pad) tap_pad ;;
+    s66) s66 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
 esac
