@@ -19,20 +19,21 @@
 #   host      host cost per call (benchmarks/probes/host_cost.py) and the training step's three modes
 #   step-batch  the training step at batch 256 and 2048 (where the GPU, not torch's host work, sets the pace)
 #   sanitize-dw  memcheck and racecheck on the depthwise forms (benchmarks/probes/sanitize_dw.py)
-#   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench; ODDK_BASE=main's epilogue.j2
-#             (carried untracked) benches main's stores too, on the same machine
+#   odd-k     branch odd-k-stores' GPU tests and the 116-channel layer's bench (and main's, as tap-pad)
 #   holdout   layers of networks with no suite here (a list git ignores: carry it), all passes beside cuDNN
 #   tap-pad   branch wgrad-tap-pad's GPU tests, and the three held-out wgrads it moves to the TMA loop beside
 #             cuDNN; with AB_BASE (a folder holding main's convgen/ and templates/, untracked; AB_COMMIT its
-#             commit) main's plans too, on the same machine
+#             commit) main's plans too, on the same machine; make it with
+#             `mkdir .ab-main && git archive main convgen templates | tar -x -C .ab-main` (AB_BASE=.ab-main)
+#   whole-rows  branch odd-k-rows' GPU tests, and YOLOv5s' head fprop beside cuDNN (and main's, as tap-pad)
 # The last sessions' calls (s61 and s62 planned in the fifty-first, not run; s63 ran in the fifty-second):
 #   s61       the whole GPU suite, then README's compute-heavy suites (README_SUITES; about 9.5 min)
 #   s62       the co-resident wgrad twins tuned (pointwise suites, ResNet-50's 1x1 layers), then the pointwise
 #             suites with tuning on first use (about 9.5 min)
 #   s63       the whole GPU suite, then the held-out layers (carry .heldout), within $TOTAL s
 #   s64       the twins tuned as in s62, then mobilenetv2-pw at the defaults, within $TOTAL s
-#   s66       on branch gpu-check-oddk-pad (odd-k-stores and wgrad-tap-pad merged): odd-k, then tap-pad, each
-#             beside main's on the same machine (ODDK_BASE and AB_BASE as those parts say; about 6 min)
+#   s66       on a branch with odd-k-stores, wgrad-tap-pad and odd-k-rows merged: odd-k, tap-pad and whole-rows,
+#             each beside main's on the same machine (AB_BASE as ab_layers says; about 8 min)
 #
 # The one-off parts of earlier sessions (s39a ... s60, the twin and cluster A/Bs, the gather and L2-hint
 # A/Bs) are in git history: `git show b4e76d2:benchmarks/next_device_call.sh`; benchmarks/NOTES.md says what
@@ -212,51 +213,53 @@ s64() {  # the second call, in what is left of $TOTAL s (default 585): the co-re
     README_SUITES=mobilenetv2-pw README_BUDGET=$((total - SECONDS)) readme
 }
 
-odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main) and the one-tile wgrad test, then the 116-channel
-    # pointwise layer's fprop and dgrad beside cuDNN; with ODDK_BASE (main's epilogue.j2, carried untracked) the
-    # same benches again on main's epilogue in the same process tree, so the A/B shares one warm machine
+odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main) and the one-tile wgrad test, then the
+    # 116-channel pointwise layer's fprop and dgrad beside cuDNN (and main's, with AB_BASE: ab_layers)
     install
     CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 200 $PYTEST tests/test_kernels_gpu.py -k "8_byte or one_tile" 2>&1 | tail -3
-    local side
-    for side in ${ODDK_BASE:+branch base}; do
-        [ "$side" = base ] && { cp templates/parts/epilogue.j2 /tmp/epilogue-branch.j2; cp "$ODDK_BASE" templates/parts/epilogue.j2; }
-        oddk_bench "$side"
-    done
-    [ -n "${ODDK_BASE:-}" ] && cp /tmp/epilogue-branch.j2 templates/parts/epilogue.j2
-    [ -n "${ODDK_BASE:-}" ] || oddk_bench "$COMMIT"
-    (cd "$OUT" && tar czf odd-k.tgz odd-k-* && rm -rf odd-k-*/)
-}
-
-oddk_bench() {  # NAME: the 116-channel layer's fprop and dgrad, under $OUT/odd-k-NAME-PASS
     local p
     for p in fprop dgrad; do
-        CONVGEN_CACHE_DIR=/tmp/cg-oddk-$1 timeout 100 python3 -m convgen.cli bench -n 128 -h 28 -w 28 -c 116 -k 116 \
-            -r 1 -s 1 --pass $p $BENCH --out "$OUT/odd-k-$1-$p" 2>&1 | grep -E "rror|^conv +[a-z]" | sed "s/^/$1 /"
+        ab_layers odd-k-$p $p "shufflenetv2-1x1-116 128 28 28 116 116 1 1 1 0"
     done
 }
 
-tap_pad() {  # wgrad with each tap's channels in whole 64-channel boxes (fifty-third session)
-    install
-    CONVGEN_CACHE_DIR=/tmp/cg-tappad timeout 200 $PYTEST tests/test_tma_gpu.py -k "wgrad_channel_tail or taps_in_whole_boxes" 2>&1 | tail -3
-    CONVGEN_CACHE_DIR=/tmp/cg-tappad timeout 120 $PYTEST tests/test_stream_k_gpu.py -k 160 2>&1 | tail -3
-    local side layer
+
+ab_layers() {  # TAG PASS "name n h w c k r s stride padding" ...: each layer's PASS beside cuDNN, this tree's plans and,
+    # with AB_BASE (a folder holding main's convgen/ and templates/, untracked; AB_COMMIT its commit), main's, under $OUT/TAG.tgz
+    local tag=$1 pass=$2 side layer
+    shift 2
+    local layers=("$@")  # (set -- below takes each layer's fields)
     for side in branch ${AB_BASE:+base}; do
-        for layer in "incv3-3x3-s2-288to384 64 35 35 288 384 3 3 2 0" "incv3-5x5-48to64 64 35 35 48 64 5 5 1 2" \
-                     "convnext-down-2x2-96to192 64 56 56 96 192 2 2 2 0"; do
+        for layer in "${layers[@]}"; do
             set -- $layer
-            (cd "$([ "$side" = base ] && echo "$AB_BASE" || echo .)" && CONVGEN_CACHE_DIR=/tmp/cg-tappad-$side \
+            (cd "$([ "$side" = base ] && echo "$AB_BASE" || echo .)" && CONVGEN_CACHE_DIR=/tmp/cg-$tag-$side \
                 CONVGEN_BENCH_COMMIT=$([ "$side" = base ] && echo "${AB_COMMIT:-main}" || echo "$COMMIT") \
                 timeout 100 python3 -m convgen.cli bench -n $2 -h $3 -w $4 -c $5 -k $6 -r $7 -s $8 --stride $9 \
-                --padding ${10} --pass wgrad $BENCH --out "$OUT/tap-pad-$side-$1" 2>&1 | grep -E "rror|^conv +[a-z]" \
+                --padding ${10} --pass $pass $BENCH --out "$OUT/$tag-$side-$1" 2>&1 | grep -E "rror|^conv +[a-z]" \
                 | sed "s/^/$side $1 /")
         done
     done
-    (cd "$OUT" && tar czf tap-pad.tgz tap-pad-* && rm -rf tap-pad-*/)
+    (cd "$OUT" && tar czf $tag.tgz $tag-* && rm -rf $tag-*/)
 }
 
-s66() {  # the fifty-third session's plan (no machine was lent then): both branches' GPU tests and A/B benches
+tap_pad() {  # wgrad with each tap's channels in whole 64-channel boxes (fifty-third session, branch wgrad-tap-pad)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-tappad timeout 200 $PYTEST tests/test_tma_gpu.py -k "wgrad_channel_tail or taps_in_whole_boxes" 2>&1 | tail -3
+    CONVGEN_CACHE_DIR=/tmp/cg-tappad timeout 120 $PYTEST tests/test_stream_k_gpu.py -k 160 2>&1 | tail -3
+    ab_layers tap-pad wgrad "incv3-3x3-s2-288to384 64 35 35 288 384 3 3 2 0" "incv3-5x5-48to64 64 35 35 48 64 5 5 1 2" \
+        "convnext-down-2x2-96to192 64 56 56 96 192 2 2 2 0"
+}
+
+whole_rows() {  # a TMA fprop's rows of y stored whole where they are no whole 16-byte runs (fifty-third, odd-k-rows)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-whole-rows timeout 200 $PYTEST tests/test_tma_gpu.py -k rows_stored_whole 2>&1 | tail -3
+    ab_layers whole-rows fprop "yolov5s-head-1x1-128to255 32 80 80 128 255 1 1 1 0"
+}
+
+s66() {  # the fifty-third session's plan (no machine was lent then): the branches' GPU tests and A/B benches
     odd_k
     tap_pad
+    whole_rows
 }
 
 case "${1:-}" in
@@ -276,6 +279,7 @@ case "${1:-}" in
     odd-k) odd_k ;;
     s64) s64 ;;
     tap-pad) tap_pad ;;
+    whole-rows) whole_rows ;;
     s66) s66 ;;
     *) echo "usage: COMMIT=... OUT=... $0 PART (see the header)" >&2; exit 2 ;;
 esac
