@@ -168,6 +168,11 @@ sanitize_dw() {  # each tool's log as $OUT/sanitize-dw-TOOL.log; every sanitized
     done
 }
 
+bench_layer() {  # LIMIT OUT PASS n h w c k r s stride padding [dilation groups]: `convgen bench` on one layer, beside cuDNN
+    timeout "$1" python3 -m convgen.cli bench -n $4 -h $5 -w $6 -c $7 -k $8 -r $9 -s ${10} --stride ${11} \
+        --padding ${12} --dilation ${13:-1} --groups ${14:-1} --pass $3 $BENCH --out "$2" 2>&1
+}
+
 holdout() {  # speed off the suites: every layer of $HOLDOUT (default .heldout/layers.txt, which git ignores, so the
     # shapes stay out of the repository and out of every rule's fit; pass it with run's carry) in all three passes
     # beside cuDNN, until $HOLDOUT_BUDGET s (default 520); one line a layer: name n h w c k r s stride padding dilation groups.
@@ -178,9 +183,8 @@ holdout() {  # speed off the suites: every layer of $HOLDOUT (default .heldout/l
     while read -r name n h w c k r s st pad dil g; do
         case "$name" in ''|'#'*) continue ;; esac
         [ $((SECONDS - start)) -lt "${HOLDOUT_BUDGET:-520}" ] || { echo "not reached: $name"; continue; }
-        CONVGEN_CACHE_DIR=/tmp/cg-holdout timeout 90 python3 -m convgen.cli bench -n $n -h $h -w $w -c $c -k $k -r $r \
-            -s $s --stride $st --padding $pad --dilation $dil --groups $g --pass all $BENCH \
-            --out "$OUT/holdout/$name" 2>&1 | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$name /"
+        CONVGEN_CACHE_DIR=/tmp/cg-holdout bench_layer 90 "$OUT/holdout/$name" all $n $h $w $c $k $r $s $st $pad $dil $g \
+            | grep -E "rror|geomean speedup.*GPU" | sed "s/^/$name /"
     done < "${HOLDOUT:-.heldout/layers.txt}"
     (cd "$OUT" && tar czf holdout.tgz holdout && rm -rf holdout)
 }
@@ -213,17 +217,6 @@ s64() {  # the second call, in what is left of $TOTAL s (default 585): the co-re
     README_SUITES=mobilenetv2-pw README_BUDGET=$((total - SECONDS)) readme
 }
 
-odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main) and the one-tile wgrad test, then the
-    # 116-channel pointwise layer's fprop and dgrad beside cuDNN (and main's, with AB_BASE: ab_layers)
-    install
-    CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 200 $PYTEST tests/test_kernels_gpu.py -k "8_byte or one_tile" 2>&1 | tail -3
-    local p
-    for p in fprop dgrad; do
-        ab_layers odd-k-$p $p "shufflenetv2-1x1-116 128 28 28 116 116 1 1 1 0"
-    done
-}
-
-
 ab_layers() {  # TAG PASS "name n h w c k r s stride padding" ...: each layer's PASS beside cuDNN, this tree's plans and,
     # with AB_BASE (a folder holding main's convgen/ and templates/, untracked; AB_COMMIT its commit), main's, under $OUT/TAG.tgz
     local tag=$1 pass=$2 side layer
@@ -234,12 +227,20 @@ ab_layers() {  # TAG PASS "name n h w c k r s stride padding" ...: each layer's 
             set -- $layer
             (cd "$([ "$side" = base ] && echo "$AB_BASE" || echo .)" && CONVGEN_CACHE_DIR=/tmp/cg-$tag-$side \
                 CONVGEN_BENCH_COMMIT=$([ "$side" = base ] && echo "${AB_COMMIT:-main}" || echo "$COMMIT") \
-                timeout 100 python3 -m convgen.cli bench -n $2 -h $3 -w $4 -c $5 -k $6 -r $7 -s $8 --stride $9 \
-                --padding ${10} --pass $pass $BENCH --out "$OUT/$tag-$side-$1" 2>&1 | grep -E "rror|^conv +[a-z]" \
-                | sed "s/^/$side $1 /")
+                bench_layer 100 "$OUT/$tag-$side-$1" $pass "${@:2}" | grep -E "rror|^conv +[a-z]" | sed "s/^/$side $1 /")
         done
     done
     (cd "$OUT" && tar czf $tag.tgz $tag-* && rm -rf $tag-*/)
+}
+
+odd_k() {  # branch odd-k-stores: its exact GPU tests (none on main) and the one-tile wgrad test, then the
+    # 116-channel pointwise layer's fprop and dgrad beside cuDNN (and main's, with AB_BASE: ab_layers)
+    install
+    CONVGEN_CACHE_DIR=/tmp/cg-oddk timeout 200 $PYTEST tests/test_kernels_gpu.py -k "8_byte or one_tile" 2>&1 | tail -3
+    local p
+    for p in fprop dgrad; do
+        ab_layers odd-k-$p $p "shufflenetv2-1x1-116 128 28 28 116 116 1 1 1 0"
+    done
 }
 
 tap_pad() {  # wgrad with each tap's channels in whole 64-channel boxes (fifty-third session, branch wgrad-tap-pad)
